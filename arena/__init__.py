@@ -1,0 +1,7 @@
+"""Arena: a fair, reproducible harness for comparing experience-driven LLM-agent methods."""
+
+from arena.core.hookspecs import hookimpl, hookspec
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__", "hookimpl", "hookspec"]

@@ -1,0 +1,195 @@
+"""The ``arena`` command line: ``run``, ``plugins``, ``show``."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from arena.core.config import ConfigError
+from arena.core.registry import RegistrationError, UnknownNameError
+from arena.core.rundir import RunDir, RunDirError
+from arena.core.types import EpisodeResult
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
+
+console = Console(stderr=True)
+USER_ERRORS = (ConfigError, UnknownNameError, RunDirError, RegistrationError, ValueError)
+
+
+class RichReporter:
+    """Progress bars: one per phase, with episode counts, success so far and ETA."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.tasks: dict[str, Any] = {}
+        self.successes: dict[str, int] = {}
+        self.counts: dict[str, int] = {}
+
+    def phase(self, name: str, total: int | None, done: int) -> None:
+        self.successes[name] = 0
+        self.counts[name] = 0
+        self.tasks[name] = self.progress.add_task(
+            f"{name:<8}", total=total, completed=done, success=""
+        )
+
+    def episode(self, result: EpisodeResult) -> None:
+        task = self.tasks.get(result.phase)
+        if task is None:
+            return
+        self.counts[result.phase] += 1
+        self.successes[result.phase] += int(result.success)
+        rate = self.successes[result.phase] / self.counts[result.phase]
+        self.progress.update(task, advance=1, success=f"success {rate:5.1%}")
+
+
+@click.group()
+@click.version_option(package_name="arena")
+def cli() -> None:
+    """Arena: compare experience-driven LLM-agent methods under one protocol."""
+
+
+@cli.command(context_settings={"ignore_unknown_options": False})
+@click.option("--method", "-m", help="Registered method name (see `arena plugins`).")
+@click.option("--env", "-e", "env_name", default=None, help="Environment name (default: household).")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), help="YAML config file.")
+@click.option("--out", type=click.Path(file_okay=False), help="Run directory (default: runs/<time>-<method>-<env>).")
+@click.option("--resume", type=click.Path(file_okay=False, exists=True), help="Finish an interrupted run.")
+@click.argument("overrides", nargs=-1)
+def run(method: str | None, env_name: str | None, config_file: str | None, out: str | None,
+        resume: str | None, overrides: tuple[str, ...]) -> None:
+    """Learn on train, evaluate frozen on the test splits, write results.
+
+    OVERRIDES are OmegaConf dotlist items, e.g. eval.limit=20 run.seeds=[0,1].
+    """
+    from arena.core import protocol
+
+    if method is None and resume is None:
+        raise click.UsageError("Name a method with --method NAME (see `arena plugins`), or --resume RUN_DIR.")
+    started = time.perf_counter()
+    try:
+        with Progress(
+            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[success]}"), TimeElapsedColumn(), TextColumn("eta"),
+            TimeRemainingColumn(), console=console, transient=False,
+        ) as progress:
+            reporter = RichReporter(progress)
+            path, results = protocol.run(
+                method, env_name, config_file, list(overrides), out, resume, reporter=reporter
+            )
+    except USER_ERRORS as exc:
+        raise click.ClickException(str(exc)) from exc
+    print_summary(results, path)
+    console.print(f"Finished in {time.perf_counter() - started:.1f} s. Results: {path / 'results.json'}")
+
+
+def print_summary(results: dict[str, Any], path: Path) -> None:
+    table = Table(title=f"{results['method']} on {results['env']} ({results['track']}) — {path}")
+    for column in ("split", "tasks", "episodes", "success", "95% CI", "progress", "valid act.", "steps"):
+        table.add_column(column, justify="right" if column != "split" else "left")
+    for split, summary in results["splits"].items():
+        low, high = summary["ci95"]
+        table.add_row(
+            split, str(summary["n_tasks"]), str(summary["n_episodes"]),
+            f"{summary['success_rate']:.1%}", f"[{low:.1%}, {high:.1%}]",
+            f"{summary['progress_rate']:.1%}", f"{summary['valid_action_rate']:.1%}",
+            f"{summary['mean_steps']:.1f}",
+        )
+    console.print(table)
+    cost = results["cost"]
+    console.print(
+        "cost: " + "; ".join(
+            f"{phase} {c['episodes']} episodes, {c['env_steps']} steps, {c['llm_calls']} LLM calls, "
+            f"{c['tokens_in'] + c['tokens_out']} tokens, {c['wall_s']:.0f} s"
+            for phase, c in cost.items()
+        )
+    )
+    if not results["valid"]:
+        console.print("[bold red]INVALID RUN[/]: " + " | ".join(results["violations"]))
+    if results.get("limited"):
+        console.print("[yellow]Limited run (eval.limit set): not comparable with full runs.[/]")
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (keys methods, envs, backends).")
+def plugins(as_json: bool) -> None:
+    """List registered methods, environments and LLM backends."""
+    from arena.core.plugins import get_plugins
+
+    loaded = get_plugins()
+    listing = {
+        kind: [
+            {
+                "name": e.name, "package": e.package, "version": e.version, "plugin": e.plugin,
+                "description": e.description, "hooks": list(e.hooks),
+                "config": str(e.config) if e.config else None,
+            }
+            for e in registry.entries()
+        ]
+        for kind, registry in (("methods", loaded.methods), ("envs", loaded.envs),
+                               ("backends", loaded.backends))
+    }
+    if loaded.skipped:
+        listing["skipped"] = [{"plugin": k, "reason": v} for k, v in loaded.skipped.items()]
+    if as_json:
+        click.echo(json.dumps(listing, indent=2))
+        return
+    for kind in ("methods", "envs", "backends"):
+        table = Table(title=kind)
+        for column in ("name", "package", "version", "hooks", "description"):
+            table.add_column(column)
+        for item in listing[kind]:
+            table.add_row(item["name"], item["package"], item["version"],
+                          ", ".join(item["hooks"]) or "-", item["description"])
+        Console().print(table)
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(file_okay=False, exists=True))
+@click.option("--json", "as_json", is_flag=True, help="Print results.json as it is.")
+def show(run_dir: str, as_json: bool) -> None:
+    """Summarise a finished run (or how far an unfinished one got)."""
+    directory = RunDir(run_dir)
+    try:
+        results = directory.read_results()
+    except RunDirError as exc:
+        episodes = directory.load_episodes() if (Path(run_dir) / "episodes.jsonl").exists() else []
+        if not (Path(run_dir) / "config.yaml").exists():
+            raise click.ClickException(
+                f"{run_dir} is not an Arena run directory (no config.yaml)."
+            ) from exc
+        raise click.ClickException(f"{exc} ({len(episodes)} episodes recorded so far)") from exc
+    if as_json:
+        click.echo(json.dumps(results, indent=2))
+        return
+    print_summary(results, Path(run_dir))
+
+
+def main() -> None:
+    try:
+        cli(standalone_mode=True)
+    except KeyboardInterrupt:  # pragma: no cover - interactive
+        console.print("Interrupted. Finished episodes are saved; continue with `arena run --resume RUN_DIR`.")
+        sys.exit(130)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

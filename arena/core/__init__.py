@@ -1,0 +1,1 @@
+"""Arena core: the harness, knowing nothing of any one method."""

@@ -1,0 +1,256 @@
+"""RunContext: everything a method sees during a run, with the protocol's guards built in.
+
+Methods reach tasks, the store, the LLM and episodes only through the context, so the harness
+can enforce the protocol (no test data while learning, no writes while frozen, budgets) and count
+every cost, without trusting the method.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+from omegaconf import DictConfig
+
+from arena.core.env import TEST_SPLITS, TRAIN_SPLIT, VALID_SPLIT, Environment
+from arena.core.llm import LLMBackend
+from arena.core.rundir import RunDir
+from arena.core.solver import StandardSolver, episode_seed, play
+from arena.core.types import EpisodeResult, Experience, Task, Termination, Trajectory
+
+if TYPE_CHECKING:
+    import pluggy
+
+    from arena.core.embedder import Embedder
+    from arena.core.store import ExperienceStore
+
+LEARN = "learn"
+EVALUATE = "evaluate"
+
+
+class ProtocolViolation(RuntimeError):
+    """A method did something the evaluation protocol forbids (e.g. read a test split to learn)."""
+
+
+class BudgetExhausted(RuntimeError):
+    """The learning phase used up one of its budgets; the method must stop learning."""
+
+
+BUDGET_KEYS = ("episodes", "env_steps", "tokens", "gradient_steps")
+
+
+@dataclass
+class Budget:
+    """Learning-phase budgets (None = unlimited) and what has been used of them."""
+
+    limits: dict[str, int | None]
+    used: dict[str, int] = field(default_factory=lambda: {key: 0 for key in BUDGET_KEYS})
+
+    def exhausted(self) -> list[str]:
+        """Names of the budgets that are used up."""
+        return [
+            key
+            for key, limit in self.limits.items()
+            if limit is not None and self.used.get(key, 0) >= limit
+        ]
+
+    def left(self, key: str) -> int | None:
+        limit = self.limits.get(key)
+        return None if limit is None else max(0, limit - self.used.get(key, 0))
+
+
+class GuardedStore:
+    """The run's experience store as methods see it: writable while learning, frozen otherwise.
+
+    It is one object for the whole run, so a method that kept a reference from the learning phase
+    is still refused (and the run marked invalid) when it writes during frozen evaluation.
+    """
+
+    _WRITES = ("add", "update_metadata", "delete")
+
+    def __init__(self, store: ExperienceStore, frozen: Callable[[], bool]) -> None:
+        self._store = store
+        self._view = store.read_only()
+        self._frozen = frozen
+
+    @property
+    def violations(self) -> list[str]:
+        return [f"{v.operation} {', '.join(v.ids)}" for v in self._view.violations]
+
+    def __getattr__(self, name: str) -> Any:
+        target = self._view if self._frozen() else self._store
+        return getattr(target, name)
+
+
+class RunContext:
+    """One run: config, environment, LLM, store, budgets, costs and the per-run hooks."""
+
+    def __init__(
+        self,
+        cfg: DictConfig,
+        run_dir: RunDir,
+        env: Environment,
+        llm: LLMBackend,
+        make_embedder: Callable[[], Embedder],
+        make_store: Callable[[Embedder], ExperienceStore],
+    ) -> None:
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.env = env
+        self.llm = llm
+        self.method_name: str = cfg.method.name
+        self.phase = LEARN
+        self.track: str = cfg.run.track
+        self.violations: list[str] = []
+        self.splits_used_for_learning: set[str] = set()
+        self.hook: pluggy.HookRelay | None = None  # set by the protocol once the method exists
+        self.budget = Budget(
+            limits={key: cfg.learn.budget.get(key) for key in BUDGET_KEYS},
+        )
+        self.learn_tokens_before = 0  # learn-phase tokens of earlier sessions (resume)
+        self._learn_usage_start = 0
+        self.on_episode: Callable[[EpisodeResult], None] = lambda result: None
+        self._make_embedder = make_embedder
+        self._make_store = make_store
+        self._embedder: Embedder | None = None
+        self._store: GuardedStore | None = None
+        self.solver = StandardSolver(
+            llm,
+            history=cfg.solver.history,
+            show_admissible=cfg.solver.show_admissible,
+            max_experiences=cfg.solver.max_experiences,
+            max_experience_chars=cfg.solver.max_experience_chars,
+        )
+
+    # -- lazily built shared services -------------------------------------------------------
+
+    @property
+    def embedder(self) -> Embedder:
+        if self._embedder is None:
+            self._embedder = self._make_embedder()
+        return self._embedder
+
+    @property
+    def store(self) -> GuardedStore:
+        if self._store is None:
+            self._store = GuardedStore(self._make_store(self.embedder), self.is_frozen)
+        return self._store
+
+    def has_store(self) -> bool:
+        return self._store is not None
+
+    def is_frozen(self) -> bool:
+        return self.phase == EVALUATE and self.track == "frozen"
+
+    # -- task access, guarded by phase -------------------------------------------------------
+
+    def tasks(self, split: str) -> list[Task]:
+        """Tasks of a split. While learning only train (and valid, which is recorded) are open."""
+        if self.phase == LEARN:
+            if split in TEST_SPLITS:
+                message = (
+                    f"Method '{self.method_name}' asked for test split '{split}' while learning; "
+                    f"learn from '{TRAIN_SPLIT}' (or '{VALID_SPLIT}', recorded as such)."
+                )
+                self.violations.append(message)
+                raise ProtocolViolation(message)
+            self.splits_used_for_learning.add(split)
+        return self.env.tasks(split)
+
+    # -- episodes -----------------------------------------------------------------------------
+
+    def sampling(self) -> DictConfig:
+        return self.cfg.learn.sampling if self.phase == LEARN else self.cfg.eval.sampling
+
+    def finished(self, task: Task, seed: int, variant: str = "default") -> EpisodeResult | None:
+        """The recorded result of this episode if an earlier session finished it (resume)."""
+        return self.run_dir.finished((self.phase, task.split, task.task_id, seed, variant))
+
+    def play(
+        self,
+        task: Task,
+        experiences: list[Experience] | None = None,
+        *,
+        seed: int,
+        variant: str = "default",
+        record: bool = True,
+    ) -> Trajectory:
+        """Play one episode through the method's ``solve`` hook and (by default) record it.
+
+        Learning episodes are charged to the learn budget; a call with the budget used up raises
+        :class:`BudgetExhausted`. Pass ``record=False`` to record later with :meth:`record`
+        (e.g. after ``update``, so a killed run never loses an update of a recorded episode).
+        """
+        if self.phase == LEARN:
+            if task.split in TEST_SPLITS:
+                raise ProtocolViolation(
+                    f"Method '{self.method_name}' played test task {task.task_id} while learning."
+                )
+            exhausted = self.budget_exhausted()
+            if exhausted:
+                raise BudgetExhausted(f"Learning budget used up: {', '.join(exhausted)}")
+        experiences = list(experiences or [])
+        assert self.hook is not None, "the protocol sets run.hook before any episode"
+        started = time.perf_counter()
+        try:
+            trajectory = self.hook.solve(
+                run=self, task=task, experiences=experiences, seed=episode_seed(seed, task.task_id, variant)
+            )
+        except Exception as exc:  # a method bug ends this episode as an error, not the run
+            trajectory = Trajectory(task=task, initial_observation="", status=Termination.ERROR)
+            trajectory.error = f"{type(exc).__name__}: {exc}"
+        trajectory.wall_s = max(trajectory.wall_s, time.perf_counter() - started)
+        if record:
+            self.record(trajectory, seed=seed, variant=variant)
+        return trajectory
+
+    def record(self, trajectory: Trajectory, *, seed: int, variant: str = "default") -> EpisodeResult:
+        """Write a finished episode to the run directory and charge it to the phase."""
+        track = LEARN if self.phase == LEARN else self.track
+        result = EpisodeResult.from_trajectory(
+            trajectory, phase=self.phase, track=track, seed=seed, variant=variant
+        )
+        self.run_dir.record(result, trajectory)
+        if self.phase == LEARN:
+            self.charge(episodes=1, env_steps=result.steps)
+        if self.hook is not None:
+            self.hook.episode_end(run=self, result=result, trajectory=trajectory)
+        self.on_episode(result)
+        return result
+
+    def start_learning(self, tokens_before: int = 0) -> None:
+        """Enter the learning phase; token usage is measured from here (plus earlier sessions)."""
+        self.phase = LEARN
+        self.learn_tokens_before = tokens_before
+        self._learn_usage_start = self.llm.usage.tokens_in + self.llm.usage.tokens_out
+
+    def refresh_token_usage(self) -> None:
+        """Every LLM token of the learning phase counts, extraction included, not only episodes."""
+        now = self.llm.usage.tokens_in + self.llm.usage.tokens_out
+        self.budget.used["tokens"] = self.learn_tokens_before + now - self._learn_usage_start
+
+    def budget_exhausted(self) -> list[str]:
+        self.refresh_token_usage()
+        return self.budget.exhausted()
+
+    def charge(self, **amounts: int) -> None:
+        """Add to the learning budget's usage, e.g. ``run.charge(gradient_steps=1)``."""
+        for key, amount in amounts.items():
+            if key not in BUDGET_KEYS:
+                raise ValueError(f"Unknown budget '{key}'. Budgets: {', '.join(BUDGET_KEYS)}")
+            self.budget.used[key] = self.budget.used.get(key, 0) + int(amount)
+
+    def standard_solve(self, task: Task, experiences: list[Experience], seed: int) -> Trajectory:
+        """The harness's standard solver, for methods that wrap rather than replace it."""
+        sampling = self.sampling()
+        policy = self.solver.policy(
+            task, experiences, seed, temperature=float(sampling.temperature), top_p=float(sampling.top_p)
+        )
+        return play(
+            self.env.open(task),
+            policy,
+            max_steps=int(self.cfg.eval.max_steps),
+            max_invalid_actions=int(self.cfg.eval.max_invalid_actions),
+            experience_ids=[e.experience_id for e in experiences],
+        )

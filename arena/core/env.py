@@ -1,0 +1,68 @@
+"""The environment interface every environment plugin implements.
+
+An :class:`Environment` owns the task lists of its splits; :meth:`Environment.open` starts one
+independent :class:`Episode`, so many episodes can run side by side (batched or in workers).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from abc import ABC, abstractmethod
+
+from arena.core.types import Observation, Task
+
+#: Split names the protocol knows. ``train`` is learned on; the two test splits are evaluated on.
+TRAIN_SPLIT = "train"
+VALID_SPLIT = "valid"
+TEST_SPLITS = ("test_seen", "test_unseen")
+
+
+class Episode(ABC):
+    """One running game. ``reset`` first, then ``step`` until ``Observation.done``."""
+
+    task: Task
+
+    @abstractmethod
+    def reset(self) -> Observation:
+        """Start (or restart) the game and return the first observation."""
+
+    @abstractmethod
+    def step(self, action: str) -> Observation:
+        """Apply one command. An inadmissible command changes nothing and answers as the game does
+        (ALFWorld: ``Nothing happens.``)."""
+
+    def expert_action(self) -> str | None:
+        """The next action of an expert plan from the current state, or None if there is none."""
+        return None
+
+    def close(self) -> None:
+        """Release resources (processes, files)."""
+
+
+class Environment(ABC):
+    """A named, versioned family of tasks split into train / valid / test_seen / test_unseen."""
+
+    name: str = ""
+    version: str = ""
+
+    @abstractmethod
+    def split_names(self) -> list[str]:
+        """The splits this environment has, e.g. ``["train", "valid", "test_seen", "test_unseen"]``."""
+
+    @abstractmethod
+    def tasks(self, split: str) -> list[Task]:
+        """All tasks of one split, in a stable order."""
+
+    @abstractmethod
+    def open(self, task: Task) -> Episode:
+        """A fresh episode of ``task`` (call ``reset`` on it before stepping)."""
+
+    def split_hash(self, split: str) -> str:
+        """Content hash of a split: recorded with results so that two runs can be compared."""
+        digest = hashlib.sha256()
+        for task in self.tasks(split):
+            digest.update(task.content_hash().encode())
+        return digest.hexdigest()
+
+    def close(self) -> None:
+        """Release resources shared by the episodes."""

@@ -1,0 +1,150 @@
+"""Arena's hook specifications: the whole contract between the harness and a plugin.
+
+A plugin is a module or an object whose functions are decorated with ``@arena.hookimpl`` and
+named after the hooks below. There are two kinds of hook:
+
+**Registration hooks** are called once on the global plugin manager when Arena starts. Built-in
+methods, environments and LLM backends register themselves through them exactly as a third-party
+package does (entry-point group ``arena``)::
+
+    # pyproject.toml of a third-party package
+    [project.entry-points.arena]
+    my_method = "my_package.plugin"
+
+    # my_package/plugin.py
+    import arena
+
+    @arena.hookimpl
+    def register_methods(register):
+        register("my_method", MyMethod, config=Path(__file__).with_name("config.yaml"))
+
+**Method hooks** (``learn``, ``extract``, ``retrieve``, ``solve``, ``update``, ``episode_end``,
+``state_digest``, ``state_size``) are called on a *per-run* plugin manager that holds only the
+harness defaults and the one selected method object, so two methods never mix in a run. A method
+object implements the method hooks it needs; every hook it leaves out falls back to the harness
+default (a standard solver, no retrieval, no learning). Every method hook receives ``run``, the
+:class:`arena.core.context.RunContext` (config, LLM, environment, experience store, embedder,
+budgets, cost counters), and may declare only the arguments it uses.
+
+During the frozen evaluation phase the harness never calls ``update``, ``extract`` or ``learn``,
+the experience store is read-only, and the method's ``state_digest`` must not change.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+import pluggy
+
+if TYPE_CHECKING:
+    from arena.core.context import RunContext
+    from arena.core.types import EpisodeResult, Experience, Task, Trajectory
+
+hookspec = pluggy.HookspecMarker("arena")
+hookimpl = pluggy.HookimplMarker("arena")
+
+
+# ---------------------------------------------------------------------------------------------
+# Registration hooks (global plugin manager)
+# ---------------------------------------------------------------------------------------------
+
+
+@hookspec
+def register_methods(register: Callable[..., None]) -> None:
+    """Register experience-driven methods by name.
+
+    Call ``register(name, factory, *, config=None, description="")`` once per method.
+    ``factory(run)`` receives the :class:`~arena.core.context.RunContext` and returns the method
+    object whose ``@hookimpl`` functions implement the method hooks. ``config`` is the path of the
+    method's OmegaConf YAML defaults (merged under the key ``method``).
+    """
+
+
+@hookspec
+def register_envs(register: Callable[..., None]) -> None:
+    """Register environments by name.
+
+    Call ``register(name, factory, *, config=None, description="")``; ``factory(cfg)`` receives
+    the env section of the resolved config and returns an :class:`~arena.core.env.Environment`.
+    ``config`` is the path of its YAML defaults (merged under the key ``env``).
+    """
+
+
+@hookspec
+def register_backends(register: Callable[..., None]) -> None:
+    """Register LLM backends by name.
+
+    Call ``register(name, factory, *, config=None, description="")``; ``factory(cfg)`` receives
+    the ``llm`` section of the resolved config and returns an :class:`~arena.core.llm.LLMBackend`.
+    """
+
+
+# ---------------------------------------------------------------------------------------------
+# Method hooks (per-run plugin manager: harness defaults + the selected method)
+# ---------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def learn(run: RunContext) -> bool | None:
+    """Drive the whole learning phase on the train split.
+
+    Override it for a method with its own training loop (e.g. RL over several roles). The default
+    runs an experience loop over train tasks within the learn budget:
+    ``retrieve -> solve -> episode_end -> extract -> update``. Use ``run.run_episode`` or
+    ``run.run_episodes`` so budgets, costs and resume records are kept. Return True when handled.
+    """
+
+
+@hookspec(firstresult=True)
+def extract(run: RunContext, trajectories: list[Trajectory]) -> list[Experience] | None:
+    """Turn finished trajectories into experiences (insights, skills, memories).
+
+    Called in the learning phase only. The default extracts nothing.
+    """
+
+
+@hookspec(firstresult=True)
+def retrieve(run: RunContext, task: Task) -> list[Experience] | None:
+    """Experiences to give the solver for ``task``. The default retrieves nothing.
+
+    Called in both phases; in the frozen evaluation phase the store is read-only.
+    """
+
+
+@hookspec(firstresult=True)
+def solve(
+    run: RunContext, task: Task, experiences: list[Experience], seed: int
+) -> Trajectory | None:
+    """Play one episode of ``task`` with ``experiences`` and return its trajectory.
+
+    The default is the harness's standard solver: a prompt with the goal, experiences, recent
+    history and admissible actions, and a constrained choice of one admissible action per step.
+    """
+
+
+@hookspec
+def update(run: RunContext, trajectories: list[Trajectory], experiences: list[Experience]) -> None:
+    """Learn from finished episodes: store writes, votes, Q-values, gradient steps.
+
+    ``experiences`` are those ``extract`` produced from ``trajectories``. Never called during
+    frozen evaluation; called after each test episode on the ``online`` track.
+    """
+
+
+@hookspec
+def episode_end(run: RunContext, result: EpisodeResult, trajectory: Trajectory) -> None:
+    """Observe every finished episode, in any phase (logging, statistics). Must not learn."""
+
+
+@hookspec
+def state_digest(run: RunContext) -> str | None:
+    """A digest of method state outside the experience store (weights, tables, files).
+
+    The harness combines it with the store digest before and after frozen evaluation; a change
+    marks the run invalid.
+    """
+
+
+@hookspec
+def state_size(run: RunContext) -> dict[str, Any] | None:
+    """Extra size figures of the method's state (e.g. ``{"skills": 12}``) for ``results.json``."""

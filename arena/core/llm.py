@@ -1,0 +1,152 @@
+"""The LLM backend interface: batched chat generation and constrained choice.
+
+Every backend (transformers, vLLM, an OpenAI-compatible server) implements :class:`LLMBackend`.
+Methods never talk to a model any other way, so the harness can count every call and token.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+#: A chat message, e.g. ``{"role": "user", "content": "..."}``.
+Message = dict[str, str]
+Chat = list[Message]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample. ``temperature == 0`` means greedy (deterministic)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+    seed: int | None = None
+
+
+@dataclass
+class Generation:
+    """Free text generated for one prompt."""
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    tokens_in: int
+    tokens_out: int
+
+
+@dataclass
+class Choice:
+    """The option chosen for one prompt, with the tokens and log-probs of that option.
+
+    ``option_logprobs`` holds every option's summed log-prob under the model, so a caller can
+    recompute the distribution the choice was drawn from.
+    """
+
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    option_logprobs: list[float]
+    tokens_in: int
+    tokens_out: int
+
+
+@dataclass
+class Usage:
+    """Running totals of one backend; the harness reads them to fill ``cost``."""
+
+    llm_calls: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, calls: int, tokens_in: int, tokens_out: int) -> None:
+        with self._lock:
+            self.llm_calls += calls
+            self.tokens_in += tokens_in
+            self.tokens_out += tokens_out
+
+    def snapshot(self) -> dict[str, int]:
+        return {"llm_calls": self.llm_calls, "tokens_in": self.tokens_in, "tokens_out": self.tokens_out}
+
+
+class LLMBackend(ABC):
+    """One model behind a uniform, batched interface.
+
+    Each prompt in a batch counts as one LLM call in :attr:`usage`.
+    """
+
+    #: Identifier recorded in results, e.g. ``"HuggingFaceTB/SmolLM2-135M-Instruct"``.
+    model_id: str = ""
+
+    def __init__(self) -> None:
+        self.usage = Usage()
+
+    @abstractmethod
+    def generate(self, prompts: list[Chat], params: SamplingParams) -> list[Generation]:
+        """Free-text completion of each chat (used for extraction, reflection, reasoning)."""
+
+    @abstractmethod
+    def choose(
+        self,
+        prompts: list[Chat],
+        options: list[list[str]],
+        params: SamplingParams | list[SamplingParams],
+    ) -> list[Choice]:
+        """For each chat, pick one of its options (an admissible action).
+
+        ``params`` is one setting for all prompts or one per prompt (so episodes with their own
+        seeds can share a batch). Options are scored by summed log-prob and picked with
+        :func:`sample_option`. The result is always one of the given options.
+        """
+
+    def count_tokens(self, text: str) -> int:
+        """Token count of a text (for budgets); backends override with their tokenizer."""
+        return max(1, len(text) // 4)
+
+    def weights_digest(self) -> str:
+        """SHA-256 over the current weights: part of the frozen-state check and provenance."""
+        return ""
+
+    def describe(self) -> dict[str, Any]:
+        """What provenance records about the model (id, weights digest, dtype...)."""
+        return {"id": self.model_id, "weights_sha256": self.weights_digest()}
+
+
+def per_prompt(params: SamplingParams | list[SamplingParams], n: int) -> list[SamplingParams]:
+    """One :class:`SamplingParams` per prompt."""
+    if isinstance(params, SamplingParams):
+        return [params] * n
+    if len(params) != n:
+        raise ValueError(f"Got {len(params)} sampling params for {n} prompts; pass one or one each.")
+    return list(params)
+
+
+def sample_option(option_logprobs: list[float], params: SamplingParams) -> int:
+    """Pick an option index from summed log-probs: argmax when greedy (first on ties), else a
+    seeded draw from softmax(logprob / temperature) restricted to the top-p nucleus.
+
+    Every backend uses this, so a seed picks the same option whichever backend scored it.
+    """
+    if not option_logprobs:
+        raise ValueError("No options to choose from: the admissible action list is empty.")
+    if params.temperature <= 0:
+        return max(range(len(option_logprobs)), key=lambda i: (option_logprobs[i], -i))
+    scaled = [lp / params.temperature for lp in option_logprobs]
+    top = max(scaled)
+    weights = [math.exp(v - top) for v in scaled]
+    total = sum(weights)
+    order = sorted(range(len(weights)), key=lambda i: -weights[i])
+    nucleus, mass = [], 0.0
+    for index in order:
+        nucleus.append(index)
+        mass += weights[index] / total
+        if mass >= params.top_p:
+            break
+    rng = random.Random(params.seed)
+    return rng.choices(nucleus, weights=[weights[i] for i in nucleus], k=1)[0]

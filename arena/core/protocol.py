@@ -1,0 +1,422 @@
+"""The evaluation protocol: one code path that every method's run goes through.
+
+1. **learn** on the train split only (valid is allowed and recorded), within enforced budgets;
+2. **evaluate** on test_seen and test_unseen, every task exactly once per seed, with the
+   method's state **frozen**: ``update``/``extract``/``learn`` are not called, the experience
+   store refuses writes, and a digest of the state (store, method state, model weights) taken
+   before and after must match. A violation marks the run invalid;
+3. the ``online`` track instead calls ``update`` after each test episode; its results say
+   ``track: online`` and are never mixed with frozen ones.
+
+Every finished episode is on disk before the next starts, so a killed run resumes (``--resume``)
+without redoing or losing an episode.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from omegaconf import DictConfig, OmegaConf
+
+from arena.core import provenance, stats
+from arena.core.batching import BatchingBackend
+from arena.core.config import compose, to_plain
+from arena.core.context import EVALUATE, LEARN, ProtocolViolation, RunContext
+from arena.core.defaults import HarnessDefaults
+from arena.core.embedder import make_embedder
+from arena.core.env import TEST_SPLITS, TRAIN_SPLIT, Environment
+from arena.core.plugins import Plugins, get_plugins, new_plugin_manager
+from arena.core.rundir import RunDir, RunDirError, new_run_dir
+from arena.core.store import ExperienceStore
+from arena.core.types import EpisodeResult, Task
+
+SCHEMA_VERSION = 1
+PRIMARY_VARIANT = "default"
+
+
+class Reporter(Protocol):
+    """Progress callbacks (the CLI draws rich progress bars with them)."""
+
+    def phase(self, name: str, total: int | None, done: int) -> None: ...
+
+    def episode(self, result: EpisodeResult) -> None: ...
+
+
+class NullReporter:
+    def phase(self, name: str, total: int | None, done: int) -> None:
+        pass
+
+    def episode(self, result: EpisodeResult) -> None:
+        pass
+
+
+@dataclass
+class PreparedRun:
+    cfg: DictConfig
+    run_dir: RunDir
+    resumed: bool
+
+
+def prepare(
+    method: str | None,
+    env: str | None = None,
+    config_file: Path | str | None = None,
+    overrides: list[str] | None = None,
+    out: Path | str | None = None,
+    resume: Path | str | None = None,
+    plugins: Plugins | None = None,
+) -> PreparedRun:
+    """Resolve the config and the run directory (a new one, or the one to resume)."""
+    plugins = plugins or get_plugins()
+    if resume is not None:
+        run_dir = RunDir(resume)
+        cfg = run_dir.load_config()
+        if method is not None and method != cfg.method.name:
+            raise RunDirError(
+                f"{resume} is a run of method '{cfg.method.name}', not '{method}'. "
+                "Drop --method when resuming, or pass the right run directory."
+            )
+        if overrides or config_file:
+            raise RunDirError(
+                "A resumed run keeps its saved config; drop --config and key=value overrides, "
+                "or start a new run."
+            )
+        plugins.methods.get(cfg.method.name)  # still installed?
+        if (run_dir.path / "results.json").exists():
+            raise RunDirError(f"{resume} already finished; see `arena show {resume}`.")
+        return PreparedRun(cfg, run_dir, resumed=True)
+    if method is None:
+        raise ValueError("Name a method with --method (see `arena plugins`).")
+    cfg = compose(plugins, method, env, config_file, overrides)
+    path = Path(out) if out else new_run_dir(cfg.run.root, method, cfg.env.name)
+    run_dir = RunDir(path)
+    run_dir.create(cfg)
+    return PreparedRun(cfg, run_dir, resumed=False)
+
+
+def select_tasks(tasks: list[Task], limit: int | None) -> list[Task]:
+    """All tasks, or the first ``limit`` taken round-robin over task types (stable order)."""
+    if limit is None or limit >= len(tasks):
+        return list(tasks)
+    by_type: dict[str, list[Task]] = defaultdict(list)
+    for task in tasks:
+        by_type[task.task_type].append(task)
+    queues = [by_type[name] for name in sorted(by_type)]
+    chosen: list[Task] = []
+    position = 0
+    while len(chosen) < limit:
+        for queue in queues:
+            if position < len(queue) and len(chosen) < limit:
+                chosen.append(queue[position])
+        position += 1
+    order = {task.task_id: i for i, task in enumerate(tasks)}
+    return sorted(chosen, key=lambda task: order[task.task_id])
+
+
+def evaluation_plan(env: Environment, cfg: DictConfig) -> list[tuple[Task, int]]:
+    """Every (task, seed) of the evaluation, in a fixed order: no random draws."""
+    limit = cfg.eval.limit
+    plan = []
+    for split in cfg.eval.splits:
+        if split not in TEST_SPLITS:
+            raise ValueError(
+                f"eval.splits may only name test splits {list(TEST_SPLITS)}, got '{split}'."
+            )
+        tasks = select_tasks(env.tasks(split), None if limit is None else int(limit))
+        for seed in cfg.run.seeds:
+            plan.extend((task, int(seed)) for task in tasks)
+    return plan
+
+
+class Session:
+    """Builds the run's components from the config and runs the protocol."""
+
+    def __init__(self, prepared: PreparedRun, plugins: Plugins | None = None,
+                 reporter: Reporter | None = None) -> None:
+        self.plugins = plugins or get_plugins()
+        self.cfg = prepared.cfg
+        self.run_dir = prepared.run_dir
+        self.resumed = prepared.resumed
+        self.reporter = reporter or NullReporter()
+        cfg = self.cfg
+        self.env: Environment = self.plugins.envs.get(cfg.env.name).factory(cfg.env)
+        inner = self.plugins.backends.get(cfg.llm.backend).factory(cfg.llm)
+        self.llm = BatchingBackend(inner, max_batch=max(1, int(cfg.eval.concurrency)))
+        embedder_cfg = cfg.embedder
+        self.ctx = RunContext(
+            cfg,
+            self.run_dir,
+            self.env,
+            self.llm,
+            make_embedder=lambda: make_embedder(embedder_cfg),
+            make_store=lambda embedder: ExperienceStore(
+                self.run_dir.path / "store", embedder, name=str(cfg.store.collection)
+            ),
+        )
+        method_entry = self.plugins.methods.get(cfg.method.name)
+        self.pm = new_plugin_manager()
+        self.pm.register(HarnessDefaults(), name="arena.defaults")
+        self.method = method_entry.factory(self.ctx)
+        self.pm.register(self.method, name=f"method:{cfg.method.name}")
+        self.pm.check_pending()
+        self.ctx.hook = self.pm.hook
+        self.ctx.on_episode = self._on_episode
+        self._usage_lock = threading.Lock()
+        self._phase_started = time.perf_counter()
+        self._usage_at_phase_start = self.llm.usage.snapshot()
+
+    # -- cost bookkeeping (persisted so it survives a resume) --------------------------------
+
+    def _phase_cost_now(self, phase: str) -> dict[str, float]:
+        state = self.run_dir.state()
+        before = state.get(f"cost_{phase}", {})
+        now = self.llm.usage.snapshot()
+        cost = {
+            key: before.get(f"base_{key}", 0) + now[key] - self._usage_at_phase_start[key]
+            for key in ("llm_calls", "tokens_in", "tokens_out")
+        }
+        cost["wall_s"] = before.get("base_wall_s", 0.0) + time.perf_counter() - self._phase_started
+        return cost
+
+    def _start_phase(self, phase: str) -> None:
+        """Carry the recorded cost of this phase from earlier sessions as the base."""
+        state = self.run_dir.state()
+        before = state.get(f"cost_{phase}", {})
+        base = {f"base_{k}": before.get(k, 0) for k in ("llm_calls", "tokens_in", "tokens_out", "wall_s")}
+        self.run_dir.update_state(**{f"cost_{phase}": {**before, **base}})
+        self._phase_started = time.perf_counter()
+        self._usage_at_phase_start = self.llm.usage.snapshot()
+
+    def _save_phase_cost(self, phase: str) -> None:
+        with self._usage_lock:
+            state = self.run_dir.state()
+            entry = dict(state.get(f"cost_{phase}", {}))
+            entry.update(self._phase_cost_now(phase))
+            self.run_dir.update_state(**{f"cost_{phase}": entry})
+
+    def _on_episode(self, result: EpisodeResult) -> None:
+        self._save_phase_cost(result.phase)
+        self.reporter.episode(result)
+
+    # -- state digest -------------------------------------------------------------------------
+
+    def state_digest(self) -> str:
+        """Digest of everything the method could have learned: store, method state, weights."""
+        parts: dict[str, Any] = {
+            "store": self.ctx.store.digest() if self._store_exists() else "empty",
+            "method": sorted(str(d) for d in self.pm.hook.state_digest(run=self.ctx) if d),
+            "weights": self.llm.weights_digest(),
+        }
+        return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+    def _store_exists(self) -> bool:
+        return self.ctx.has_store() or (self.run_dir.path / "store").exists()
+
+    # -- the protocol -------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        if self.resumed:
+            self.run_dir.load_episodes()
+        else:
+            self.run_dir.update_state(
+                started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                provenance=provenance.collect(),
+            )
+        self._learn()
+        self._evaluate()
+        results = self.results()
+        self.run_dir.write_results(results)
+        return results
+
+    def _learn(self) -> None:
+        state = self.run_dir.state()
+        if state.get("learn_done"):
+            self.ctx.budget.used.update(state.get("learn_used", {}))
+            return
+        learned = [r for r in self.run_dir.episodes() if r.phase == LEARN]
+        self.ctx.budget.used["episodes"] = len(learned)
+        self.ctx.budget.used["env_steps"] = sum(r.steps for r in learned)
+        self.ctx.budget.used["gradient_steps"] = state.get("gradient_steps", 0)
+        cost_before = state.get("cost_learn", {})
+        self.ctx.start_learning(
+            tokens_before=int(cost_before.get("tokens_in", 0) + cost_before.get("tokens_out", 0))
+        )
+        self._start_phase(LEARN)
+        self.reporter.phase(LEARN, self.ctx.budget.limits.get("episodes"), len(learned))
+        try:
+            self.pm.hook.learn(run=self.ctx)
+        except ProtocolViolation:
+            pass  # already in ctx.violations: the run goes on and is reported invalid
+        self.ctx.refresh_token_usage()
+        self._save_phase_cost(LEARN)
+        self.run_dir.update_state(
+            learn_done=True,
+            learn_used=dict(self.ctx.budget.used),
+            splits_used_for_learning=sorted(self.ctx.splits_used_for_learning),
+            learn_violations=list(self.ctx.violations),
+        )
+
+    def _evaluate(self) -> None:
+        ctx = self.ctx
+        ctx.phase = EVALUATE
+        state = self.run_dir.state()
+        digest_now = self.state_digest()
+        if "digest_before_eval" not in state:
+            state = self.run_dir.update_state(digest_before_eval=digest_now)
+        elif ctx.track == "frozen" and state["digest_before_eval"] != digest_now:
+            ctx.violations.append(
+                "The method's state changed between the interrupted session and the resumed one "
+                f"({state['digest_before_eval'][:12]} -> {digest_now[:12]})."
+            )
+        plan = evaluation_plan(self.env, self.cfg)
+        todo = [(task, seed) for task, seed in plan if ctx.finished(task, seed) is None]
+        self._start_phase(EVALUATE)
+        self.reporter.phase(EVALUATE, len(plan), len(plan) - len(todo))
+        if ctx.track == "online":
+            for task, seed in todo:
+                self._online_episode(task, seed)
+        else:
+            self._run_concurrently(todo, self._frozen_episode)
+        self._save_phase_cost(EVALUATE)
+        digest_after = self.state_digest()
+        if ctx.track == "frozen" and digest_after != state["digest_before_eval"]:
+            ctx.violations.append(
+                "The method's state changed during frozen evaluation "
+                f"({state['digest_before_eval'][:12]} -> {digest_after[:12]}): it learned from "
+                "test episodes."
+            )
+        self.run_dir.update_state(digest_after_eval=digest_after)
+
+    def _frozen_episode(self, task: Task, seed: int) -> None:
+        experiences = self.pm.hook.retrieve(run=self.ctx, task=task) or []
+        self.ctx.play(task, experiences, seed=seed)
+
+    def _online_episode(self, task: Task, seed: int) -> None:
+        experiences = self.pm.hook.retrieve(run=self.ctx, task=task) or []
+        trajectory = self.ctx.play(task, experiences, seed=seed, record=False)
+        new = self.pm.hook.extract(run=self.ctx, trajectories=[trajectory]) or []
+        self.pm.hook.update(run=self.ctx, trajectories=[trajectory], experiences=new)
+        self.ctx.record(trajectory, seed=seed)
+
+    def _run_concurrently(self, items: list[tuple[Task, int]],
+                          episode: Callable[[Task, int], None]) -> None:
+        workers = max(1, int(self.cfg.eval.concurrency))
+
+        def work(item: tuple[Task, int]) -> None:
+            self.llm.enter()
+            try:
+                episode(*item)
+            finally:
+                self.llm.leave()
+
+        if workers == 1:
+            for item in items:
+                work(item)
+            return
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="episode") as pool:
+            for future in [pool.submit(work, item) for item in items]:
+                future.result()
+
+    # -- results ------------------------------------------------------------------------------
+
+    def results(self) -> dict[str, Any]:
+        cfg = self.cfg
+        state = self.run_dir.state()
+        records = self.run_dir.episodes()
+        evaluated = [r for r in records if r.phase == EVALUATE and r.split in cfg.eval.splits]
+        splits: dict[str, Any] = {}
+        for split in cfg.eval.splits:
+            in_split = [r for r in evaluated if r.split == split]
+            primary = [r for r in in_split if r.variant == PRIMARY_VARIANT]
+            summary = stats.summarise_split(primary)
+            variants = sorted({r.variant for r in in_split} - {PRIMARY_VARIANT})
+            if variants:
+                summary["variants"] = {
+                    v: stats.summarise_split([r for r in in_split if r.variant == v]) for v in variants
+                }
+            splits[split] = summary
+        violations = list(state.get("learn_violations", [])) + list(self.ctx.violations)
+        if self.ctx.has_store():
+            violations += [f"Refused store write during frozen evaluation: {v}"
+                           for v in self.ctx.store.violations]
+        used = state.get("splits_used_for_learning", [])
+        cost = {}
+        for phase in (LEARN, EVALUATE):
+            phase_records = [r for r in records if r.phase == phase]
+            phase_cost = state.get(f"cost_{phase}", {})
+            cost[phase] = {
+                **stats.cost(phase_records),
+                "llm_calls": int(phase_cost.get("llm_calls", 0)),
+                "tokens_in": int(phase_cost.get("tokens_in", 0)),
+                "tokens_out": int(phase_cost.get("tokens_out", 0)),
+                "wall_s": round(float(phase_cost.get("wall_s", 0.0)), 2),
+            }
+        size = self.ctx.store.size() if self._store_exists() else {"items": 0, "bytes": 0}
+        method_sizes: dict[str, Any] = {}
+        for extra in self.pm.hook.state_size(run=self.ctx):
+            method_sizes.update(extra or {})
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "method": cfg.method.name,
+            "env": cfg.env.name,
+            "track": self.ctx.track,
+            "valid": not violations,
+            "violations": violations,
+            "seeds": [int(s) for s in cfg.run.seeds],
+            "limited": cfg.eval.limit is not None,
+            "splits": splits,
+            "learn": {
+                "split": str(cfg.learn.split),
+                "splits_used": used,
+                "used_valid_split": any(s != TRAIN_SPLIT for s in used),
+                "budget": {k: v for k, v in self.ctx.budget.limits.items()},
+                "used": dict(state.get("learn_used", self.ctx.budget.used)),
+            },
+            "cost": cost,
+            "state": {
+                "digest_before_eval": state.get("digest_before_eval"),
+                "digest_after_eval": state.get("digest_after_eval"),
+                "memory_items": int(size.get("items", 0)),
+                "memory_bytes": int(size.get("bytes", 0)),
+                "method": method_sizes,
+            },
+            "provenance": {
+                **state.get("provenance", provenance.collect()),
+                "env_version": self.env.version,
+                "split_hashes": {s: self.env.split_hash(s) for s in self.env.split_names()},
+                "model": self.llm.describe(),
+                "embedder": dict(OmegaConf.to_container(cfg.embedder)),  # type: ignore[arg-type]
+                "config": to_plain(cfg),
+            },
+            "started": state.get("started"),
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+
+
+def run(
+    method: str | None,
+    env: str | None = None,
+    config_file: Path | str | None = None,
+    overrides: list[str] | None = None,
+    out: Path | str | None = None,
+    resume: Path | str | None = None,
+    reporter: Reporter | None = None,
+    plugins: Plugins | None = None,
+) -> tuple[Path, dict[str, Any]]:
+    """Prepare and run; returns the run directory and its results."""
+    plugins = plugins or get_plugins()
+    prepared = prepare(method, env, config_file, overrides, out, resume, plugins)
+    session = Session(prepared, plugins, reporter)
+    try:
+        results = session.run()
+    finally:
+        session.env.close()
+    return prepared.run_dir.path, results

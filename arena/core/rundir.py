@@ -1,0 +1,165 @@
+"""The run directory: config, episode records, trajectories, state checkpoints and results.
+
+Episode records are appended and fsynced one line at a time, so a run killed at any point loses
+at most the episode in flight; ``--resume`` reads them back and skips every finished episode.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from arena.core.types import EpisodeResult, Trajectory
+
+EPISODES = "episodes.jsonl"
+TRAJECTORIES = "trajectories.jsonl"
+CONFIG = "config.yaml"
+STATE = "state.json"
+RESULTS = "results.json"
+
+
+class RunDirError(RuntimeError):
+    """The run directory is missing, incomplete or belongs to another run."""
+
+
+def new_run_dir(root: Path | str, method: str, env: str) -> Path:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    path = Path(root) / f"{stamp}-{method}-{env}"
+    suffix = 1
+    while path.exists():
+        suffix += 1
+        path = Path(root) / f"{stamp}-{method}-{env}-{suffix}"
+    return path
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Every complete line; a torn last line (killed mid-write) is cut off the file."""
+    if not path.exists():
+        return []
+    records: list[dict[str, Any]] = []
+    good_bytes = 0
+    with path.open("rb") as handle:
+        for raw in handle:
+            if not raw.endswith(b"\n"):
+                break
+            try:
+                records.append(json.loads(raw))
+            except json.JSONDecodeError:
+                break
+            good_bytes += len(raw)
+    if good_bytes != path.stat().st_size:
+        with path.open("r+b") as handle:
+            handle.truncate(good_bytes)
+    return records
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+    os.replace(tmp, path)
+
+
+class RunDir:
+    """Reads and writes one run's files. Thread-safe for concurrent episode records."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._episodes: dict[tuple, EpisodeResult] = {}
+
+    # -- creation and resume ------------------------------------------------------------------
+
+    def create(self, cfg: DictConfig) -> None:
+        if (self.path / EPISODES).exists() or (self.path / RESULTS).exists():
+            raise RunDirError(
+                f"{self.path} already holds a run. Resume it with `arena run --resume {self.path}` "
+                "or choose another --out."
+            )
+        self.path.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(cfg, self.path / CONFIG)
+
+    def load_config(self) -> DictConfig:
+        path = self.path / CONFIG
+        if not path.is_file():
+            raise RunDirError(
+                f"{self.path} is not an Arena run directory (no {CONFIG}). Pass the folder that "
+                "`arena run` printed, e.g. runs/20261129-080000-base-household."
+            )
+        cfg = OmegaConf.load(path)
+        assert isinstance(cfg, DictConfig)
+        return cfg
+
+    def load_episodes(self) -> list[EpisodeResult]:
+        """Finished episodes recorded so far (used by --resume)."""
+        records = [EpisodeResult.from_dict(r) for r in _read_jsonl(self.path / EPISODES)]
+        self._drop_orphan_trajectories({r.key for r in records})
+        with self._lock:
+            self._episodes = {r.key: r for r in records}
+        return records
+
+    def _drop_orphan_trajectories(self, keys: set[tuple]) -> None:
+        """Keep only trajectories of recorded episodes (one killed between the two writes)."""
+        path = self.path / TRAJECTORIES
+        lines = _read_jsonl(path)
+        kept = [line for line in lines if tuple(line["key"]) in keys]
+        if len(kept) != len(lines):
+            tmp = path.with_suffix(".jsonl.tmp")
+            tmp.write_text("".join(json.dumps(line, sort_keys=True) + "\n" for line in kept))
+            os.replace(tmp, path)
+
+    # -- episodes -----------------------------------------------------------------------------
+
+    def finished(self, key: tuple) -> EpisodeResult | None:
+        return self._episodes.get(key)
+
+    def episodes(self) -> list[EpisodeResult]:
+        with self._lock:
+            return list(self._episodes.values())
+
+    def record(self, result: EpisodeResult, trajectory: Trajectory) -> None:
+        """Append one finished episode (trajectory first, so a record never lacks its steps)."""
+        with self._lock:
+            if result.key in self._episodes:
+                raise RunDirError(f"Episode {result.key} was recorded twice; this is a bug.")
+            self._append(TRAJECTORIES, {"key": list(result.key), **trajectory.to_dict()})
+            self._append(EPISODES, result.to_dict())
+            self._episodes[result.key] = result
+
+    def _append(self, name: str, record: dict[str, Any]) -> None:
+        with (self.path / name).open("a") as handle:
+            handle.write(json.dumps(record, sort_keys=True) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    # -- state checkpoints and results --------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        path = self.path / STATE
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def update_state(self, **changes: Any) -> dict[str, Any]:
+        with self._lock:
+            state = self.state()
+            state.update(changes)
+            write_json_atomic(self.path / STATE, state)
+            return state
+
+    def write_results(self, results: dict[str, Any]) -> Path:
+        path = self.path / RESULTS
+        write_json_atomic(path, results)
+        return path
+
+    def read_results(self) -> dict[str, Any]:
+        path = self.path / RESULTS
+        if not path.exists():
+            raise RunDirError(
+                f"{self.path} has no {RESULTS} yet: the run has not finished. "
+                f"Finish it with `arena run --resume {self.path}`."
+            )
+        return json.loads(path.read_text())

