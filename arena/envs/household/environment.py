@@ -1,0 +1,101 @@
+"""The household environment: four splits of generated tasks over disjoint ranges of layouts."""
+
+from __future__ import annotations
+
+from arena.core.env import TEST_SPLITS, TRAIN_SPLIT, VALID_SPLIT, Environment
+from arena.core.types import Task
+from arena.envs.household import catalog as cat
+from arena.envs.household.layout import generate
+from arena.envs.household.world import HouseholdEpisode
+
+#: Bump when a change alters any task, room or reply; task ids carry it.
+VERSION = "1.0"
+
+#: Layout seeds of split ``s`` are ``SPLIT_SEED_BASE[s] + index``: disjoint ranges, so a test
+#: room is never a train or valid room.
+SPLIT_SEED_BASE = {
+    TRAIN_SPLIT: 0,
+    VALID_SPLIT: 1_000_000,
+    TEST_SPLITS[0]: 2_000_000,
+    TEST_SPLITS[1]: 3_000_000,
+}
+MAX_SPLIT_SIZE = 1_000_000
+
+#: Task types per split: test_unseen holds the types kept out of train and valid.
+SPLIT_TASK_TYPES = {
+    TRAIN_SPLIT: cat.SEEN_TASK_TYPES,
+    VALID_SPLIT: cat.SEEN_TASK_TYPES,
+    TEST_SPLITS[0]: cat.SEEN_TASK_TYPES,
+    TEST_SPLITS[1]: cat.UNSEEN_TASK_TYPES,
+}
+
+
+def make_task(world_seed: int, split: str, index: int) -> Task:
+    """Task ``index`` of ``split``; it depends on nothing else, so sizes only cut lists short."""
+    types = SPLIT_TASK_TYPES[split]
+    task_type = types[index % len(types)]
+    layout_seed = SPLIT_SEED_BASE[split] + index
+    layout, goal = generate(world_seed, layout_seed, task_type)
+    return Task(
+        task_id=f"household/{VERSION}/s{world_seed}/{split}/{index:05d}",
+        env=HouseholdEnvironment.name,
+        split=split,
+        task_type=task_type,
+        goal=goal.text,
+        payload={
+            "world_seed": world_seed,
+            "layout_seed": layout_seed,
+            "layout_id": layout.layout_id,
+            "room": layout.room,
+            "object": goal.object_type,
+            "target": goal.target,
+            "lamp": goal.lamp,
+        },
+    )
+
+
+class HouseholdEnvironment(Environment):
+    """A fast, deterministic ALFWorld-like text world generated from a seed.
+
+    ``train``/``valid``/``test_seen`` hold the four pick/clean/heat/cool types; ``test_unseen``
+    holds pick_two and look_at only. Each split draws its rooms from its own seed range.
+    """
+
+    name = "household"
+    version = VERSION
+
+    def __init__(
+        self, *, seed: int = 0, n_train: int = 1200, n_valid: int = 120, n_test: int = 120
+    ) -> None:
+        sizes = {
+            TRAIN_SPLIT: n_train,
+            VALID_SPLIT: n_valid,
+            TEST_SPLITS[0]: n_test,
+            TEST_SPLITS[1]: n_test,
+        }
+        for split, size in sizes.items():
+            if not 0 <= size <= MAX_SPLIT_SIZE:
+                raise ValueError(f"{split} size must be in [0, {MAX_SPLIT_SIZE}], got {size}")
+        self.seed = int(seed)
+        self.sizes = sizes
+        self._tasks: dict[str, list[Task]] = {}
+
+    def split_names(self) -> list[str]:
+        return list(self.sizes)
+
+    def tasks(self, split: str) -> list[Task]:
+        if split not in self.sizes:
+            raise ValueError(
+                f"unknown split {split!r} for env {self.name!r}; "
+                f"available splits: {', '.join(self.split_names())}"
+            )
+        if split not in self._tasks:
+            self._tasks[split] = [
+                make_task(self.seed, split, i) for i in range(self.sizes[split])
+            ]
+        return list(self._tasks[split])
+
+    def open(self, task: Task) -> HouseholdEpisode:
+        if task.env != self.name:
+            raise ValueError(f"task {task.task_id} belongs to env {task.env!r}, not {self.name!r}")
+        return HouseholdEpisode(task)
