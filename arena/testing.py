@@ -65,7 +65,7 @@ class FakeLLM(LLMBackend):
             self.usage.add(1, tokens_in, tokens_out)
         return results
 
-    def weights_digest(self) -> str:
+    def weights_digest(self, fresh: bool = False) -> str:
         return hashlib.sha256(self.weights.encode()).hexdigest()
 
 

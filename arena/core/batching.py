@@ -74,8 +74,8 @@ class BatchingBackend(LLMBackend):
     def count_tokens(self, text: str) -> int:
         return self.inner.count_tokens(text)
 
-    def weights_digest(self) -> str:
-        return self.inner.weights_digest()
+    def weights_digest(self, fresh: bool = False) -> str:
+        return self.inner.weights_digest(fresh)
 
     def describe(self) -> dict[str, Any]:
         return self.inner.describe()

@@ -109,8 +109,11 @@ class LLMBackend(ABC):
         """Token count of a text (for budgets); backends override with their tokenizer."""
         return max(1, len(text) // 4)
 
-    def weights_digest(self) -> str:
-        """SHA-256 over the current weights: part of the frozen-state check and provenance."""
+    def weights_digest(self, fresh: bool = False) -> str:
+        """SHA-256 over the current weights: part of the frozen-state check and provenance.
+
+        A backend may cache it; ``fresh=True`` must recompute it from the weights themselves.
+        """
         return ""
 
     def describe(self) -> dict[str, Any]:

@@ -213,7 +213,7 @@ class Session:
         parts: dict[str, Any] = {
             "store": self.ctx.store.digest() if self._store_exists() else "empty",
             "method": sorted(str(d) for d in self.pm.hook.state_digest(run=self.ctx) if d),
-            "weights": self.llm.weights_digest(),
+            "weights": self.llm.weights_digest(fresh=True),
         }
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
