@@ -143,7 +143,9 @@ class TransformersBackend(LLMBackend):
         )
 
         from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as transformers_logging
 
+        transformers_logging.disable_progress_bar()  # Arena draws its own progress bars
         self.tokenizer = AutoTokenizer.from_pretrained(self.folder, local_files_only=True)
         self.model = AutoModelForCausalLM.from_pretrained(
             self.folder, dtype=self.dtype, local_files_only=True

@@ -141,7 +141,8 @@ class Plugins:
                 config: str | Path | None = None,
                 description: str = "",
             ) -> None:
-                hooks = implemented_hooks(factory) if isinstance(factory, type) else ()
+                # A method class lists the method hooks it implements; otherwise the plugin's.
+                hooks = implemented_hooks(factory if isinstance(factory, type) else plugin)
                 entry = Entry(
                     name=name,
                     factory=factory,

@@ -250,7 +250,8 @@ class Session:
             tokens_before=int(cost_before.get("tokens_in", 0) + cost_before.get("tokens_out", 0))
         )
         self._start_phase(LEARN)
-        self.reporter.phase(LEARN, self.ctx.budget.limits.get("episodes"), len(learned))
+        if self.ctx.budget.limits.get("episodes") != 0:
+            self.reporter.phase(LEARN, self.ctx.budget.limits.get("episodes"), len(learned))
         try:
             self.pm.hook.learn(run=self.ctx)
         except ProtocolViolation:
