@@ -15,6 +15,7 @@ from arena.core.plugins import Plugins  # noqa: E402
 #: A small household world, the fake LLM and the model-free embedder: a whole run in a second.
 FAST = [
     "llm.backend=fake",
+    "eval.limit=null",
     "embedder.name=hashing",
     "env.n_train=60",
     "env.n_valid=12",
