@@ -70,12 +70,13 @@ def cli() -> None:
 @cli.command(context_settings={"ignore_unknown_options": False})
 @click.option("--method", "-m", help="Registered method name (see `arena plugins`).")
 @click.option("--env", "-e", "env_name", default=None, help="Environment name (default: household).")
+@click.option("--preset", default=None, help="One of the method's presets (see `arena plugins`).")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), help="YAML config file.")
 @click.option("--out", type=click.Path(file_okay=False), help="Run directory (default: runs/<time>-<method>-<env>).")
 @click.option("--resume", type=click.Path(file_okay=False, exists=True), help="Finish an interrupted run.")
 @click.argument("overrides", nargs=-1)
-def run(method: str | None, env_name: str | None, config_file: str | None, out: str | None,
-        resume: str | None, overrides: tuple[str, ...]) -> None:
+def run(method: str | None, env_name: str | None, preset: str | None, config_file: str | None,
+        out: str | None, resume: str | None, overrides: tuple[str, ...]) -> None:
     """Learn on train, evaluate frozen on the test splits, write results.
 
     OVERRIDES are OmegaConf dotlist items, e.g. eval.limit=20 run.seeds=[0,1].
@@ -93,7 +94,8 @@ def run(method: str | None, env_name: str | None, config_file: str | None, out: 
         ) as progress:
             reporter = RichReporter(progress)
             path, results = protocol.run(
-                method, env_name, config_file, list(overrides), out, resume, reporter=reporter
+                method, env_name, config_file, list(overrides), out, resume, reporter=reporter,
+                preset=preset,
             )
     except USER_ERRORS as exc:
         raise click.ClickException(str(exc)) from exc
@@ -140,7 +142,8 @@ def plugins(as_json: bool) -> None:
             {
                 "name": e.name, "package": e.package, "version": e.version, "plugin": e.plugin,
                 "description": e.description, "hooks": list(e.hooks),
-                "config": str(e.config) if e.config else None,
+                "configs": [str(path) for path in e.configs],
+                "presets": sorted(e.presets),
             }
             for e in registry.entries()
         ]

@@ -23,8 +23,8 @@ from arena.core.types import Trajectory
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-LIMIT = 4  # tasks per test split
-MAX_STEPS = 10
+LIMIT = 2  # tasks per test split
+MAX_STEPS = 8
 COMMON = ["embedder.name=hashing", f"eval.limit={LIMIT}", f"eval.max_steps={MAX_STEPS}"]
 FIGURES: dict[str, float] = {}
 
@@ -60,6 +60,23 @@ def harness_run(plugins: Plugins, tmp_path, concurrency: int) -> float:
     protocol.run("base", overrides=COMMON + [f"eval.concurrency={concurrency}"],
                  out=tmp_path / f"run-{concurrency}-{time.time_ns()}", plugins=plugins)
     return time.perf_counter() - started
+
+
+def test_overhead_paired(benchmark, plugins, tmp_path):
+    """Bare and harness runs alternate, so machine noise hits both alike; median of the ratios."""
+    bare_loop(plugins)  # warm: conversion cache, kernels
+    ratios = []
+
+    def pair() -> None:
+        bare = bare_loop(plugins)
+        harness = harness_run(plugins, tmp_path, 1)
+        ratios.append(harness / bare)
+
+    benchmark.pedantic(pair, rounds=3, iterations=1)
+    ratios.sort()
+    benchmark.extra_info["overhead_ratios"] = [round(r - 1, 4) for r in ratios]
+    print(f"\nharness overhead vs bare loop, per pair: {[f'{r - 1:+.1%}' for r in ratios]}, "
+          f"median {ratios[len(ratios) // 2] - 1:+.1%}")
 
 
 def test_bare_loop(benchmark, plugins):

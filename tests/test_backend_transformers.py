@@ -166,6 +166,20 @@ def test_generate_counts_tokens_and_is_reproducible(llm: TransformersBackend) ->
         )
 
 
+def test_returned_prompt_ids_rescore_to_the_returned_logprobs(llm: TransformersBackend) -> None:
+    """A trainer rescoring ``prompt_token_ids + token_ids`` gets the rollout's log-probs back."""
+    prompt = chat("you see a desk 1 and a fridge 1. " * 3)
+    for result in (llm.choose([prompt], [["go to desk 1", "open fridge 1"]], GREEDY)[0],
+                   llm.generate([prompt], SamplingParams(max_new_tokens=6))[0]):
+        assert result.prompt_token_ids == llm._render(prompt)
+        ids = result.prompt_token_ids + result.token_ids
+        with torch.no_grad():
+            logits = llm.model(torch.tensor([ids])).logits[0].float().log_softmax(-1)
+        start = len(result.prompt_token_ids)
+        rescored = [logits[start - 1 + i, token].item() for i, token in enumerate(result.token_ids)]
+        assert result.logprobs == pytest.approx(rescored, abs=1e-4)
+
+
 def test_greedy_generate_matches_full_sequence_logprobs(llm: TransformersBackend) -> None:
     """Left padding and the decode loop's positions leave each reply as if it ran alone."""
     prompts = [chat("hello " * 25), chat("hi"), chat("open the drawer and " * 4)]

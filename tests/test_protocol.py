@@ -185,10 +185,12 @@ def test_direct_test_split_access_raises(plugins, fast, tmp_path):
 
 def test_learn_budget_is_enforced_and_valid_split_recorded(plugins, fast, tmp_path):
     register(plugins, greedy=GreedyLearner)
-    path, results = protocol.run("greedy", overrides=fast + ["learn.budget.episodes=5", "eval.limit=1"],
-                                 out=tmp_path / "g", plugins=plugins)
+    path, results = protocol.run(
+        "greedy", overrides=fast + ["learn.budget.episodes=5", "eval.limit=1", "learn.max_steps=3"],
+        out=tmp_path / "g", plugins=plugins)
     learn_episodes = [e for e in read_episodes(path) if e["phase"] == "learn"]
     assert len(learn_episodes) == 5
+    assert max(e["steps"] for e in learn_episodes) == 3  # learn.max_steps, not eval.max_steps
     assert results["learn"]["used"]["episodes"] == 5
     assert results["learn"]["used"]["gradient_steps"] == 5
     assert results["learn"]["used_valid_split"] is True

@@ -186,6 +186,7 @@ class TransformersBackend(LLMBackend):
                         logprobs=logprobs,
                         tokens_in=len(rows[i]),
                         tokens_out=len(token_ids),
+                        prompt_token_ids=list(rows[i]),
                     )
         return self._count([by_index[i] for i in range(len(rows))])
 
@@ -234,6 +235,7 @@ class TransformersBackend(LLMBackend):
                     option_logprobs=totals,
                     tokens_in=len(rows[i]),
                     tokens_out=len(option_ids[i][index]),
+                    prompt_token_ids=list(rows[i]),
                 )
             )
         return self._count(results)

@@ -1,8 +1,8 @@
 """Config composition with OmegaConf.
 
 Precedence, lowest first: harness defaults (``core/configs/defaults.yaml``) < environment YAML
-(under ``env``) < backend YAML (under ``llm``) < method YAML (top level) < ``--config FILE`` <
-``key=value`` overrides. A method's YAML may not touch ``eval`` or ``protocol``: those settings
+(under ``env``) < backend YAML (under ``llm``) < method YAML (top level) < the method's preset
+(``--preset NAME``) < ``--config FILE`` < ``key=value`` overrides. A method's YAML may not touch ``eval`` or ``protocol``: those settings
 are the same for every method, which is what makes two results comparable.
 """
 
@@ -55,8 +55,9 @@ def compose(
     env: str | None = None,
     config_file: Path | str | None = None,
     overrides: list[str] | None = None,
+    preset: str | None = None,
 ) -> DictConfig:
-    """The resolved config of one run."""
+    """The resolved config of one run (``preset``: one of the method's registered presets)."""
     user_layers = [load_yaml(config_file)] if config_file else []
     user_layers.append(parse_overrides(overrides or []))
     user = OmegaConf.merge(*user_layers)
@@ -70,21 +71,27 @@ def compose(
     backend_entry = plugins.backends.get(backend_name)
 
     layers: list[Any] = [base]
-    if env_entry.config:
-        layers.append({"env": load_yaml(env_entry.config)})
-    if backend_entry.config:
-        layers.append({"llm": load_yaml(backend_entry.config)})
-    if method_entry.config:
-        method_layer = load_yaml(method_entry.config)
+    layers.extend({"env": load_yaml(path)} for path in env_entry.configs)
+    layers.extend({"llm": load_yaml(path)} for path in backend_entry.configs)
+    method_files = list(method_entry.configs)
+    if preset is not None:
+        if preset not in method_entry.presets:
+            raise ConfigError(
+                f"Unknown preset '{preset}' for method '{method}'. Available: "
+                f"{', '.join(sorted(method_entry.presets)) or '(none)'}"
+            )
+        method_files.append(method_entry.presets[preset])
+    for path in method_files:
+        method_layer = load_yaml(path)
         touched = [key for key in PROTECTED_KEYS if key in method_layer]
         if touched:
             raise ConfigError(
-                f"Method '{method}' sets {touched} in {method_entry.config}; evaluation settings "
-                "are shared by all methods. Move them out of the method's YAML."
+                f"Method '{method}' sets {touched} in {path}; evaluation settings are shared by "
+                "all methods. Move them out of the method's YAML."
             )
         layers.append(method_layer)
     layers.append(user)
-    layers.append({"method": {"name": method}, "env": {"name": env_name}})
+    layers.append({"method": {"name": method, "preset": preset}, "env": {"name": env_name}})
     cfg = OmegaConf.merge(*layers)
     assert isinstance(cfg, DictConfig)
     try:

@@ -7,9 +7,12 @@ every cost, without trusting the method.
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from omegaconf import DictConfig
 
@@ -58,6 +61,39 @@ class Budget:
     def left(self, key: str) -> int | None:
         limit = self.limits.get(key)
         return None if limit is None else max(0, limit - self.used.get(key, 0))
+
+
+@dataclass
+class EpisodeRequest:
+    """One episode for :meth:`RunContext.play_many`."""
+
+    task: Task
+    experiences: list[Experience]
+    seed: int
+    variant: str = "default"
+
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def run_in_threads(work: Callable[[T], R], items: list[T], *, workers: int, llm: LLMBackend) -> list[R]:
+    """``work`` over ``items`` in up to ``workers`` threads, each registered with a batching
+    backend (``enter``/``leave``) so that their LLM calls are merged; results in item order."""
+    enter = getattr(llm, "enter", lambda: None)
+    leave = getattr(llm, "leave", lambda: None)
+
+    def registered(item: T) -> R:
+        enter()
+        try:
+            return work(item)
+        finally:
+            leave()
+
+    if workers <= 1 or len(items) <= 1:
+        return [registered(item) for item in items]
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="episode") as pool:
+        return list(pool.map(registered, items))
 
 
 class GuardedStore:
@@ -111,6 +147,7 @@ class RunContext:
         self.learn_tokens_before = 0  # learn-phase tokens of earlier sessions (resume)
         self._learn_usage_start = 0
         self.on_episode: Callable[[EpisodeResult], None] = lambda result: None
+        self._local = threading.local()
         self._make_embedder = make_embedder
         self._make_store = make_store
         self._embedder: Embedder | None = None
@@ -175,12 +212,15 @@ class RunContext:
         seed: int,
         variant: str = "default",
         record: bool = True,
+        standard: bool = False,
     ) -> Trajectory:
         """Play one episode through the method's ``solve`` hook and (by default) record it.
 
         Learning episodes are charged to the learn budget; a call with the budget used up raises
         :class:`BudgetExhausted`. Pass ``record=False`` to record later with :meth:`record`
         (e.g. after ``update``, so a killed run never loses an update of a recorded episode).
+        ``standard=True`` plays with the harness's standard solver instead of the ``solve`` hook
+        (for a method's own ``solve`` that plays helper episodes).
         """
         if self.phase == LEARN:
             if task.split in TEST_SPLITS:
@@ -192,18 +232,53 @@ class RunContext:
                 raise BudgetExhausted(f"Learning budget used up: {', '.join(exhausted)}")
         experiences = list(experiences or [])
         assert self.hook is not None, "the protocol sets run.hook before any episode"
+        if record and self.finished(task, seed, variant) is not None:
+            # Recorded by an interrupted session (e.g. a helper episode of a method's own
+            # solve): give back what was played instead of playing it again.
+            stored = self.run_dir.load_trajectory((self.phase, task.split, task.task_id, seed, variant))
+            if stored is not None:
+                return stored
         started = time.perf_counter()
+        previous_seed = getattr(self._local, "seed", None)
+        self._local.seed = seed
         try:
-            trajectory = self.hook.solve(
-                run=self, task=task, experiences=experiences, seed=episode_seed(seed, task.task_id, variant)
-            )
+            episode_seed_ = episode_seed(seed, task.task_id, variant)
+            if standard:
+                trajectory = self.standard_solve(task, experiences, episode_seed_)
+            else:
+                trajectory = self.hook.solve(
+                    run=self, task=task, experiences=experiences, seed=episode_seed_
+                )
         except Exception as exc:  # a method bug ends this episode as an error, not the run
             trajectory = Trajectory(task=task, initial_observation="", status=Termination.ERROR)
             trajectory.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self._local.seed = previous_seed
         trajectory.wall_s = max(trajectory.wall_s, time.perf_counter() - started)
         if record:
             self.record(trajectory, seed=seed, variant=variant)
         return trajectory
+
+    def current_seed(self) -> int:
+        """The run seed of the episode being played on this thread (``solve`` receives a derived
+        per-episode seed; helper episodes a method plays inside ``solve`` take this one)."""
+        seed = getattr(self._local, "seed", None)
+        if seed is None:
+            raise RuntimeError("current_seed() is only defined while an episode is being played")
+        return int(seed)
+
+    def play_many(self, requests: Sequence[EpisodeRequest], *, standard: bool = False) -> list[Trajectory]:
+        """Play and record many episodes side by side (``eval.concurrency`` threads, their LLM
+        calls batched); results come back in request order."""
+        return run_in_threads(
+            lambda request: self.play(
+                request.task, request.experiences, seed=request.seed, variant=request.variant,
+                standard=standard,
+            ),
+            list(requests),
+            workers=int(self.cfg.eval.concurrency),
+            llm=self.llm,
+        )
 
     def record(self, trajectory: Trajectory, *, seed: int, variant: str = "default") -> EpisodeResult:
         """Write a finished episode to the run directory and charge it to the phase."""
@@ -241,6 +316,12 @@ class RunContext:
                 raise ValueError(f"Unknown budget '{key}'. Budgets: {', '.join(BUDGET_KEYS)}")
             self.budget.used[key] = self.budget.used.get(key, 0) + int(amount)
 
+    def max_steps(self) -> int:
+        """Step limit of an episode in the current phase."""
+        if self.phase == LEARN and self.cfg.learn.get("max_steps") is not None:
+            return int(self.cfg.learn.max_steps)
+        return int(self.cfg.eval.max_steps)
+
     def standard_solve(self, task: Task, experiences: list[Experience], seed: int) -> Trajectory:
         """The harness's standard solver, for methods that wrap rather than replace it."""
         sampling = self.sampling()
@@ -250,7 +331,7 @@ class RunContext:
         return play(
             self.env.open(task),
             policy,
-            max_steps=int(self.cfg.eval.max_steps),
+            max_steps=self.max_steps(),
             max_invalid_actions=int(self.cfg.eval.max_invalid_actions),
             experience_ids=[e.experience_id for e in experiences],
         )

@@ -53,10 +53,12 @@ hookimpl = pluggy.HookimplMarker("arena")
 def register_methods(register: Callable[..., None]) -> None:
     """Register experience-driven methods by name.
 
-    Call ``register(name, factory, *, config=None, description="")`` once per method.
-    ``factory(run)`` receives the :class:`~arena.core.context.RunContext` and returns the method
-    object whose ``@hookimpl`` functions implement the method hooks. ``config`` is the path of the
-    method's OmegaConf YAML defaults (merged under the key ``method``).
+    Call ``register(name, factory, *, config=None, description="", presets=None)`` once per
+    method. ``factory(run)`` receives the :class:`~arena.core.context.RunContext` and returns the
+    method object whose ``@hookimpl`` functions implement the method hooks. ``config`` is the path
+    (or a list of paths, merged in order) of the method's OmegaConf YAML defaults, a top-level
+    fragment that may set ``method``, ``learn``, ``solver`` and ``llm`` but not ``eval`` or
+    ``protocol``. ``presets`` maps names to more such YAML files, chosen with ``--preset NAME``.
     """
 
 

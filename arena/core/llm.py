@@ -37,6 +37,8 @@ class Generation:
     logprobs: list[float]
     tokens_in: int
     tokens_out: int
+    #: The prompt as the model saw it (after chat template and truncation), for RL training.
+    prompt_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -54,6 +56,8 @@ class Choice:
     option_logprobs: list[float]
     tokens_in: int
     tokens_out: int
+    #: The prompt as the model saw it (after chat template and truncation), for RL training.
+    prompt_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass

@@ -35,6 +35,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "arena.envs.household.plugin",
     "arena.backends.transformers_backend",
     "arena.plugins.base",
+    "arena.plugins.evolving_rl",
     "arena.testing",
 )
 
@@ -138,20 +139,23 @@ class Plugins:
                 name: str,
                 factory: Callable[..., Any],
                 *,
-                config: str | Path | None = None,
+                config: str | Path | list[str | Path] | None = None,
                 description: str = "",
+                presets: dict[str, str | Path] | None = None,
             ) -> None:
                 # A method class lists the method hooks it implements; otherwise the plugin's.
                 hooks = implemented_hooks(factory if isinstance(factory, type) else plugin)
                 entry = Entry(
                     name=name,
                     factory=factory,
-                    config=Path(config) if config is not None else None,
+                    configs=tuple(Path(c) for c in (config if isinstance(config, list) else
+                                                    [config] if config is not None else [])),
                     description=description or (factory.__doc__ or "").strip().split("\n")[0],
                     plugin=plugin_name,
                     package=package,
                     version=version,
                     hooks=hooks,
+                    presets={name: Path(path) for name, path in (presets or {}).items()},
                 )
                 staged.append((registry, entry))
 

@@ -19,7 +19,6 @@ import json
 import threading
 import time
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
@@ -29,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from arena.core import provenance, stats
 from arena.core.batching import BatchingBackend
 from arena.core.config import compose, to_plain
-from arena.core.context import EVALUATE, LEARN, ProtocolViolation, RunContext
+from arena.core.context import EVALUATE, LEARN, ProtocolViolation, RunContext, run_in_threads
 from arena.core.defaults import HarnessDefaults
 from arena.core.embedder import make_embedder
 from arena.core.env import TEST_SPLITS, TRAIN_SPLIT, Environment
@@ -73,6 +72,7 @@ def prepare(
     out: Path | str | None = None,
     resume: Path | str | None = None,
     plugins: Plugins | None = None,
+    preset: str | None = None,
 ) -> PreparedRun:
     """Resolve the config and the run directory (a new one, or the one to resume)."""
     plugins = plugins or get_plugins()
@@ -84,7 +84,7 @@ def prepare(
                 f"{resume} is a run of method '{cfg.method.name}', not '{method}'. "
                 "Drop --method when resuming, or pass the right run directory."
             )
-        if overrides or config_file:
+        if overrides or config_file or preset:
             raise RunDirError(
                 "A resumed run keeps its saved config; drop --config and key=value overrides, "
                 "or start a new run."
@@ -95,7 +95,7 @@ def prepare(
         return PreparedRun(cfg, run_dir, resumed=True)
     if method is None:
         raise ValueError("Name a method with --method (see `arena plugins`).")
-    cfg = compose(plugins, method, env, config_file, overrides)
+    cfg = compose(plugins, method, env, config_file, overrides, preset)
     path = Path(out) if out else new_run_dir(cfg.run.root, method, cfg.env.name)
     run_dir = RunDir(path)
     run_dir.create(cfg)
@@ -309,22 +309,8 @@ class Session:
 
     def _run_concurrently(self, items: list[tuple[Task, int]],
                           episode: Callable[[Task, int], None]) -> None:
-        workers = max(1, int(self.cfg.eval.concurrency))
-
-        def work(item: tuple[Task, int]) -> None:
-            self.llm.enter()
-            try:
-                episode(*item)
-            finally:
-                self.llm.leave()
-
-        if workers == 1:
-            for item in items:
-                work(item)
-            return
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="episode") as pool:
-            for future in [pool.submit(work, item) for item in items]:
-                future.result()
+        run_in_threads(lambda item: episode(*item), items,
+                       workers=int(self.cfg.eval.concurrency), llm=self.llm)
 
     # -- results ------------------------------------------------------------------------------
 
@@ -411,10 +397,11 @@ def run(
     resume: Path | str | None = None,
     reporter: Reporter | None = None,
     plugins: Plugins | None = None,
+    preset: str | None = None,
 ) -> tuple[Path, dict[str, Any]]:
     """Prepare and run; returns the run directory and its results."""
     plugins = plugins or get_plugins()
-    prepared = prepare(method, env, config_file, overrides, out, resume, plugins)
+    prepared = prepare(method, env, config_file, overrides, out, resume, plugins, preset)
     session = Session(prepared, plugins, reporter)
     try:
         results = session.run()

@@ -29,12 +29,13 @@ class Entry:
 
     name: str
     factory: Callable[..., Any]
-    config: Path | None
+    configs: tuple[Path, ...]  # YAML defaults, merged in order
     description: str
     plugin: str  # name of the plugin that registered it
     package: str  # distribution that ships it
     version: str
     hooks: tuple[str, ...] = field(default=())
+    presets: dict[str, Path] = field(default_factory=dict)  # name -> YAML merged on request
 
 
 def did_you_mean(kind: str, name: str, available: list[str]) -> str:
@@ -62,11 +63,12 @@ class Registry:
                 f"{self.kind} '{entry.name}' is registered twice: by plugin '{other.plugin}' and by "
                 f"plugin '{entry.plugin}'. Uninstall one of them or block it with ARENA_LOAD_PLUGINS."
             )
-        if entry.config is not None and not entry.config.is_file():
-            raise RegistrationError(
-                f"{self.kind} '{entry.name}' (plugin '{entry.plugin}') names a config file that "
-                f"does not exist: {entry.config}"
-            )
+        for path in (*entry.configs, *entry.presets.values()):
+            if not path.is_file():
+                raise RegistrationError(
+                    f"{self.kind} '{entry.name}' (plugin '{entry.plugin}') names a config file "
+                    f"that does not exist: {path}"
+                )
 
     def add(self, entry: Entry) -> None:
         self.check(entry)

@@ -122,6 +122,19 @@ class RunDir:
         with self._lock:
             return list(self._episodes.values())
 
+    def load_trajectory(self, key: tuple) -> Trajectory | None:
+        """The recorded trajectory of one episode (a scan of the file: for resume paths only)."""
+        path = self.path / TRAJECTORIES
+        if not path.exists():
+            return None
+        wanted = list(key)
+        with self._lock, path.open() as handle:
+            for line in handle:
+                data = json.loads(line)
+                if data.pop("key") == wanted:
+                    return Trajectory.from_dict(data)
+        return None
+
     def record(self, result: EpisodeResult, trajectory: Trajectory) -> None:
         """Append one finished episode (trajectory first, so a record never lacks its steps)."""
         with self._lock:

@@ -15,7 +15,15 @@ from typing import Callable, Protocol
 
 from arena.core.env import Episode
 from arena.core.llm import Chat, LLMBackend, SamplingParams
-from arena.core.types import Experience, Observation, Step, Task, Termination, Trajectory
+from arena.core.types import (
+    Experience,
+    Observation,
+    RolloutTokens,
+    Step,
+    Task,
+    Termination,
+    Trajectory,
+)
 
 SYSTEM_PROMPT = (
     "You are an agent in a household. Each turn you read an observation and reply with exactly one "
@@ -33,6 +41,7 @@ class Action:
     tokens_out: int = 0
     llm_calls: int = 0
     logprob: float | None = None
+    rollout: RolloutTokens | None = None
 
 
 class Policy(Protocol):
@@ -90,6 +99,7 @@ def play(
                     tokens_in=action.tokens_in,
                     tokens_out=action.tokens_out,
                     logprob=action.logprob,
+                    rollout=action.rollout,
                 )
             )
             trajectory.llm_calls += action.llm_calls
@@ -218,6 +228,7 @@ class StandardSolver:
                 tokens_out=choice.tokens_out,
                 llm_calls=1,
                 logprob=float(sum(choice.logprobs)),
+                rollout=RolloutTokens(choice.prompt_token_ids, choice.token_ids, choice.logprobs),
             )
 
         return act

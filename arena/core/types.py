@@ -64,6 +64,15 @@ class Observation:
 
 
 @dataclass
+class RolloutTokens:
+    """The exact tokens of one model decision, kept in memory for RL training (never written)."""
+
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+
+
+@dataclass
 class Step:
     """One action and what came back."""
 
@@ -76,9 +85,11 @@ class Step:
     tokens_in: int = 0
     tokens_out: int = 0
     logprob: float | None = None
+    rollout: RolloutTokens | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = {key: value for key, value in self.__dict__.items() if key != "rollout"}
+        return dict(data)
 
 
 @dataclass
@@ -107,7 +118,9 @@ class Trajectory:
         return sum(1 for step in self.steps if step.valid)
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        data = {key: value for key, value in self.__dict__.items() if key != "steps"}
+        data["steps"] = [step.to_dict() for step in self.steps]
+        data["experience_ids"] = list(self.experience_ids)
         data["status"] = self.status.value
         data["task"] = self.task.to_dict()
         return data

@@ -1,0 +1,105 @@
+"""Training samples: one token sequence per sample, with a mask of the tokens the policy wrote.
+
+A multi-turn episode is one growing sequence (prompt, action, observation, action, ...): the
+environment's tokens stay in the context the model is trained on but are masked out of the loss,
+so the policy is never trained to predict what the world says.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+
+@dataclass
+class Sample:
+    """One training sequence.
+
+    ``loss_mask[t] == 1`` marks a token the policy generated (trained on); 0 marks prompt,
+    environment and observation tokens. ``old_logprobs`` is aligned with ``input_ids`` and only
+    read where the mask is 1: the log-prob the rollout policy gave that token. ``group`` is the
+    caller's id of the set whose rewards are normalised together (see
+    :func:`arena.core.rl.advantages.assign_advantages`).
+    """
+
+    input_ids: list[int]
+    loss_mask: list[int]
+    old_logprobs: list[float]
+    role: str
+    group: str
+    reward: float
+    advantage: float = 0.0
+
+    def __post_init__(self) -> None:
+        n = len(self.input_ids)
+        if n == 0:
+            raise ValueError("a sample needs at least one token")
+        if len(self.loss_mask) != n or len(self.old_logprobs) != n:
+            raise ValueError(
+                f"input_ids ({n}), loss_mask ({len(self.loss_mask)}) and old_logprobs "
+                f"({len(self.old_logprobs)}) must have the same length"
+            )
+        if any(m not in (0, 1) for m in self.loss_mask):
+            raise ValueError("loss_mask holds only 0 and 1")
+        if self.loss_mask[0]:
+            # Nothing predicts the first token, so it cannot be trained on.
+            raise ValueError("the first token must be context (loss_mask[0] == 0)")
+        if not all(math.isfinite(lp) for lp, m in zip(self.old_logprobs, self.loss_mask) if m):
+            raise ValueError("old_logprobs must be finite at generated tokens")
+
+    @property
+    def n_trained(self) -> int:
+        """Number of generated tokens, those the loss sees."""
+        return sum(self.loss_mask)
+
+
+class Turn(NamedTuple):
+    """One segment of an episode: tokens, whether the policy wrote them, and their log-probs
+    (required when generated; ignored otherwise)."""
+
+    tokens: Sequence[int]
+    generated: bool
+    logprobs: Sequence[float] | None = None
+
+
+def sample_from_choice(
+    prompt_ids: Sequence[int],
+    choice_token_ids: Sequence[int],
+    choice_logprobs: Sequence[float],
+    role: str,
+    group: str,
+    reward: float,
+) -> Sample:
+    """A single-turn sample: the prompt as context, then the chosen reply (e.g. a
+    :class:`arena.core.llm.Choice` or :class:`~arena.core.llm.Generation`) as trained tokens."""
+    return concat_turns(
+        [Turn(prompt_ids, False), Turn(choice_token_ids, True, choice_logprobs)],
+        role=role,
+        group=group,
+        reward=reward,
+    )
+
+
+def concat_turns(turns: Sequence[Turn | tuple], *, role: str, group: str, reward: float) -> Sample:
+    """Join an episode's turns into one sequence; only generated turns get ``loss_mask`` 1.
+
+    The caller must pass the exact tokens the model saw and wrote, in order; re-tokenising a
+    rendered transcript can split tokens differently and train on tokens never sampled.
+    """
+    ids: list[int] = []
+    mask: list[int] = []
+    logprobs: list[float] = []
+    for raw in turns:
+        turn = Turn(*raw)
+        tokens = list(turn.tokens)
+        if turn.generated:
+            if turn.logprobs is None or len(turn.logprobs) != len(tokens):
+                raise ValueError("a generated turn needs one log-prob per token")
+            logprobs.extend(float(lp) for lp in turn.logprobs)
+        else:
+            logprobs.extend([0.0] * len(tokens))
+        ids.extend(tokens)
+        mask.extend([int(turn.generated)] * len(tokens))
+    return Sample(ids, mask, logprobs, role=role, group=group, reward=float(reward))

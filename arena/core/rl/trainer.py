@@ -1,0 +1,516 @@
+"""One optimizer step of multi-role policy-gradient training on a Hugging Face causal LM.
+
+The trainer updates the very module a backend serves (``TransformersBackend.model``), so the
+next rollout uses the new weights at once; pass the backend's ``mark_weights_changed`` as
+``on_weights_changed``. Do not generate with that backend while :meth:`PolicyTrainer.step` runs.
+
+With LoRA the adapters are injected into the given model in place (peft replaces its linear
+layers), so a backend holding the same module serves the adapted policy, and the reference policy
+is that model with its adapters disabled. With full fine-tuning the reference is a frozen copy of
+the weights at construction, made only when the KL term is on; a resumed run must therefore build
+its trainer on the same base weights before :meth:`PolicyTrainer.load`.
+
+Logits are computed only where a token is trained (the decoder runs on the whole sequence, the
+vocabulary-wide output layer on the generated positions only), which is most of the memory of a
+step on a 49k-token vocabulary. This assumes logits = output_embeddings(last hidden state), true
+of Llama, Qwen and SmolLM; models with logit soft-capping or scaling would need their own hook.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from arena.core.rl.data import Sample
+from arena.core.rl.loss import RoleStats, policy_loss, token_entropy, token_logprobs
+
+CHECKPOINT_FORMAT = 1
+_PRECISIONS = ("auto", "bf16", "fp32")
+_AGGREGATIONS = ("token-mean", "sample-mean")
+_OLD_LOGPROBS = ("rollout", "recompute")
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """LoRA adapter shape; ``target_modules="all-linear"`` is every linear layer but the head."""
+
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: str | tuple[str, ...] = "all-linear"
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """How to train. Defaults follow Evolving-RL (slime: Adam, lr 1e-6 constant, weight decay
+    0.1, betas 0.9/0.98, eps 0.1/0.15, low-var KL 0.01, grad clip 1.0), except the per-role maps,
+    which the method sets (Evolving-RL: ``entropy_coef={extractor: -0.03, solver: 0}``,
+    ``advantage_scale={extractor: 0.2, solver: 1.0}``); a role missing from a map gets 0 entropy
+    coefficient and scale 1.
+
+    ``advantage_scale`` is not applied by :meth:`PolicyTrainer.step`: the caller passes it to
+    :func:`arena.core.rl.advantages.assign_advantages`, so advantages stay visible and explicit.
+    ``precision``: ``auto`` uses bf16 autocast where the device computes it natively. Weights
+    are trained in float32 either way. ``aggregation``: ``token-mean`` (every trained token of
+    the step weighs the same) or ``sample-mean`` (slime's default: each sample's token mean,
+    averaged over samples). ``old_logprobs``: ``rollout`` takes the samples' own log-probs;
+    ``recompute`` uses the trainer's log-probs under the current weights (slime's default;
+    with one optimizer step per batch the ratio is then exactly 1 and clipping never acts).
+    """
+
+    lr: float = 1e-6
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.98)
+    adam_eps: float = 1e-8
+    eps_low: float = 0.1
+    eps_high: float = 0.15
+    kl_coef: float = 0.01
+    entropy_coef: Mapping[str, float] = field(default_factory=dict)
+    advantage_scale: Mapping[str, float] = field(default_factory=dict)
+    micro_batch_size: int = 4
+    max_grad_norm: float = 1.0
+    lora: LoraSettings | None = None
+    precision: str = "auto"
+    aggregation: str = "token-mean"
+    old_logprobs: str = "rollout"
+
+    def __post_init__(self) -> None:
+        for name, value, allowed in (
+            ("precision", self.precision, _PRECISIONS),
+            ("aggregation", self.aggregation, _AGGREGATIONS),
+            ("old_logprobs", self.old_logprobs, _OLD_LOGPROBS),
+        ):
+            if value not in allowed:
+                raise ValueError(f"trainer.{name} must be one of {allowed}, not {value!r}")
+        if self.micro_batch_size < 1:
+            raise ValueError("trainer.micro_batch_size must be at least 1")
+        if self.eps_low < 0 or self.eps_high < 0 or self.kl_coef < 0:
+            raise ValueError("trainer.eps_low, eps_high and kl_coef must be non-negative")
+
+    @classmethod
+    def from_mapping(cls, cfg: Mapping[str, Any]) -> TrainerConfig:
+        """Build from a config section (dict or OmegaConf); unknown keys are an error, since a
+        misspelt coefficient would otherwise silently train with its default."""
+        names = {f.name for f in fields(cls)}
+        unknown = set(cfg) - names
+        if unknown:
+            raise ValueError(f"unknown trainer settings: {sorted(unknown)}")
+        values: dict[str, Any] = {key: _plain(value) for key, value in cfg.items()}
+        if "betas" in values:
+            values["betas"] = tuple(values["betas"])
+        if values.get("lora") is not None:
+            lora = dict(values["lora"])
+            if not isinstance(lora.get("target_modules", "all-linear"), str):
+                lora["target_modules"] = tuple(lora["target_modules"])
+            values["lora"] = LoraSettings(**lora)
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _plain(value: Any) -> Any:
+    """Mappings and lists as plain dicts and lists (OmegaConf containers included)."""
+    if isinstance(value, Mapping):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)) or type(value).__name__ == "ListConfig":
+        return [_plain(item) for item in value]
+    return value
+
+
+def resolve_autocast(precision: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype, or None for plain float32. ``auto`` picks bf16 only where it is
+    native (CUDA with bf16, or a CPU with AVX-512-BF16/AMX), since emulated bf16 is slower."""
+    if precision == "fp32":
+        return None
+    if precision == "bf16":
+        return torch.bfloat16
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else None
+    return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else None
+
+
+@dataclass
+class _MicroBatch:
+    """Right-padded tensors of a few samples; per-token tensors are shifted by one so column
+    ``t`` is the prediction of token ``t + 1`` from the hidden state at ``t``."""
+
+    input_ids: torch.Tensor  # (B, T)
+    attention_mask: torch.Tensor  # (B, T)
+    trained: torch.Tensor  # (B, T-1) bool
+    old_logprobs: torch.Tensor  # (B, T-1)
+    weights: torch.Tensor  # (B, T-1): the token's weight in the step's loss
+    advantages: torch.Tensor  # (B,)
+    roles: list[str]
+
+
+class PolicyTrainer:
+    """Trains a causal LM on :class:`~arena.core.rl.data.Sample` batches with the joint loss
+    of :mod:`arena.core.rl.loss`: one optimizer step per :meth:`step` call."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        config: TrainerConfig | Mapping[str, Any] | None = None,
+        *,
+        on_weights_changed: Callable[[], None] | None = None,
+    ) -> None:
+        self.config = (
+            config if isinstance(config, TrainerConfig) else TrainerConfig.from_mapping(config or {})
+        )
+        self.on_weights_changed = on_weights_changed
+        pad = tokenizer.pad_token_id
+        self.pad_id: int = pad if pad is not None else tokenizer.eos_token_id
+        self.model = self._with_lora(model) if self.config.lora else model
+        self.is_lora = _is_peft(self.model)
+        self.device = next(self.model.parameters()).device
+        self.autocast_dtype = resolve_autocast(self.config.precision, self.device)
+        self.trainable = {
+            name: param for name, param in self.model.named_parameters() if param.requires_grad
+        }
+        if not self.trainable:
+            raise ValueError("the model has no trainable parameters")
+        low = sorted({str(p.dtype) for p in self.trainable.values() if p.dtype != torch.float32})
+        if low:
+            raise ValueError(
+                f"trainable weights are {low}: an update of lr 1e-6 vanishes in half precision. "
+                "Load the model in float32 (bf16 autocast still speeds up the forward) or use LoRA."
+            )
+        self.reference: torch.nn.Module | None = None
+        if not self.is_lora and self.config.kl_coef > 0:
+            self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(
+            self._param_groups(),
+            lr=self.config.lr,
+            betas=self.config.betas,
+            eps=self.config.adam_eps,
+        )
+        self.step_count = 0
+        self.model.eval()
+
+    # ------------------------------------------------------------------------------------------
+    # Training
+    # ------------------------------------------------------------------------------------------
+
+    def step(self, samples: Sequence[Sample]) -> dict[str, float]:
+        """One optimizer step on all ``samples`` (gradients accumulated over micro-batches).
+
+        Uses each sample's ``advantage`` as set by the caller. Returns the loss, the gradient
+        norm before clipping, and per role ``{role}/loss`` (its share of the loss), ``pg_loss``,
+        ``kl``, ``entropy``, ``clip_frac`` (token means) and ``n_tokens``. A step whose gradient
+        is not finite is skipped (``skipped`` = 1) and leaves the weights untouched.
+        """
+        started = time.perf_counter()
+        batches = self._micro_batches(samples)
+        references = self._reference_logprobs(batches) if self.config.kl_coef > 0 else None
+        stats = {role: RoleStats() for role in self._report_roles(samples)}
+        total = 0.0
+        self.optimizer.zero_grad(set_to_none=True)
+        self.model.train()
+        try:
+            for index, batch in enumerate(batches):
+                with self._autocast():
+                    logprobs, entropy = self._policy_outputs(self._lm(), batch)
+                old = logprobs.detach() if self.config.old_logprobs == "recompute" else None
+                out = policy_loss(
+                    logprobs,
+                    batch.old_logprobs if old is None else old,
+                    batch.advantages,
+                    batch.trained,
+                    batch.roles,
+                    entropy=entropy,
+                    ref_logprobs=None if references is None else references[index],
+                    eps_low=self.config.eps_low,
+                    eps_high=self.config.eps_high,
+                    kl_coef=self.config.kl_coef,
+                    entropy_coef=self.config.entropy_coef,
+                    token_weights=batch.weights,
+                )
+                out.loss.backward()
+                total += float(out.loss.detach())
+                for role, role_stats in out.roles.items():
+                    stats[role] += role_stats
+            params = list(self.trainable.values())
+            clip = self.config.max_grad_norm if self.config.max_grad_norm > 0 else float("inf")
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
+            skipped = not math.isfinite(grad_norm)
+            if skipped:
+                self.optimizer.zero_grad(set_to_none=True)
+            else:
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                self.step_count += 1
+        finally:
+            self.model.eval()
+        if not skipped:
+            self._notify()
+        metrics = {
+            "loss": total,
+            "grad_norm": grad_norm,
+            "skipped": float(skipped),
+            "step": float(self.step_count),
+            "lr": self.config.lr,
+            "n_samples": float(len(samples)),
+            "n_tokens": float(sum(s.n_tokens for s in stats.values())),
+            "step_s": time.perf_counter() - started,
+        }
+        for role, role_stats in sorted(stats.items()):
+            metrics.update({f"{role}/{k}": v for k, v in role_stats.metrics().items()})
+        return metrics
+
+    @torch.no_grad()
+    def logprobs(self, samples: Sequence[Sample], reference: bool = False) -> list[list[float]]:
+        """Log-prob of each generated token under the current policy (or the reference),
+        aligned with ``input_ids`` and 0.0 elsewhere, like ``Sample.old_logprobs``."""
+        batches = self._micro_batches(samples, ordered=False)
+        if reference:
+            scores = self._reference_logprobs(batches)
+        else:
+            with self._autocast():
+                scores = [self._policy_outputs(self._lm(), b, entropy=False)[0] for b in batches]
+        result: list[list[float]] = []
+        for batch, score in zip(batches, scores):
+            for row in range(score.shape[0]):
+                length = int(batch.attention_mask[row].sum())
+                values = torch.where(batch.trained[row], score[row], 0.0)[: length - 1]
+                result.append([0.0, *values.tolist()])
+        return result
+
+    # ------------------------------------------------------------------------------------------
+    # Checkpoints
+    # ------------------------------------------------------------------------------------------
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write trainable weights (the adapters with LoRA), optimizer state, step counter and
+        torch RNG states to folder ``path``, atomically: a crash leaves the old checkpoint or
+        the new one, never a mix."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+        try:
+            weights = {name: p.detach().cpu().contiguous() for name, p in self.trainable.items()}
+            save_file(weights, tmp / "weights.safetensors")
+            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+            torch.save(_rng_state(), tmp / "rng.pt")
+            state = {
+                "format": CHECKPOINT_FORMAT,
+                "step": self.step_count,
+                "mode": "lora" if self.is_lora else "full",
+                "config": self.config.to_dict(),
+            }
+            (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
+            tmp.chmod(0o755)
+            if path.exists():
+                stale = Path(tempfile.mkdtemp(prefix=f".{path.name}.old.", dir=path.parent))
+                os.rename(path, stale / path.name)
+                os.rename(tmp, path)
+                shutil.rmtree(stale)
+            else:
+                os.rename(tmp, path)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return path
+
+    def load(self, path: str | os.PathLike[str]) -> None:
+        """Restore a :meth:`save`: weights, optimizer state, step counter and RNG states."""
+        path = Path(path)
+        state = json.loads((path / "trainer_state.json").read_text())
+        mode = "lora" if self.is_lora else "full"
+        if state.get("format") != CHECKPOINT_FORMAT or state.get("mode") != mode:
+            raise ValueError(
+                f"{path} is a format {state.get('format')} {state.get('mode')} checkpoint; "
+                f"this trainer reads format {CHECKPOINT_FORMAT} {mode}"
+            )
+        weights = load_file(path / "weights.safetensors")
+        if set(weights) != set(self.trainable):
+            missing = sorted(set(self.trainable) - set(weights))[:3]
+            extra = sorted(set(weights) - set(self.trainable))[:3]
+            raise ValueError(f"checkpoint weights do not match: missing {missing}, extra {extra}")
+        with torch.no_grad():
+            for name, param in self.trainable.items():
+                param.copy_(weights[name])
+        self.optimizer.load_state_dict(
+            torch.load(path / "optimizer.pt", map_location=self.device, weights_only=True)
+        )
+        _set_rng_state(torch.load(path / "rng.pt", weights_only=True))
+        self.step_count = int(state["step"])
+        self._notify()
+
+    # ------------------------------------------------------------------------------------------
+    # Internals
+    # ------------------------------------------------------------------------------------------
+
+    def _with_lora(self, model: torch.nn.Module) -> torch.nn.Module:
+        from peft import LoraConfig, get_peft_model
+
+        lora = self.config.lora
+        assert lora is not None
+        targets = lora.target_modules
+        peft_config = LoraConfig(
+            r=lora.r,
+            lora_alpha=lora.alpha,
+            lora_dropout=lora.dropout,
+            target_modules=targets if isinstance(targets, str) else list(targets),
+            task_type="CAUSAL_LM",
+        )
+        # Adapters of a bf16 model are created in float32 (peft's autocast_adapter_dtype).
+        return get_peft_model(model, peft_config)
+
+    def _lm(self) -> torch.nn.Module:
+        """The transformers model itself (inside peft's wrapper with LoRA)."""
+        return self.model.get_base_model() if self.is_lora else self.model
+
+    def _param_groups(self) -> list[dict[str, Any]]:
+        """Weight decay on matrices only; biases and norm gains are exempt, as in Megatron."""
+        decay = [p for p in self.trainable.values() if p.dim() >= 2]
+        exempt = [p for p in self.trainable.values() if p.dim() < 2]
+        groups = [{"params": decay, "weight_decay": self.config.weight_decay}]
+        if exempt:
+            groups.append({"params": exempt, "weight_decay": 0.0})
+        return groups
+
+    def _report_roles(self, samples: Sequence[Sample]) -> list[str]:
+        """Every configured role and every role present, so absent roles report zeros."""
+        roles = [*self.config.entropy_coef, *self.config.advantage_scale, *(s.role for s in samples)]
+        return list(dict.fromkeys(roles))
+
+    def _autocast(self) -> Any:
+        if self.autocast_dtype is None:
+            return nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+
+    def _micro_batches(self, samples: Sequence[Sample], ordered: bool = True) -> list[_MicroBatch]:
+        """Split ``samples`` into micro-batches (by length, so padding is small, unless
+        ``ordered`` is False) with each token's weight in the whole step's loss."""
+        if not samples:
+            raise ValueError("no samples to train on")
+        counts = [s.n_trained for s in samples]
+        if sum(counts) == 0:
+            raise ValueError("no sample has a generated token (loss_mask is all 0)")
+        if self.config.aggregation == "token-mean":
+            token_weight = [1.0 / sum(counts)] * len(samples)
+        else:
+            n_samples = sum(1 for c in counts if c)
+            token_weight = [1.0 / (c * n_samples) if c else 0.0 for c in counts]
+        order = list(range(len(samples)))
+        if ordered:
+            order.sort(key=lambda i: len(samples[i].input_ids))
+        size = self.config.micro_batch_size
+        return [
+            self._collate([samples[i] for i in chunk], [token_weight[i] for i in chunk])
+            for chunk in (order[k : k + size] for k in range(0, len(order), size))
+        ]
+
+    def _collate(self, samples: list[Sample], token_weight: list[float]) -> _MicroBatch:
+        width = max(len(s.input_ids) for s in samples)
+        ids = torch.full((len(samples), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(samples), width), dtype=torch.long)
+        mask = torch.zeros((len(samples), width), dtype=torch.bool)
+        old = torch.zeros((len(samples), width), dtype=torch.float32)
+        for row, sample in enumerate(samples):
+            n = len(sample.input_ids)
+            ids[row, :n] = torch.tensor(sample.input_ids)
+            attention[row, :n] = 1
+            mask[row, :n] = torch.tensor(sample.loss_mask, dtype=torch.bool)
+            old[row, :n] = torch.tensor(sample.old_logprobs, dtype=torch.float32)
+        trained = mask[:, 1:]
+        weights = torch.tensor(token_weight, dtype=torch.float32)[:, None] * trained
+        return _MicroBatch(
+            input_ids=ids.to(self.device),
+            attention_mask=attention.to(self.device),
+            trained=trained.to(self.device),
+            old_logprobs=old[:, 1:].to(self.device),
+            weights=weights.to(self.device),
+            advantages=torch.tensor([s.advantage for s in samples], device=self.device),
+            roles=[s.role for s in samples],
+        )
+
+    def _policy_outputs(
+        self, lm: torch.nn.Module, batch: _MicroBatch, entropy: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs (and entropies) at trained positions as ``(B, T-1)`` float32 tensors.
+
+        Entropy carries gradient only on rows whose role has a non-zero coefficient: the other
+        rows only report it, and skipping their backward saves a vocabulary-wide activation.
+        """
+        hidden = lm.get_decoder()(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask
+        ).last_hidden_state[:, :-1]
+        logits = lm.get_output_embeddings()(hidden[batch.trained]).float()
+        targets = batch.input_ids[:, 1:][batch.trained]
+        logprobs = torch.zeros(batch.trained.shape, device=logits.device)
+        logprobs[batch.trained] = token_logprobs(logits, targets)
+        if not entropy:
+            return logprobs, None
+        coef = self.config.entropy_coef
+        rows = torch.tensor([coef.get(r, 0.0) != 0 for r in batch.roles], device=logits.device)
+        with_grad = rows[:, None].expand_as(batch.trained)[batch.trained]
+        selected = torch.zeros(targets.shape, device=logits.device)
+        with torch.no_grad():
+            selected[~with_grad] = token_entropy(logits[~with_grad])
+        if bool(with_grad.any()):
+            selected[with_grad] = token_entropy(logits[with_grad])
+        entropies = torch.zeros(batch.trained.shape, device=logits.device)
+        entropies[batch.trained] = selected
+        return logprobs, entropies
+
+    @torch.no_grad()
+    def _reference_logprobs(self, batches: list[_MicroBatch]) -> list[torch.Tensor]:
+        """Reference log-probs per micro-batch, in eval mode (no dropout)."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with self._reference() as reference, self._autocast():
+                return [self._policy_outputs(reference, b, entropy=False)[0] for b in batches]
+        finally:
+            self.model.train(was_training)
+
+    @contextmanager
+    def _reference(self) -> Iterator[torch.nn.Module]:
+        if self.is_lora:
+            with self.model.disable_adapter():
+                yield self._lm()
+        elif self.reference is not None:
+            yield self.reference
+        else:
+            raise ValueError("no reference policy: full fine-tuning with kl_coef 0 keeps none")
+
+    def _notify(self) -> None:
+        if self.on_weights_changed is not None:
+            self.on_weights_changed()
+
+
+def _is_peft(model: torch.nn.Module) -> bool:
+    try:
+        from peft import PeftModel
+    except ImportError:
+        return False
+    return isinstance(model, PeftModel)
+
+
+def _rng_state() -> dict[str, Any]:
+    """torch's RNG states: the only randomness in a step is dropout, drawn from them."""
+    state: dict[str, Any] = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["cpu"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

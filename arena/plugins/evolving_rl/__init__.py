@@ -1,0 +1,33 @@
+"""Evolving-RL, the reference method: one model co-evolves as skill extractor and solver.
+
+Registered like any third-party plugin; also registers its GRPO baseline as method ``grpo``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import arena
+from arena.plugins.evolving_rl.method import EvolvingRL
+
+HERE = Path(__file__).parent
+PRESETS = {path.stem: path for path in sorted((HERE / "presets").glob("*.yaml")) if path.stem != "grpo"}
+
+
+@arena.hookimpl
+def register_methods(register: Callable[..., None]) -> None:
+    register(
+        "evolving_rl",
+        EvolvingRL,
+        config=HERE / "config.yaml",
+        presets=PRESETS,
+        description="Evolving-RL: extractor and solver co-evolved by GRPO on one model.",
+    )
+    register(
+        "grpo",
+        EvolvingRL,
+        config=[HERE / "config.yaml", HERE / "presets" / "grpo.yaml"],
+        presets={"paper": HERE / "presets" / "paper.yaml"},
+        description="GRPO baseline: solver-only RL on the train split, no skills.",
+    )

@@ -1,0 +1,282 @@
+"""Evolving-RL: one model, two roles (skill extractor and skill-using solver), one gradient.
+
+One learning iteration (``methods.md`` section 1, authors' defaults in ``config.yaml``):
+
+1. ``n_sources`` source tasks from train are solved without a skill (not trained on);
+2. the extractor writes ``n_skills`` candidate skill cards per source;
+3. ``k_downstream`` train tasks most similar to each source (embedding cosine, source included)
+   are solved by the solver under every valid card;
+4. rewards: extractor = mean downstream success (0 for a card that does not parse or fails the
+   audit); solver = ``solver_win_reward`` x won;
+5. GRPO: extractor groups = the cards of one source; solver groups = one downstream task under
+   the cards of its source; advantages scaled by ``lambda`` per role; one trainer step.
+
+Evaluation (inside the frozen protocol): for each test task the most similar train task is
+solved, one card is extracted from it, and the test task is solved with the card (the primary
+result) and without it (variant ``without_skill``), so both are reported, paired.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+import arena
+from arena.core.context import EVALUATE, EpisodeRequest, RunContext
+from arena.core.llm import SamplingParams
+from arena.core.rl import PolicyTrainer, Sample, TrainerConfig, group_advantages, sample_from_choice
+from arena.core.types import Experience, Provenance, Task, Trajectory
+from arena.plugins.evolving_rl.prompts import extractor_prompt
+from arena.plugins.evolving_rl.skills import SkillCard, SkillParseError, parse_skill
+
+EXTRACTOR = "extractor"
+SOLVER = "solver"
+MODES = ("coevolve", "grpo")
+
+
+@dataclass
+class Candidate:
+    """One extracted skill: the extractor's tokens, the parsed card (None if invalid)."""
+
+    source_index: int
+    skill_index: int
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    card: SkillCard | None
+    reward: float = 0.0
+
+    @property
+    def usable(self) -> bool:
+        return self.card is not None and self.card.passed_audit
+
+
+def skill_experience(card: SkillCard, source: Task) -> Experience:
+    return Experience(
+        kind="skill",
+        text=card.render(),
+        provenance=Provenance((source.task_id,), source.split),
+        metadata={"name": card.name, "task_type": source.task_type},
+    )
+
+
+def most_similar(run: RunContext, queries: list[Task], pool: list[Task], k: int) -> list[list[Task]]:
+    """For each query, the ``k`` pool tasks whose goals are most similar (the query included)."""
+    matrix = run.embedder.similarity([q.goal for q in queries], [t.goal for t in pool])
+    ranked = []
+    for row in matrix:
+        order = sorted(range(len(pool)), key=lambda i: (-float(row[i]), i))
+        ranked.append([pool[i] for i in order[:k]])
+    return ranked
+
+
+def solver_samples(trajectory: Trajectory, group: str, reward: float, advantage: float) -> list[Sample]:
+    """One sample per model decision of an episode, all with the episode's advantage."""
+    samples = []
+    for step in trajectory.steps:
+        if step.rollout is None or not step.rollout.token_ids:
+            continue
+        sample = sample_from_choice(step.rollout.prompt_token_ids, step.rollout.token_ids,
+                                    step.rollout.logprobs, role=SOLVER, group=group, reward=reward)
+        sample.advantage = advantage
+        samples.append(sample)
+    return samples
+
+
+def build_samples(candidates: list[Candidate], owners: list[tuple[Candidate, int]],
+                  episodes: list[Trajectory], cfg: DictConfig) -> list[Sample]:
+    """Rewards, GRPO groups and scaled advantages of one co-evolution iteration.
+
+    ``owners[i]`` is the (card, downstream index) that ``episodes[i]`` was played with.
+    Extractor: reward = mean downstream success of the card (0 if unusable), grouped by source.
+    Solver: reward = ``solver_win_reward`` x won, grouped by (source, downstream task), so a
+    group is one task under the different cards of its source.
+    """
+    wins: dict[int, list[float]] = {}
+    for (candidate, _), trajectory in zip(owners, episodes):
+        wins.setdefault(id(candidate), []).append(1.0 if trajectory.success else 0.0)
+    for candidate in candidates:
+        won = wins.get(id(candidate), [])
+        candidate.reward = sum(won) / len(won) if candidate.usable and won else 0.0
+    samples: list[Sample] = []
+    if cfg.train_extractor:
+        groups = [f"source{c.source_index}" for c in candidates]
+        advantages = group_advantages([c.reward for c in candidates], groups)
+        for candidate, group, advantage in zip(candidates, groups, advantages):
+            if not candidate.token_ids:
+                continue
+            sample = sample_from_choice(candidate.prompt_token_ids, candidate.token_ids,
+                                        candidate.logprobs, role=EXTRACTOR, group=group,
+                                        reward=candidate.reward)
+            sample.advantage = advantage * float(cfg.lambda_extractor)
+            samples.append(sample)
+    if cfg.train_solver and episodes:
+        rewards = [float(cfg.solver_win_reward) * t.success for t in episodes]
+        groups = [f"source{c.source_index}/down{k}" for c, k in owners]
+        for trajectory, group, reward, advantage in zip(
+                episodes, groups, rewards, group_advantages(rewards, groups)):
+            samples.extend(solver_samples(trajectory, group, reward,
+                                          advantage * float(cfg.lambda_solver)))
+    return samples
+
+
+class EvolvingRL:
+    """The Evolving-RL method (``mode: coevolve``) and its GRPO baseline (``mode: grpo``)."""
+
+    def __init__(self, run: RunContext) -> None:
+        self.cfg: DictConfig = run.cfg.method
+        if self.cfg.mode not in MODES:
+            raise ValueError(f"method.mode must be one of {MODES}, got '{self.cfg.mode}'")
+        self.trainer: PolicyTrainer | None = None
+
+    # -- learning -----------------------------------------------------------------------------
+
+    @arena.hookimpl
+    def learn(self, run: RunContext) -> bool:
+        backend = getattr(run.llm, "inner", run.llm)
+        if not hasattr(backend, "model") or not hasattr(backend, "mark_weights_changed"):
+            raise ValueError(
+                f"Evolving-RL trains the model in-process; backend '{run.cfg.llm.backend}' has no "
+                "trainable model. Use llm.backend=transformers."
+            )
+        trainer_cfg = OmegaConf.to_container(self.cfg.trainer, resolve=True)
+        self.trainer = PolicyTrainer(backend.model, backend.tokenizer,
+                                     TrainerConfig.from_mapping(trainer_cfg),  # type: ignore[arg-type]
+                                     on_weights_changed=backend.mark_weights_changed)
+        checkpoint = run.run_dir.path / "evolving_rl" / "checkpoint"
+        state = run.run_dir.state().get("evolving_rl", {"iterations_done": 0, "attempts": {}})
+        if state["iterations_done"] and checkpoint.exists():
+            self.trainer.load(checkpoint)
+        train = run.tasks("train")
+        for iteration in range(int(state["iterations_done"]), int(self.cfg.iterations)):
+            if run.budget_exhausted():
+                break
+            attempt = int(state["attempts"].get(str(iteration), 0))
+            state["attempts"][str(iteration)] = attempt + 1
+            run.run_dir.update_state(evolving_rl=state)
+            tag = f"it{iteration}.a{attempt}"
+            rng = random.Random(int(run.cfg.learn.seed) * 100_003 + iteration)
+            if self.cfg.mode == "grpo":
+                samples, metrics = self._grpo_iteration(run, train, rng, tag)
+            else:
+                samples, metrics = self._coevolution_iteration(run, train, rng, tag)
+            if samples:
+                metrics.update(self.trainer.step(samples))
+                run.charge(gradient_steps=1)
+            self.trainer.save(checkpoint)
+            state["iterations_done"] = iteration + 1
+            state.setdefault("metrics", []).append({"iteration": iteration, **_rounded(metrics)})
+            run.run_dir.update_state(evolving_rl=state, gradient_steps=run.budget.used["gradient_steps"])
+        return True
+
+    def _sampling(self, run: RunContext, max_new_tokens: int, seed: int) -> SamplingParams:
+        sampling = run.cfg.learn.sampling
+        return SamplingParams(temperature=float(sampling.temperature), top_p=float(sampling.top_p),
+                              max_new_tokens=max_new_tokens, seed=seed)
+
+    def extract(self, run: RunContext, sources: list[Trajectory], n: int, seed: int,
+                params: SamplingParams | None = None) -> list[Candidate]:
+        """``n`` candidate cards per source trajectory (one batched generate call)."""
+        prompts = [extractor_prompt(t) for t in sources for _ in range(n)]
+        params = params or self._sampling(run, int(self.cfg.extractor_max_tokens), seed)
+        generations = run.llm.generate(prompts, params)
+        candidates = []
+        for index, generation in enumerate(generations):
+            try:
+                card: SkillCard | None = parse_skill(generation.text)
+            except SkillParseError:
+                card = None
+            candidates.append(Candidate(index // n, index % n, generation.prompt_token_ids,
+                                        generation.token_ids, generation.logprobs, card))
+        return candidates
+
+    def _coevolution_iteration(self, run: RunContext, train: list[Task], rng: random.Random,
+                               tag: str) -> tuple[list[Sample], dict[str, Any]]:
+        cfg = self.cfg
+        seed = int(run.cfg.learn.seed)
+        sources = rng.sample(train, min(int(cfg.n_sources), len(train)))
+        source_runs = run.play_many(
+            [EpisodeRequest(task, [], seed, f"{tag}/source{i}") for i, task in enumerate(sources)],
+            standard=True,
+        )
+        candidates = self.extract(run, source_runs, int(cfg.n_skills), seed=rng.randrange(2**31))
+        downstream = most_similar(run, sources, train, int(cfg.k_downstream))
+        requests, owners = [], []
+        for candidate in candidates:
+            if not candidate.usable:
+                continue
+            experience = skill_experience(candidate.card, sources[candidate.source_index])  # type: ignore[arg-type]
+            for k, task in enumerate(downstream[candidate.source_index]):
+                requests.append(EpisodeRequest(
+                    task, [experience], seed,
+                    f"{tag}/source{candidate.source_index}/skill{candidate.skill_index}/down{k}"))
+                owners.append((candidate, k))
+        episodes = run.play_many(requests, standard=True)
+
+        samples = build_samples(candidates, owners, episodes, cfg)
+        metrics = {
+            "source_success": _mean([t.success for t in source_runs]),
+            "skills_usable": _mean([c.usable for c in candidates]),
+            "downstream_success": _mean([t.success for t in episodes]),
+            "extractor_reward": _mean([c.reward for c in candidates]),
+            "samples": len(samples),
+        }
+        return samples, metrics
+
+    def _grpo_iteration(self, run: RunContext, train: list[Task], rng: random.Random,
+                        tag: str) -> tuple[list[Sample], dict[str, Any]]:
+        """Solver-only GRPO, no skills: each task played ``group_size`` times is one group."""
+        cfg = self.cfg
+        seed = int(run.cfg.learn.seed)
+        tasks = rng.sample(train, min(int(cfg.n_sources), len(train)))
+        requests = [EpisodeRequest(task, [], seed, f"{tag}/task{i}/rollout{g}")
+                    for i, task in enumerate(tasks) for g in range(int(cfg.group_size))]
+        episodes = run.play_many(requests, standard=True)
+        rewards = [float(cfg.solver_win_reward) * t.success for t in episodes]
+        groups = [r.variant.rsplit("/", 1)[0] for r in requests]
+        samples: list[Sample] = []
+        for trajectory, group, reward, advantage in zip(
+                episodes, groups, rewards, group_advantages(rewards, groups)):
+            samples.extend(solver_samples(trajectory, group, reward, advantage * float(cfg.lambda_solver)))
+        return samples, {"success": _mean([t.success for t in episodes]), "samples": len(samples)}
+
+    # -- evaluation ---------------------------------------------------------------------------
+
+    @arena.hookimpl
+    def solve(self, run: RunContext, task: Task, experiences: list[Experience],
+              seed: int) -> Trajectory | None:
+        """Paired evaluation with a skill extracted from the most similar train task."""
+        if run.phase != EVALUATE or self.cfg.mode == "grpo" or not self.cfg.eval_with_skill:
+            return None  # the harness's standard solver
+        run_seed = run.current_seed()
+        (source_task,) = most_similar(run, [task], run.tasks("train"), 1)[0]
+        source = run.play(source_task, [], seed=run_seed, variant=f"eval_source/{task.task_id}",
+                          standard=True)
+        params = SamplingParams(temperature=0.0, max_new_tokens=int(self.cfg.extractor_max_tokens),
+                                seed=seed)
+        (candidate,) = self.extract(run, [source], 1, seed=seed, params=params)
+        run.play(task, [], seed=run_seed, variant="without_skill", standard=True)
+        skills = [skill_experience(candidate.card, source_task)] if candidate.usable else []  # type: ignore[arg-type]
+        return run.standard_solve(task, skills, seed)
+
+    @arena.hookimpl
+    def state_size(self, run: RunContext) -> dict[str, Any]:
+        if self.trainer is None:
+            return {}
+        trainable = sum(p.numel() for p in self.trainer.model.parameters() if p.requires_grad)
+        return {"trainable_parameters": int(trainable)}
+
+
+def _mean(values: list[Any]) -> float:
+    return float(sum(float(v) for v in values) / len(values)) if values else 0.0
+
+
+def _rounded(metrics: dict[str, Any]) -> dict[str, Any]:
+    return {k: round(v, 5) if isinstance(v, float) else v for k, v in metrics.items()}
+
+
+

@@ -1,0 +1,135 @@
+"""Evolving-RL: group formation, role switches, and one co-evolution iteration end to end."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from omegaconf import OmegaConf
+
+from arena.core import protocol
+from arena.core.config import compose
+from arena.core.rl import group_advantages
+from arena.core.types import RolloutTokens, Step, Task, Termination, Trajectory
+from arena.plugins.evolving_rl import method as evolving
+from arena.plugins.evolving_rl.method import Candidate, build_samples
+from arena.plugins.evolving_rl.skills import parse_skill
+
+CARD_JSON = json.dumps({
+    "name": "Find then place", "when_to_use": ["put tasks"],
+    "workflow": [{"step": 1, "goal": "find it", "action": "go to countertop 1"}],
+    "decision_rules": ["open closed receptacles"], "error_handling": [],
+})
+CFG = OmegaConf.create({"train_extractor": True, "train_solver": True, "lambda_extractor": 0.2,
+                        "lambda_solver": 1.0, "solver_win_reward": 10.0})
+
+
+def fake_episode(task_id: str, won: bool, steps: int = 2) -> Trajectory:
+    task = Task(task_id, "household", "train", "pick_and_place_simple", "put a mug in cabinet.")
+    return Trajectory(
+        task=task, initial_observation="start",
+        steps=[Step("look", "ok", True, rollout=RolloutTokens([1, 2, 3], [4, 5], [-0.5, -0.1]))
+               for _ in range(steps)],
+        status=Termination.SUCCESS if won else Termination.FAILURE,
+    )
+
+
+def fake_candidates() -> list[Candidate]:
+    card = parse_skill(CARD_JSON)
+    return [Candidate(source, skill, [1, 2], [7, 8, 9], [-1.0, -1.0, -1.0],
+                      None if (source, skill) == (1, 2) else card)
+            for source in range(2) for skill in range(3)]
+
+
+def test_groups_rewards_and_scaled_advantages():
+    candidates = fake_candidates()
+    owners, episodes = [], []
+    wins = {(0, 0): [1, 1], (0, 1): [1, 0], (0, 2): [0, 0], (1, 0): [1, 0], (1, 1): [0, 0]}
+    for candidate in candidates:
+        if not candidate.usable:
+            continue
+        for k, won in enumerate(wins[(candidate.source_index, candidate.skill_index)]):
+            owners.append((candidate, k))
+            episodes.append(fake_episode(f"down{candidate.source_index}{k}", bool(won)))
+    samples = build_samples(candidates, owners, episodes, CFG)
+
+    extractor = [s for s in samples if s.role == "extractor"]
+    assert [s.group for s in extractor] == ["source0"] * 3 + ["source1"] * 3
+    assert [s.reward for s in extractor] == [1.0, 0.5, 0.0, 0.5, 0.0, 0.0]  # unusable card: 0
+    expected = group_advantages([1.0, 0.5, 0.0, 0.5, 0.0, 0.0], ["source0"] * 3 + ["source1"] * 3)
+    assert [s.advantage for s in extractor] == pytest.approx([0.2 * a for a in expected])
+
+    solver = [s for s in samples if s.role == "solver"]
+    assert len(solver) == 2 * len(episodes)  # one sample per decision, two decisions per episode
+    members: dict[str, list[float]] = {}
+    for sample in solver[::2]:
+        members.setdefault(sample.group, []).append(sample.reward)
+    # a solver group is one downstream task of one source under that source's cards
+    assert members == {"source0/down0": [10.0, 10.0, 0.0], "source0/down1": [10.0, 0.0, 0.0],
+                       "source1/down0": [10.0, 0.0], "source1/down1": [0.0, 0.0]}
+    first = [s for s in solver if s.group == "source0/down0"][::2]
+    assert [s.advantage for s in first] == pytest.approx(group_advantages([10.0, 10.0, 0.0], ["g"] * 3))
+    assert all(s.loss_mask == [0, 0, 0, 1, 1] for s in solver)  # prompt masked, action trained
+
+
+def test_role_switches():
+    candidates = fake_candidates()
+    owners = [(candidates[0], 0)]
+    episodes = [fake_episode("d", True)]
+    solver_only = build_samples(candidates, owners, episodes, OmegaConf.merge(CFG, {"train_extractor": False}))
+    assert {s.role for s in solver_only} == {"solver"}
+    extractor_only = build_samples(candidates, owners, episodes, OmegaConf.merge(CFG, {"train_solver": False}))
+    assert {s.role for s in extractor_only} == {"extractor"}
+
+
+def test_presets_and_grpo_registration(plugins):
+    paper = compose(plugins, "evolving_rl", preset="paper")
+    assert (paper.method.n_sources, paper.method.n_skills, paper.method.k_downstream) == (16, 8, 4)
+    assert paper.method.trainer.lr == 1e-6 and paper.learn.sampling.top_p == 0.9
+    assert compose(plugins, "evolving_rl", preset="solver_only").method.train_extractor is False
+    assert compose(plugins, "grpo").method.mode == "grpo"
+    with pytest.raises(Exception, match="Unknown preset 'papr'.*Available: extractor_only, micro, paper"):
+        compose(plugins, "evolving_rl", preset="papr")
+
+
+TINY = ["llm.model=tiny", "embedder.name=hashing", "env.n_train=30", "env.n_valid=4", "env.n_test=4",
+        "eval.limit=1", "eval.max_steps=3", "learn.max_steps=3", "eval.concurrency=4",
+        "method.iterations=1", "method.n_sources=2", "method.n_skills=2", "method.k_downstream=2",
+        "method.extractor_max_tokens=8", "method.group_size=2", "method.trainer.micro_batch_size=16"]
+
+
+@pytest.mark.slow
+def test_one_coevolution_iteration_end_to_end(plugins, tmp_path, monkeypatch):
+    # The random tiny model never writes valid JSON; accept its text as a fixed card so the
+    # downstream (skill, task) episodes run. Tokens and log-probs stay the model's own.
+    monkeypatch.setattr(evolving, "parse_skill", lambda text: parse_skill(CARD_JSON))
+    path, results = protocol.run("evolving_rl", overrides=TINY, out=tmp_path / "e", plugins=plugins)
+    episodes = [json.loads(line) for line in (path / "episodes.jsonl").read_text().splitlines()]
+    learn = [e for e in episodes if e["phase"] == "learn"]
+    assert len(learn) == 2 + 2 * 2 * 2  # sources + (skill, task) pairs
+    assert all("/skill" in e["variant"] for e in learn if "/source0/" in e["variant"] or "/source1/" in e["variant"])
+    assert all(e["experience_ids"] for e in learn if "/skill" in e["variant"])
+    assert results["learn"]["used"]["gradient_steps"] == 1
+    assert (path / "evolving_rl" / "checkpoint").exists()
+    state = json.loads((path / "state.json").read_text())["evolving_rl"]
+    assert state["iterations_done"] == 1 and state["metrics"][0]["samples"] > 0
+    assert state["metrics"][0]["extractor/n_tokens"] > 0 and state["metrics"][0]["solver/n_tokens"] > 0
+    # the shared weights moved: the served model is no longer the tiny model as built
+    fresh = plugins.backends.get("transformers").factory({"model": "tiny"})
+    assert results["provenance"]["model"]["weights_sha256"] != fresh.weights_digest()
+    # paired evaluation: with the skill (primary) and without it, plus the source episode
+    assert results["valid"] is True
+    for split in ("test_seen", "test_unseen"):
+        assert results["splits"][split]["n_episodes"] == 1
+        assert results["splits"][split]["variants"]["without_skill"]["n_episodes"] == 1
+    assert results["cost"]["evaluate"]["episodes"] == 2 * 3
+
+
+@pytest.mark.slow
+def test_grpo_baseline_end_to_end(plugins, tmp_path):
+    path, results = protocol.run("grpo", overrides=TINY, out=tmp_path / "g", plugins=plugins)
+    episodes = [json.loads(line) for line in (path / "episodes.jsonl").read_text().splitlines()]
+    assert len([e for e in episodes if e["phase"] == "learn"]) == 2 * 2  # tasks x group size
+    assert results["learn"]["used"]["gradient_steps"] == 1
+    assert "variants" not in results["splits"]["test_seen"]  # no skills at evaluation
+    assert results["cost"]["evaluate"]["episodes"] == 2

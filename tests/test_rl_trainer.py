@@ -1,0 +1,431 @@
+"""The RL trainer core: advantages, the joint two-role loss, and PolicyTrainer on the tiny Llama.
+
+Loss terms are checked against numbers worked out by hand; trainer behaviour (what changes,
+what is reported, what a checkpoint restores) on the tiny random model, in float32 so that
+results are exact and repeatable.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from omegaconf import OmegaConf  # noqa: E402
+
+from arena.backends.embedded import tiny_model_dir  # noqa: E402
+from arena.backends.transformers_backend import TransformersBackend  # noqa: E402
+from arena.core.rl import (  # noqa: E402
+    LoraSettings,
+    PolicyTrainer,
+    Sample,
+    TrainerConfig,
+    Turn,
+    assign_advantages,
+    clipped_surrogate,
+    concat_turns,
+    group_advantages,
+    low_var_kl,
+    policy_loss,
+    sample_from_choice,
+    token_entropy,
+    token_logprobs,
+)
+
+EVOLVING = {"extractor": -0.03, "solver": 0.0}
+FP32 = {"precision": "fp32", "entropy_coef": EVOLVING, "micro_batch_size": 3}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The tiny model's operations are too small to gain from threads, and spinning threads
+    slow down ~10x when another process shares the two cores; one thread keeps this file fast."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir(), local_files_only=True)
+
+
+def fresh_model() -> torch.nn.Module:
+    """A new float32 tiny Llama: LoRA tests change the module in place, so none is shared."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        tiny_model_dir(), dtype=torch.float32, local_files_only=True
+    )
+    return model.eval()
+
+
+def make_samples(seed: int = 0, solver_only: bool = False) -> list[Sample]:
+    """Four solver samples (one group) and three extractor samples (another) of mixed lengths,
+    with advantages already assigned (extractor scaled by 0.2)."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def sample(role: str, group: str, reward: float, n_prompt: int, n_gen: int) -> Sample:
+        ids = torch.randint(0, 1000, (n_prompt + n_gen,), generator=gen).tolist()
+        logprobs = (-torch.rand(n_gen, generator=gen) * 8 - 6).tolist()  # near the tiny model's
+        return sample_from_choice(ids[:n_prompt], ids[n_prompt:], logprobs, role, group, reward)
+
+    samples = [sample("solver", "task-1", r, 8 + i, 3 + i) for i, r in enumerate([0, 10, 10, 0])]
+    if not solver_only:
+        samples += [sample("extractor", "src-1", r, 12, 6 + 2 * i) for i, r in enumerate([0.5, 0, 1])]
+    return list(assign_advantages(samples, {"extractor": 0.2, "solver": 1.0}))
+
+
+def trainable_snapshot(trainer: PolicyTrainer) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone() for name, p in trainer.trainable.items()}
+
+
+# ----------------------------------------------------------------------------------------------
+# Data and advantages
+# ----------------------------------------------------------------------------------------------
+
+
+def test_group_advantages_by_hand() -> None:
+    rewards = [1.0, 0.0, 2.0, 5.0, 3.0, 10.0]
+    groups = ["a", "c", "a", "b", "a", "c"]
+    got = group_advantages(rewards, groups)
+    # a: mean 2, unbiased std 1. c: mean 5, unbiased std sqrt(50). b: a group of one -> 0.
+    expected = [-1 / (1 + 1e-6), -5 / (math.sqrt(50) + 1e-6), 0.0, 0.0, 1 / (1 + 1e-6)]
+    expected.append(5 / (math.sqrt(50) + 1e-6))
+    assert got == pytest.approx(expected, abs=1e-12)
+    assert group_advantages([3.0, 3.0], ["x", "x"]) == [0.0, 0.0]  # no spread: no signal
+
+
+def test_assign_advantages_scales_each_role() -> None:
+    def s(role: str, group: str, reward: float) -> Sample:
+        return sample_from_choice([1, 2], [3], [-1.0], role, group, reward)
+
+    samples = [s("extractor", "e", 0), s("extractor", "e", 1), s("solver", "t", 1), s("solver", "t", 0)]
+    samples.append(s("critic", "k", 4))
+    samples.append(s("critic", "k", 2))
+    assign_advantages(samples, {"extractor": 0.2, "solver": 1.0})
+    unit = 0.5 / (math.sqrt(0.5) + 1e-6)  # rewards {0, 1}: mean 0.5, unbiased std sqrt(0.5)
+    k = 1 / (math.sqrt(2) + 1e-6)  # rewards {4, 2}: mean 3, unbiased std sqrt(2); scale 1
+    expected = [-0.2 * unit, 0.2 * unit, unit, -unit, k, -k]
+    assert [x.advantage for x in samples] == pytest.approx(expected, abs=1e-12)
+
+
+def test_samples_mask_only_generated_tokens() -> None:
+    single = sample_from_choice([5, 6, 7], [8, 9], [-0.5, -1.5], "solver", "g", 1.0)
+    assert single.input_ids == [5, 6, 7, 8, 9]
+    assert single.loss_mask == [0, 0, 0, 1, 1]
+    assert single.old_logprobs == [0.0, 0.0, 0.0, -0.5, -1.5]
+
+    episode = concat_turns(
+        [
+            Turn([1, 2, 3], False),  # prompt
+            Turn([4, 5], True, [-0.1, -0.2]),  # action 1
+            ([6, 7, 8], False, None),  # observation: context only
+            ([9], True, [-0.3]),  # action 2
+        ],
+        role="solver",
+        group="g",
+        reward=10,
+    )
+    assert episode.input_ids == list(range(1, 10))
+    assert episode.loss_mask == [0, 0, 0, 1, 1, 0, 0, 0, 1]
+    assert episode.old_logprobs == [0, 0, 0, -0.1, -0.2, 0, 0, 0, -0.3]
+    assert episode.n_trained == 3
+
+    with pytest.raises(ValueError, match="first token"):
+        Sample([1, 2], [1, 0], [-1.0, 0.0], "solver", "g", 0.0)
+    with pytest.raises(ValueError, match="same length"):
+        Sample([1, 2], [0, 1], [0.0], "solver", "g", 0.0)
+    with pytest.raises(ValueError, match="one log-prob per token"):
+        concat_turns([([1], False, None), ([2, 3], True, [-1.0])], role="r", group="g", reward=0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Loss terms
+# ----------------------------------------------------------------------------------------------
+
+
+def test_clipped_surrogate_by_hand() -> None:
+    ratio = torch.tensor([1.05, 1.30, 0.80, 1.12, 0.95, 1.30, 0.80, 0.88])
+    adv = torch.tensor([1.0, 1.0, 1.0, 1.0, -1.0, -1.0, -1.0, -1.0])
+    old = torch.full_like(ratio, -2.0)
+    logp = (old + ratio.log()).requires_grad_()
+    loss, clipped = clipped_surrogate(logp, old, adv, eps_low=0.1, eps_high=0.15)
+    expected = [
+        -1.05,  # A>0, inside the range
+        -1.15,  # A>0, ratio above 1 + eps_high: clipped to 1.15
+        -0.80,  # A>0, ratio below 1 - eps_low: the unclipped (pessimistic) term
+        -1.12,  # A>0, inside only because eps_high (0.15) > eps_low (0.1)
+        0.95,  # A<0, inside
+        1.30,  # A<0, ratio above the range: unclipped
+        0.90,  # A<0, ratio below 1 - eps_low: clipped to 0.9
+        0.90,  # A<0, 0.88 < 0.9: clipped by eps_low, not the looser eps_high
+    ]
+    assert loss.tolist() == pytest.approx(expected, abs=1e-6)
+    assert clipped.tolist() == [False, True, False, False, False, False, True, True]
+    loss.sum().backward()
+    # Clipped tokens carry no gradient; the others d(-ratio*A)/dlogp = -ratio*A.
+    expected_grad = [-1.05, 0.0, -0.80, -1.12, 0.95, 1.30, 0.0, 0.0]
+    assert logp.grad.tolist() == pytest.approx(expected_grad, abs=1e-6)
+
+
+def test_low_var_kl_by_hand() -> None:
+    logp = torch.tensor([-1.0, -2.0, -1.5, -40.0])
+    ref = torch.tensor([-2.0, -1.0, -1.5, -5.0])
+    kl = low_var_kl(logp, ref).tolist()
+    assert kl[0] == pytest.approx(math.exp(-1) + 1 - 1, abs=1e-6)  # ref - logp = -1
+    assert kl[1] == pytest.approx(math.e - 1 - 1, abs=1e-6)  # ref - logp = +1
+    assert kl[2] == 0.0
+    assert kl[3] == 10.0  # log-ratio 35 clamped to 20, then the value clamped to 10
+
+
+def batch_tensors(seed: int = 0) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    vocab = 50
+    logits = (torch.randn(2, 6, vocab, generator=gen) * 3).requires_grad_()
+    targets = torch.randint(0, vocab, (2, 6), generator=gen)
+    mask = torch.tensor([[0, 1, 1, 0, 0, 1], [0, 0, 1, 1, 1, 0]])
+    return {"logits": logits, "targets": targets, "mask": mask}
+
+
+def test_masked_tokens_get_no_gradient() -> None:
+    t = batch_tensors()
+    logp = token_logprobs(t["logits"], t["targets"])
+    entropy = token_entropy(t["logits"])
+    garbage = torch.full_like(logp, float("nan"))  # whatever sits at masked positions
+    old = torch.where(t["mask"].bool(), logp.detach() - 0.05, garbage)
+    ref = torch.where(t["mask"].bool(), logp.detach() + 0.3, garbage)
+    out = policy_loss(
+        logp,
+        old,
+        torch.tensor([1.0, -0.5]),
+        t["mask"],
+        ["extractor", "solver"],
+        entropy=entropy,
+        ref_logprobs=ref,
+        entropy_coef=EVOLVING,
+    )
+    assert torch.isfinite(out.loss)
+    out.loss.backward()
+    grad = t["logits"].grad
+    masked = ~t["mask"].bool()
+    assert torch.count_nonzero(grad[masked]) == 0
+    assert (grad[~masked].abs().sum(-1) > 0).all()
+
+
+def test_entropy_coefficient_sign_and_role() -> None:
+    t = batch_tensors(1)
+    with torch.no_grad():
+        logp = token_logprobs(t["logits"], t["targets"])
+        entropy = token_entropy(t["logits"])
+    roles = ["extractor", "solver"]
+    args = (logp, logp - 0.01, torch.tensor([0.7, 0.7]), t["mask"], roles)
+    kwargs = {"ref_logprobs": logp, "entropy_coef": EVOLVING}
+
+    def loss(ent: torch.Tensor) -> float:
+        return float(policy_loss(*args, entropy=ent, **kwargs).loss)
+
+    base = loss(entropy)
+    more_extractor = entropy.clone()
+    more_extractor[0] += 1.0
+    more_solver = entropy.clone()
+    more_solver[1] += 1.0
+    n_tokens = int(t["mask"].sum())
+    n_extractor = int(t["mask"][0].sum())
+    # extractor coef -0.03: loss = ... + 0.03 * H, token-mean over all trained tokens
+    assert loss(more_extractor) - base == pytest.approx(0.03 * n_extractor / n_tokens, abs=1e-6)
+    assert loss(more_solver) == pytest.approx(base, abs=1e-7)  # solver coef 0
+
+
+# ----------------------------------------------------------------------------------------------
+# PolicyTrainer
+# ----------------------------------------------------------------------------------------------
+
+
+def test_step_updates_the_served_weights_and_reports_both_roles() -> None:
+    llm = TransformersBackend({"model": "tiny", "dtype": "float32"})
+    digest = llm.weights_digest()
+    calls = []
+
+    def changed() -> None:
+        calls.append(1)
+        llm.mark_weights_changed()
+
+    trainer = PolicyTrainer(llm.model, llm.tokenizer, FP32, on_weights_changed=changed)
+    before = trainable_snapshot(trainer)
+    samples = make_samples()
+    metrics = trainer.step(samples)
+
+    assert calls == [1] and metrics["step"] == 1 and metrics["skipped"] == 0
+    assert not llm.model.training
+    assert llm.weights_digest() != digest  # the backend serves the updated module
+    assert any(not torch.equal(before[n], p) for n, p in trainer.trainable.items())
+    for role in ("solver", "extractor"):
+        assert metrics[f"{role}/pg_loss"] != 0
+        assert metrics[f"{role}/loss"] != 0
+        assert metrics[f"{role}/entropy"] > 0
+    assert metrics["extractor/n_tokens"] == sum(s.n_trained for s in samples[4:])
+    assert metrics["solver/loss"] + metrics["extractor/loss"] == pytest.approx(metrics["loss"])
+    assert 0 < metrics["grad_norm"] < math.inf
+
+
+def test_solver_only_batch_reports_zero_extractor(tokenizer) -> None:
+    trainer = PolicyTrainer(fresh_model(), tokenizer, FP32)
+    metrics = trainer.step(make_samples(solver_only=True))
+    assert metrics["solver/n_tokens"] > 0 and metrics["solver/pg_loss"] != 0
+    extractor = {k: v for k, v in metrics.items() if k.startswith("extractor/")}
+    assert len(extractor) == 6 and set(extractor.values()) == {0.0}
+
+
+def test_micro_batching_does_not_change_the_update(tokenizer) -> None:
+    """Token weights are normalised over the whole step, so 1-sample micro-batches accumulate
+    to the same gradient as one batch of all samples. (Compared through Adam's first moment,
+    which is (1 - beta1) * gradient after one unclipped step: the weights themselves would not
+    show a wrong scale, since Adam's first update is sign(gradient) times lr.)"""
+    results = []
+    for size in (1, 7):
+        config = {**FP32, "micro_batch_size": size, "max_grad_norm": 0.0}
+        trainer = PolicyTrainer(fresh_model(), tokenizer, config)
+        metrics = trainer.step(make_samples())
+        moments = [state["exp_avg"] for state in trainer.optimizer.state.values()]
+        results.append((metrics, moments))
+    (m1, g1), (m7, g7) = results
+    assert m1["loss"] == pytest.approx(m7["loss"], rel=1e-5)
+    assert m1["grad_norm"] == pytest.approx(m7["grad_norm"], rel=1e-5)
+    one, seven = torch.cat([g.flatten() for g in g1]), torch.cat([g.flatten() for g in g7])
+    assert float((one - seven).norm() / one.norm()) < 1e-5
+
+
+@pytest.mark.parametrize("aggregation", ["token-mean", "sample-mean"])
+def test_aggregation_by_hand(tokenizer, aggregation: str) -> None:
+    """With recomputed old log-probs the ratio is 1, so each token's pg loss is -A and, with no
+    KL (reference = policy at step 1) nor entropy term, the loss is a weighted mean of -A."""
+    config = {**FP32, "entropy_coef": {}, "aggregation": aggregation, "old_logprobs": "recompute"}
+    trainer = PolicyTrainer(fresh_model(), tokenizer, config)
+    samples = make_samples()
+    metrics = trainer.step(samples)
+    n = [s.n_trained for s in samples]
+    if aggregation == "token-mean":
+        expected = -sum(k * s.advantage for k, s in zip(n, samples)) / sum(n)
+    else:
+        expected = -sum(s.advantage for s in samples) / len(samples)
+    assert metrics["loss"] == pytest.approx(expected, abs=1e-6)
+    assert metrics["solver/clip_frac"] == 0 and metrics["extractor/kl"] == pytest.approx(0, abs=1e-9)
+
+
+def test_positive_advantage_raises_the_completion_logprob(tokenizer) -> None:
+    trainer = PolicyTrainer(fresh_model(), tokenizer, {**FP32, "lr": 1e-4, "kl_coef": 0.0})
+    samples = make_samples(solver_only=True)
+    current = trainer.logprobs(samples)
+    for sample, logprobs in zip(samples, current):
+        sample.old_logprobs = logprobs  # on-policy, as after a fresh rollout
+    good = [s for s in samples if s.advantage > 0]
+    bad = [s for s in samples if s.advantage < 0]
+    before_good = [sum(x) for x in trainer.logprobs(good)]
+    before_bad = [sum(x) for x in trainer.logprobs(bad)]
+    trainer.step(samples)
+    after_good = [sum(x) for x in trainer.logprobs(good)]
+    after_bad = [sum(x) for x in trainer.logprobs(bad)]
+    assert all(a > b for a, b in zip(after_good, before_good))
+    assert all(a < b for a, b in zip(after_bad, before_bad))
+
+
+def test_lora_trains_adapters_only_and_reference_is_the_base(tokenizer) -> None:
+    model = fresh_model()
+    base_state = {k: v.clone() for k, v in model.state_dict().items()}
+    config = {**FP32, "lr": 1e-3, "lora": {"r": 4, "alpha": 8, "dropout": 0.0}}
+    trainer = PolicyTrainer(model, tokenizer, config)
+    assert trainer.is_lora and all("lora_" in name for name in trainer.trainable)
+    adapters = trainable_snapshot(trainer)
+    samples = make_samples()
+    trainer.step(samples)
+    trainer.step(samples)  # the second step also has a non-zero KL to the base
+
+    after = {k.replace("base_layer.", ""): v for k, v in model.state_dict().items()}
+    for name, value in base_state.items():
+        assert torch.equal(after[name], value), name  # base weights untouched
+    assert any(not torch.equal(adapters[n], p) for n, p in trainer.trainable.items())
+
+    untouched = PolicyTrainer(fresh_model(), tokenizer, {**FP32, "kl_coef": 0.0})
+    base_logprobs = untouched.logprobs(samples)
+    reference = trainer.logprobs(samples, reference=True)
+    policy = trainer.logprobs(samples)
+    for ref_row, base_row, policy_row in zip(reference, base_logprobs, policy):
+        assert ref_row == pytest.approx(base_row, abs=1e-5)
+        assert policy_row != pytest.approx(base_row, abs=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["full", "lora"])
+def test_checkpoint_resume_matches_an_uninterrupted_run(
+    tokenizer, tmp_path: Path, mode: str
+) -> None:
+    # LoRA dropout makes the step random, so the RNG state must be restored too.
+    lora = {"lora": {"r": 4, "alpha": 8, "dropout": 0.2}} if mode == "lora" else {}
+    config = {**FP32, "lr": 1e-3, **lora}
+    first, second = make_samples(seed=1), make_samples(seed=2)
+
+    trainer = PolicyTrainer(fresh_model(), tokenizer, config)
+    trainer.step(first)
+    trainer.save(tmp_path / "ckpt")
+    trainer.save(tmp_path / "ckpt")  # overwriting an existing checkpoint
+    saved_state = {k: v["exp_avg"].clone() for k, v in trainer.optimizer.state.items()}
+    trainer.step(second)
+    uninterrupted = trainable_snapshot(trainer)
+
+    torch.manual_seed(12345)  # a resumed process starts from some other RNG state
+    resumed = PolicyTrainer(fresh_model(), tokenizer, config)
+    resumed.load(tmp_path / "ckpt")
+    assert resumed.step_count == 1
+    restored = [state["exp_avg"] for state in resumed.optimizer.state.values()]
+    assert len(restored) == len(saved_state)
+    for expected, got in zip(saved_state.values(), restored):
+        assert torch.equal(expected, got)
+    resumed.step(second)
+    assert resumed.step_count == 2
+    for name, value in trainable_snapshot(resumed).items():
+        assert torch.equal(value, uninterrupted[name]), name
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # no temporary left behind
+
+
+def test_non_finite_gradient_skips_the_step(tokenizer) -> None:
+    calls = []
+    trainer = PolicyTrainer(fresh_model(), tokenizer, FP32, on_weights_changed=lambda: calls.append(1))
+    before = trainable_snapshot(trainer)
+    samples = make_samples()
+    samples[0].advantage = float("nan")
+    metrics = trainer.step(samples)
+    assert metrics["skipped"] == 1 and trainer.step_count == 0 and not calls
+    for name, value in trainable_snapshot(trainer).items():
+        assert torch.equal(value, before[name])
+
+
+def test_config_from_mapping() -> None:
+    cfg = OmegaConf.create(
+        {
+            "lr": 2e-6,
+            "betas": [0.9, 0.95],
+            "entropy_coef": EVOLVING,
+            "lora": {"r": 8, "alpha": 16, "dropout": 0.05, "target_modules": ["q_proj", "v_proj"]},
+        }
+    )
+    config = TrainerConfig.from_mapping(cfg)
+    assert config.betas == (0.9, 0.95) and config.entropy_coef == EVOLVING
+    assert config.lora == LoraSettings(r=8, alpha=16, dropout=0.05, target_modules=("q_proj", "v_proj"))
+    assert TrainerConfig.from_mapping({}).lora is None
+    with pytest.raises(ValueError, match="unknown trainer settings"):
+        TrainerConfig.from_mapping({"entropy_coeff": {}})
+    with pytest.raises(ValueError, match="precision"):
+        TrainerConfig(precision="fp16")
+
+
+def test_full_fine_tuning_refuses_half_precision_weights(tokenizer) -> None:
+    with pytest.raises(ValueError, match="float32"):
+        PolicyTrainer(fresh_model().to(torch.bfloat16), tokenizer, FP32)
