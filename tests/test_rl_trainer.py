@@ -80,7 +80,8 @@ def make_samples(seed: int = 0, solver_only: bool = False) -> list[Sample]:
 
     samples = [sample("solver", "task-1", r, 8 + i, 3 + i) for i, r in enumerate([0, 10, 10, 0])]
     if not solver_only:
-        samples += [sample("extractor", "src-1", r, 12, 6 + 2 * i) for i, r in enumerate([0.5, 0, 1])]
+        rewards = [0.5, 0.0, 1.0]
+        samples += [sample("extractor", "src-1", r, 12, 6 + 2 * i) for i, r in enumerate(rewards)]
     return list(assign_advantages(samples, {"extractor": 0.2, "solver": 1.0}))
 
 
@@ -108,9 +109,8 @@ def test_assign_advantages_scales_each_role() -> None:
     def s(role: str, group: str, reward: float) -> Sample:
         return sample_from_choice([1, 2], [3], [-1.0], role, group, reward)
 
-    samples = [s("extractor", "e", 0), s("extractor", "e", 1), s("solver", "t", 1), s("solver", "t", 0)]
-    samples.append(s("critic", "k", 4))
-    samples.append(s("critic", "k", 2))
+    samples = [s("extractor", "e", 0), s("extractor", "e", 1), s("solver", "t", 1)]
+    samples += [s("solver", "t", 0), s("critic", "k", 4), s("critic", "k", 2)]
     assign_advantages(samples, {"extractor": 0.2, "solver": 1.0})
     unit = 0.5 / (math.sqrt(0.5) + 1e-6)  # rewards {0, 1}: mean 0.5, unbiased std sqrt(0.5)
     k = 1 / (math.sqrt(2) + 1e-6)  # rewards {4, 2}: mean 3, unbiased std sqrt(2); scale 1
@@ -318,7 +318,8 @@ def test_aggregation_by_hand(tokenizer, aggregation: str) -> None:
     else:
         expected = -sum(s.advantage for s in samples) / len(samples)
     assert metrics["loss"] == pytest.approx(expected, abs=1e-6)
-    assert metrics["solver/clip_frac"] == 0 and metrics["extractor/kl"] == pytest.approx(0, abs=1e-9)
+    assert metrics["solver/clip_frac"] == 0
+    assert metrics["extractor/kl"] == pytest.approx(0, abs=1e-9)
 
 
 def test_positive_advantage_raises_the_completion_logprob(tokenizer) -> None:
@@ -346,8 +347,14 @@ def test_lora_trains_adapters_only_and_reference_is_the_base(tokenizer) -> None:
     assert trainer.is_lora and all("lora_" in name for name in trainer.trainable)
     adapters = trainable_snapshot(trainer)
     samples = make_samples()
+    probe = torch.tensor([samples[0].input_ids])
+    with torch.no_grad():
+        served_before = model(probe).logits
     trainer.step(samples)
-    trainer.step(samples)  # the second step also has a non-zero KL to the base
+    metrics = trainer.step(samples)  # the second step also has a non-zero KL to the base
+    assert metrics["solver/kl"] > 0
+    with torch.no_grad():  # the module given to the trainer (a backend's) now carries adapters
+        assert not torch.allclose(model(probe).logits, served_before)
 
     after = {k.replace("base_layer.", ""): v for k, v in model.state_dict().items()}
     for name, value in base_state.items():
@@ -397,7 +404,9 @@ def test_checkpoint_resume_matches_an_uninterrupted_run(
 
 def test_non_finite_gradient_skips_the_step(tokenizer) -> None:
     calls = []
-    trainer = PolicyTrainer(fresh_model(), tokenizer, FP32, on_weights_changed=lambda: calls.append(1))
+    trainer = PolicyTrainer(
+        fresh_model(), tokenizer, FP32, on_weights_changed=lambda: calls.append(1)
+    )
     before = trainable_snapshot(trainer)
     samples = make_samples()
     samples[0].advantage = float("nan")
@@ -418,7 +427,8 @@ def test_config_from_mapping() -> None:
     )
     config = TrainerConfig.from_mapping(cfg)
     assert config.betas == (0.9, 0.95) and config.entropy_coef == EVOLVING
-    assert config.lora == LoraSettings(r=8, alpha=16, dropout=0.05, target_modules=("q_proj", "v_proj"))
+    expected = LoraSettings(r=8, alpha=16, dropout=0.05, target_modules=("q_proj", "v_proj"))
+    assert config.lora == expected
     assert TrainerConfig.from_mapping({}).lora is None
     with pytest.raises(ValueError, match="unknown trainer settings"):
         TrainerConfig.from_mapping({"entropy_coeff": {}})
@@ -429,3 +439,16 @@ def test_config_from_mapping() -> None:
 def test_full_fine_tuning_refuses_half_precision_weights(tokenizer) -> None:
     with pytest.raises(ValueError, match="float32"):
         PolicyTrainer(fresh_model().to(torch.bfloat16), tokenizer, FP32)
+
+
+def test_lora_on_a_bf16_model_with_autocast() -> None:
+    """The backend's default on a bf16 CPU: bf16 base weights, float32 adapters, bf16 autocast."""
+    llm = TransformersBackend({"model": "tiny", "dtype": "bfloat16"})
+    config = {"precision": "bf16", "lr": 1e-3, "lora": {"r": 4}, "entropy_coef": EVOLVING}
+    trainer = PolicyTrainer(llm.model, llm.tokenizer, config)
+    assert {p.dtype for p in trainer.trainable.values()} == {torch.float32}
+    assert trainer.autocast_dtype == torch.bfloat16
+    samples = make_samples()
+    trainer.step(samples)
+    metrics = trainer.step(samples)
+    assert metrics["skipped"] == 0 and math.isfinite(metrics["loss"]) and metrics["solver/kl"] > 0

@@ -24,11 +24,10 @@ advantage scales and entropy coefficients, so only trl's numerically careful hel
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
-from trl.trainer.utils import entropy_from_logits, selective_log_softmax
 
 #: verl's clamps: the log-ratio before exponentiating, the k3 value after.
 KL_LOG_RATIO_CLAMP = 20.0
@@ -37,11 +36,15 @@ KL_VALUE_CLAMP = 10.0
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Log-prob of each target token under ``logits`` (computed in float32)."""
+    from trl.trainer.utils import selective_log_softmax  # imported on use: trl is an extra
+
     return selective_log_softmax(logits.float(), targets)
 
 
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:
     """Entropy (nats) of the full next-token distribution at each position."""
+    from trl.trainer.utils import entropy_from_logits
+
     return entropy_from_logits(logits.float())
 
 
@@ -125,7 +128,6 @@ def policy_loss(
     kl_coef: float = 0.01,
     entropy_coef: Mapping[str, float] | None = None,
     token_weights: torch.Tensor | None = None,
-    report_roles: Iterable[str] = (),
 ) -> LossOutput:
     """The joint loss of a batch (see the module docstring).
 
@@ -133,9 +135,9 @@ def policy_loss(
     sequence). ``roles`` names each row's role. ``token_weights`` default to a token-mean over
     this batch's trained tokens; the trainer passes weights normalised over the whole step so
     micro-batches add up to the same gradient as one big batch. The KL term needs
-    ``ref_logprobs`` (optional when ``kl_coef == 0``; then KL is only reported); the entropy term needs ``entropy`` when any
-    listed role has a non-zero coefficient. Every role in ``roles`` and ``report_roles`` gets a
-    :class:`RoleStats` (all zero for a role with no tokens).
+    ``ref_logprobs`` (optional when ``kl_coef == 0``; KL is then only reported if given); the
+    entropy term needs ``entropy`` when a role of the batch has a non-zero coefficient. Each role
+    in ``roles`` gets a :class:`RoleStats`.
 
     Values at masked positions are replaced before any exponential, so padding or garbage there
     can neither produce NaN nor receive gradient.
@@ -176,7 +178,7 @@ def policy_loss(
     weighted = weights * per_token
     loss = weighted.sum()
 
-    stats = {role: RoleStats() for role in [*report_roles, *roles]}
+    stats: dict[str, RoleStats] = {}
     with torch.no_grad():
         for role in dict.fromkeys(roles):
             rows = torch.tensor([r == role for r in roles], device=mask.device)

@@ -169,9 +169,9 @@ class PolicyTrainer:
         *,
         on_weights_changed: Callable[[], None] | None = None,
     ) -> None:
-        self.config = (
-            config if isinstance(config, TrainerConfig) else TrainerConfig.from_mapping(config or {})
-        )
+        if not isinstance(config, TrainerConfig):
+            config = TrainerConfig.from_mapping(config or {})
+        self.config = config
         self.on_weights_changed = on_weights_changed
         pad = tokenizer.pad_token_id
         self.pad_id: int = pad if pad is not None else tokenizer.eos_token_id
@@ -225,10 +225,10 @@ class PolicyTrainer:
             for index, batch in enumerate(batches):
                 with self._autocast():
                     logprobs, entropy = self._policy_outputs(self._lm(), batch)
-                old = logprobs.detach() if self.config.old_logprobs == "recompute" else None
+                recompute = self.config.old_logprobs == "recompute"
                 out = policy_loss(
                     logprobs,
-                    batch.old_logprobs if old is None else old,
+                    logprobs.detach() if recompute else batch.old_logprobs,
                     batch.advantages,
                     batch.trained,
                     batch.roles,
@@ -248,12 +248,10 @@ class PolicyTrainer:
             clip = self.config.max_grad_norm if self.config.max_grad_norm > 0 else float("inf")
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
             skipped = not math.isfinite(grad_norm)
-            if skipped:
-                self.optimizer.zero_grad(set_to_none=True)
-            else:
+            if not skipped:
                 self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
                 self.step_count += 1
+            self.optimizer.zero_grad(set_to_none=True)
         finally:
             self.model.eval()
         if not skipped:
@@ -280,7 +278,7 @@ class PolicyTrainer:
         if reference:
             scores = self._reference_logprobs(batches)
         else:
-            with self._autocast():
+            with self._eval_mode(), self._autocast():
                 scores = [self._policy_outputs(self._lm(), b, entropy=False)[0] for b in batches]
         result: list[list[float]] = []
         for batch, score in zip(batches, scores):
@@ -296,8 +294,9 @@ class PolicyTrainer:
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write trainable weights (the adapters with LoRA), optimizer state, step counter and
-        torch RNG states to folder ``path``, atomically: a crash leaves the old checkpoint or
-        the new one, never a mix."""
+        torch RNG states to folder ``path``. Written into a hidden sibling, then renamed: ``path``
+        never holds a half-written checkpoint (a crash between the two renames of an overwrite
+        leaves the previous one in a hidden ``.NAME.old.*`` sibling)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
@@ -385,8 +384,8 @@ class PolicyTrainer:
 
     def _report_roles(self, samples: Sequence[Sample]) -> list[str]:
         """Every configured role and every role present, so absent roles report zeros."""
-        roles = [*self.config.entropy_coef, *self.config.advantage_scale, *(s.role for s in samples)]
-        return list(dict.fromkeys(roles))
+        configured = [*self.config.entropy_coef, *self.config.advantage_scale]
+        return list(dict.fromkeys([*configured, *(s.role for s in samples)]))
 
     def _autocast(self) -> Any:
         if self.autocast_dtype is None:
@@ -471,11 +470,15 @@ class PolicyTrainer:
     @torch.no_grad()
     def _reference_logprobs(self, batches: list[_MicroBatch]) -> list[torch.Tensor]:
         """Reference log-probs per micro-batch, in eval mode (no dropout)."""
+        with self._eval_mode(), self._reference() as reference, self._autocast():
+            return [self._policy_outputs(reference, b, entropy=False)[0] for b in batches]
+
+    @contextmanager
+    def _eval_mode(self) -> Iterator[None]:
         was_training = self.model.training
         self.model.eval()
         try:
-            with self._reference() as reference, self._autocast():
-                return [self._policy_outputs(reference, b, entropy=False)[0] for b in batches]
+            yield
         finally:
             self.model.train(was_training)
 
