@@ -127,6 +127,20 @@ class GreedyLearner:
         raise AssertionError("the budget was never enforced")
 
 
+class UnboundedLearner:
+    """Never checks its budget: the harness must stop it and still evaluate."""
+
+    def __init__(self, run):
+        pass
+
+    @arena.hookimpl
+    def learn(self, run):
+        task = run.tasks("train")[0]
+        for number in range(1000):
+            run.play(task, seed=0, variant=f"v{number}")
+        raise AssertionError("the budget was never enforced")
+
+
 def read_episodes(path):
     return [json.loads(line) for line in (path / "episodes.jsonl").read_text().splitlines()]
 
@@ -249,3 +263,13 @@ def test_select_tasks_is_stratified_and_stable(plugins):
     assert len({t.task_type for t in chosen}) == 4
     assert chosen == select_tasks(tasks, 4)
     assert select_tasks(tasks, None) == tasks
+
+
+def test_budget_stops_a_method_that_ignores_it(plugins, fast, tmp_path):
+    register(plugins, unbounded=UnboundedLearner)
+    path, results = protocol.run("unbounded", overrides=fast + ["learn.budget.episodes=null", "learn.budget.env_steps=20", "eval.limit=1"],
+                                 out=tmp_path / "u", plugins=plugins)
+    learned = [e for e in read_episodes(path) if e["phase"] == "learn"]
+    assert sum(e["steps"] for e in learned) >= 20
+    assert sum(e["steps"] for e in learned[:-1]) < 20  # no episode started once the budget was used
+    assert results["valid"] is True and results["splits"]["test_seen"]["n_episodes"] == 1

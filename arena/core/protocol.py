@@ -28,7 +28,14 @@ from omegaconf import DictConfig, OmegaConf
 from arena.core import provenance, stats
 from arena.core.batching import BatchingBackend
 from arena.core.config import compose, to_plain
-from arena.core.context import EVALUATE, LEARN, ProtocolViolation, RunContext, run_in_threads
+from arena.core.context import (
+    EVALUATE,
+    LEARN,
+    BudgetExhausted,
+    ProtocolViolation,
+    RunContext,
+    run_in_threads,
+)
 from arena.core.defaults import HarnessDefaults
 from arena.core.embedder import make_embedder
 from arena.core.env import TEST_SPLITS, TRAIN_SPLIT, Environment
@@ -254,6 +261,8 @@ class Session:
             self.reporter.phase(LEARN, self.ctx.budget.limits.get("episodes"), len(learned))
         try:
             self.pm.hook.learn(run=self.ctx)
+        except BudgetExhausted:
+            pass  # the harness stopped the method's learning; evaluation follows as usual
         except ProtocolViolation:
             pass  # already in ctx.violations: the run goes on and is reported invalid
         self.ctx.refresh_token_usage()
