@@ -174,12 +174,12 @@ def show(run_dir: str, as_json: bool) -> None:
     try:
         results = directory.read_results()
     except RunDirError as exc:
-        episodes = directory.load_episodes() if (Path(run_dir) / "episodes.jsonl").exists() else []
         if not (Path(run_dir) / "config.yaml").exists():
             raise click.ClickException(
                 f"{run_dir} is not an Arena run directory (no config.yaml)."
             ) from exc
-        raise click.ClickException(f"{exc} ({len(episodes)} episodes recorded so far)") from exc
+        done = directory.count_episodes()
+        raise click.ClickException(f"{exc} ({done} episodes recorded so far)") from exc
     if as_json:
         click.echo(json.dumps(results, indent=2))
         return

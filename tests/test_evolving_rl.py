@@ -124,6 +124,15 @@ def test_one_coevolution_iteration_end_to_end(plugins, tmp_path, monkeypatch):
         assert results["splits"][split]["variants"]["without_skill"]["n_episodes"] == 1
     assert results["cost"]["evaluate"]["episodes"] == 2 * 3
 
+    # Killed during evaluation, resumed: the learned weights are restored before the digest.
+    lines = (path / "episodes.jsonl").read_text().splitlines(keepends=True)
+    (path / "episodes.jsonl").write_text("".join(lines[:-1]))
+    (path / "results.json").unlink()
+    _, resumed = protocol.run(None, resume=path, plugins=plugins)
+    assert resumed["valid"] is True, resumed["violations"]
+    assert resumed["provenance"]["model"]["weights_sha256"] == results["provenance"]["model"]["weights_sha256"]
+    assert resumed["cost"]["evaluate"]["episodes"] == 2 * 3
+
 
 @pytest.mark.slow
 def test_grpo_baseline_end_to_end(plugins, tmp_path):

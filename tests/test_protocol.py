@@ -13,6 +13,7 @@ from arena.core import protocol
 from arena.core.context import ProtocolViolation
 from arena.core.env import TEST_SPLITS
 from arena.core.protocol import select_tasks
+from arena.core.rundir import RunDirError
 from arena.core.types import Experience, Provenance
 
 
@@ -273,3 +274,44 @@ def test_budget_stops_a_method_that_ignores_it(plugins, fast, tmp_path):
     assert sum(e["steps"] for e in learned) >= 20
     assert sum(e["steps"] for e in learned[:-1]) < 20  # no episode started once the budget was used
     assert results["valid"] is True and results["splits"]["test_seen"]["n_episodes"] == 1
+
+
+class WrongTrajectory:
+    """Returns a trajectory of another task, claiming success."""
+
+    def __init__(self, run):
+        pass
+
+    @arena.hookimpl
+    def solve(self, run, task, experiences, seed):
+        from arena.core.types import Termination, Trajectory
+
+        other = run.tasks("train")[0] if run.phase == "learn" else run.env.tasks("train")[0]
+        return Trajectory(task=other, initial_observation="", status=Termination.SUCCESS)
+
+
+def test_a_trajectory_of_another_task_is_recorded_as_an_error(plugins, fast, tmp_path):
+    register(plugins, wrong=WrongTrajectory)
+    path, results = protocol.run("wrong", overrides=fast + ["eval.limit=2"], out=tmp_path / "w", plugins=plugins)
+    evaluated = [e for e in read_episodes(path) if e["phase"] == "evaluate"]
+    assert len(evaluated) == 4 and all(e["status"] == "error" and not e["success"] for e in evaluated)
+    assert results["splits"]["test_seen"]["success_rate"] == 0.0
+
+
+def test_duplicate_seeds_and_reused_run_dirs_are_refused(plugins, fast, tmp_path):
+    with pytest.raises(ValueError, match="run.seeds lists a value twice"):
+        protocol.run("base", overrides=fast + ["run.seeds=[0,0]"], out=tmp_path / "d", plugins=plugins)
+    started = tmp_path / "started"
+    started.mkdir()
+    (started / "state.json").write_text('{"learn_done": true}')
+    with pytest.raises(RunDirError, match="already holds a run"):
+        protocol.prepare("base", overrides=fast, out=started, plugins=plugins)
+
+
+def test_violations_survive_a_resume(plugins, fast, tmp_path):
+    register(plugins, peeker=PeekingMethod)
+    path, _ = protocol.run("peeker", overrides=fast + ["eval.limit=1"], out=tmp_path / "p", plugins=plugins)
+    (path / "results.json").unlink()
+    _, resumed = protocol.run(None, resume=path, plugins=plugins)
+    assert resumed["valid"] is False
+    assert any("test split 'test_unseen'" in v for v in resumed["violations"])

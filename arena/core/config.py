@@ -2,8 +2,9 @@
 
 Precedence, lowest first: harness defaults (``core/configs/defaults.yaml``) < environment YAML
 (under ``env``) < backend YAML (under ``llm``) < method YAML (top level) < the method's preset
-(``--preset NAME``) < ``--config FILE`` < ``key=value`` overrides. A method's YAML may not touch ``eval`` or ``protocol``: those settings
-are the same for every method, which is what makes two results comparable.
+(``--preset NAME``) < ``--config FILE`` < ``key=value`` overrides. A method's YAML may not
+touch ``eval``, ``run`` or ``env``: those settings are the same for every method, which is what
+makes two results comparable.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from omegaconf import DictConfig, OmegaConf
 from arena.core.plugins import Plugins
 
 DEFAULTS_PATH = Path(__file__).parent / "configs" / "defaults.yaml"
-PROTECTED_KEYS = ("eval", "protocol")
+#: Settings a method's YAML may not set: they define the comparison, the same for every method.
+PROTECTED_KEYS = ("eval", "run", "env")
 
 
 class ConfigError(ValueError):

@@ -148,6 +148,8 @@ class RunContext:
         self._learn_usage_start = 0
         self.on_episode: Callable[[EpisodeResult], None] = lambda result: None
         self._local = threading.local()
+        self._lock = threading.Lock()
+        self._build_lock = threading.Lock()
         self._make_embedder = make_embedder
         self._make_store = make_store
         self._embedder: Embedder | None = None
@@ -164,18 +166,31 @@ class RunContext:
 
     @property
     def embedder(self) -> Embedder:
-        if self._embedder is None:
-            self._embedder = self._make_embedder()
-        return self._embedder
+        with self._build_lock:  # episodes in threads may ask at once; build one
+            if self._embedder is None:
+                self._embedder = self._make_embedder()
+            return self._embedder
 
     @property
     def store(self) -> GuardedStore:
-        if self._store is None:
-            self._store = GuardedStore(self._make_store(self.embedder), self.is_frozen)
-        return self._store
+        embedder = self.embedder
+        with self._build_lock:
+            if self._store is None:
+                self._store = GuardedStore(self._make_store(embedder), self.is_frozen)
+            return self._store
 
     def has_store(self) -> bool:
         return self._store is not None
+
+    def violation(self, message: str) -> None:
+        """Record a protocol violation: kept in state.json at once, so a resume keeps it too."""
+        with self._lock:
+            if message not in self.violations:
+                self.violations.append(message)
+            state = self.run_dir.state()
+            recorded = state.get("violations", [])
+            if message not in recorded:
+                self.run_dir.update_state(violations=[*recorded, message])
 
     def is_frozen(self) -> bool:
         return self.phase == EVALUATE and self.track == "frozen"
@@ -190,7 +205,7 @@ class RunContext:
                     f"Method '{self.method_name}' asked for test split '{split}' while learning; "
                     f"learn from '{TRAIN_SPLIT}' (or '{VALID_SPLIT}', recorded as such)."
                 )
-                self.violations.append(message)
+                self.violation(message)
                 raise ProtocolViolation(message)
             self.splits_used_for_learning.add(split)
         return self.env.tasks(split)
@@ -224,9 +239,9 @@ class RunContext:
         """
         if self.phase == LEARN:
             if task.split in TEST_SPLITS:
-                raise ProtocolViolation(
-                    f"Method '{self.method_name}' played test task {task.task_id} while learning."
-                )
+                message = f"Method '{self.method_name}' played test task {task.task_id} while learning."
+                self.violation(message)
+                raise ProtocolViolation(message)
             exhausted = self.budget_exhausted()
             if exhausted:
                 raise BudgetExhausted(f"Learning budget used up: {', '.join(exhausted)}")
@@ -254,6 +269,9 @@ class RunContext:
             trajectory.error = f"{type(exc).__name__}: {exc}"
         finally:
             self._local.seed = previous_seed
+        if not isinstance(trajectory, Trajectory) or trajectory.task.task_id != task.task_id:
+            trajectory = Trajectory(task=task, initial_observation="", status=Termination.ERROR,
+                                    error="solve returned no trajectory of this task")
         trajectory.wall_s = max(trajectory.wall_s, time.perf_counter() - started)
         if record:
             self.record(trajectory, seed=seed, variant=variant)
@@ -289,9 +307,12 @@ class RunContext:
         self.run_dir.record(result, trajectory)
         if self.phase == LEARN:
             self.charge(episodes=1, env_steps=result.steps)
-        if self.hook is not None:
-            self.hook.episode_end(run=self, result=result, trajectory=trajectory)
         self.on_episode(result)
+        if self.hook is not None:
+            try:
+                self.hook.episode_end(run=self, result=result, trajectory=trajectory)
+            except Exception as exc:  # an observer's bug must not end the run; it is on record
+                self.violation(f"episode_end raised {type(exc).__name__}: {exc}")
         return result
 
     def start_learning(self, tokens_before: int = 0) -> None:
@@ -311,10 +332,11 @@ class RunContext:
 
     def charge(self, **amounts: int) -> None:
         """Add to the learning budget's usage, e.g. ``run.charge(gradient_steps=1)``."""
-        for key, amount in amounts.items():
-            if key not in BUDGET_KEYS:
-                raise ValueError(f"Unknown budget '{key}'. Budgets: {', '.join(BUDGET_KEYS)}")
-            self.budget.used[key] = self.budget.used.get(key, 0) + int(amount)
+        with self._lock:
+            for key, amount in amounts.items():
+                if key not in BUDGET_KEYS:
+                    raise ValueError(f"Unknown budget '{key}'. Budgets: {', '.join(BUDGET_KEYS)}")
+                self.budget.used[key] = self.budget.used.get(key, 0) + int(amount)
 
     def max_steps(self) -> int:
         """Step limit of an episode in the current phase."""

@@ -57,8 +57,8 @@ def register_methods(register: Callable[..., None]) -> None:
     method. ``factory(run)`` receives the :class:`~arena.core.context.RunContext` and returns the
     method object whose ``@hookimpl`` functions implement the method hooks. ``config`` is the path
     (or a list of paths, merged in order) of the method's OmegaConf YAML defaults, a top-level
-    fragment that may set ``method``, ``learn``, ``solver`` and ``llm`` but not ``eval`` or
-    ``protocol``. ``presets`` maps names to more such YAML files, chosen with ``--preset NAME``.
+    fragment that may set ``method``, ``learn``, ``solver`` and ``llm`` but not ``eval``,
+    ``run`` or ``env``. ``presets`` maps names to more such YAML files, chosen with ``--preset NAME``.
     """
 
 

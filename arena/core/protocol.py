@@ -42,7 +42,7 @@ from arena.core.env import TEST_SPLITS, TRAIN_SPLIT, Environment
 from arena.core.plugins import Plugins, get_plugins, new_plugin_manager
 from arena.core.rundir import RunDir, RunDirError, new_run_dir
 from arena.core.store import ExperienceStore
-from arena.core.types import EpisodeResult, Task
+from arena.core.types import EpisodeResult, Experience, Task, Termination, Trajectory
 
 SCHEMA_VERSION = 1
 PRIMARY_VARIANT = "default"
@@ -91,10 +91,10 @@ def prepare(
                 f"{resume} is a run of method '{cfg.method.name}', not '{method}'. "
                 "Drop --method when resuming, or pass the right run directory."
             )
-        if overrides or config_file or preset:
+        if overrides or config_file or preset or env:
             raise RunDirError(
-                "A resumed run keeps its saved config; drop --config and key=value overrides, "
-                "or start a new run."
+                "A resumed run keeps its saved config; drop --env, --preset, --config and "
+                "key=value overrides, or start a new run."
             )
         plugins.methods.get(cfg.method.name)  # still installed?
         if (run_dir.path / "results.json").exists():
@@ -131,6 +131,9 @@ def select_tasks(tasks: list[Task], limit: int | None) -> list[Task]:
 def evaluation_plan(env: Environment, cfg: DictConfig) -> list[tuple[Task, int]]:
     """Every (task, seed) of the evaluation, in a fixed order: no random draws."""
     limit = cfg.eval.limit
+    for name, values in (("run.seeds", list(cfg.run.seeds)), ("eval.splits", list(cfg.eval.splits))):
+        if len(set(values)) != len(values):
+            raise ValueError(f"{name} lists a value twice ({values}); each must appear once.")
     plan = []
     for split in cfg.eval.splits:
         if split not in TEST_SPLITS:
@@ -267,25 +270,27 @@ class Session:
             pass  # already in ctx.violations: the run goes on and is reported invalid
         self.ctx.refresh_token_usage()
         self._save_phase_cost(LEARN)
+        # One write: a session killed between "learning is over" and "this is the state that
+        # evaluation must keep" would otherwise let a resumed session digest another state.
         self.run_dir.update_state(
             learn_done=True,
             learn_used=dict(self.ctx.budget.used),
             splits_used_for_learning=sorted(self.ctx.splits_used_for_learning),
-            learn_violations=list(self.ctx.violations),
+            digest_before_eval=self.state_digest(),
         )
 
     def _evaluate(self) -> None:
         ctx = self.ctx
         ctx.phase = EVALUATE
         state = self.run_dir.state()
-        digest_now = self.state_digest()
-        if "digest_before_eval" not in state:
-            state = self.run_dir.update_state(digest_before_eval=digest_now)
-        elif ctx.track == "frozen" and state["digest_before_eval"] != digest_now:
-            ctx.violations.append(
-                "The method's state changed between the interrupted session and the resumed one "
-                f"({state['digest_before_eval'][:12]} -> {digest_now[:12]})."
-            )
+        if self.resumed and ctx.track == "frozen":
+            digest_now = self.state_digest()
+            if state["digest_before_eval"] != digest_now:
+                ctx.violation(
+                    "The method's state on resume differs from the state learning ended with "
+                    f"({state['digest_before_eval'][:12]} -> {digest_now[:12]}): the method must "
+                    "restore its learned state when constructed (e.g. load its checkpoint)."
+                )
         plan = evaluation_plan(self.env, self.cfg)
         todo = [(task, seed) for task, seed in plan if ctx.finished(task, seed) is None]
         self._start_phase(EVALUATE)
@@ -298,19 +303,33 @@ class Session:
         self._save_phase_cost(EVALUATE)
         digest_after = self.state_digest()
         if ctx.track == "frozen" and digest_after != state["digest_before_eval"]:
-            ctx.violations.append(
+            ctx.violation(
                 "The method's state changed during frozen evaluation "
                 f"({state['digest_before_eval'][:12]} -> {digest_after[:12]}): it learned from "
                 "test episodes."
             )
         self.run_dir.update_state(digest_after_eval=digest_after)
 
+    def _retrieve(self, task: Task) -> list[Experience] | Trajectory:
+        """The method's experiences for ``task``, or an error trajectory if retrieval failed."""
+        try:
+            return list(self.pm.hook.retrieve(run=self.ctx, task=task) or [])
+        except Exception as exc:
+            return Trajectory(task=task, initial_observation="", status=Termination.ERROR,
+                              error=f"retrieve failed: {type(exc).__name__}: {exc}")
+
     def _frozen_episode(self, task: Task, seed: int) -> None:
-        experiences = self.pm.hook.retrieve(run=self.ctx, task=task) or []
+        experiences = self._retrieve(task)
+        if isinstance(experiences, Trajectory):
+            self.ctx.record(experiences, seed=seed)
+            return
         self.ctx.play(task, experiences, seed=seed)
 
     def _online_episode(self, task: Task, seed: int) -> None:
-        experiences = self.pm.hook.retrieve(run=self.ctx, task=task) or []
+        experiences = self._retrieve(task)
+        if isinstance(experiences, Trajectory):
+            self.ctx.record(experiences, seed=seed)
+            return
         trajectory = self.ctx.play(task, experiences, seed=seed, record=False)
         new = self.pm.hook.extract(run=self.ctx, trajectories=[trajectory]) or []
         self.pm.hook.update(run=self.ctx, trajectories=[trajectory], experiences=new)
@@ -339,10 +358,10 @@ class Session:
                     v: stats.summarise_split([r for r in in_split if r.variant == v]) for v in variants
                 }
             splits[split] = summary
-        violations = list(state.get("learn_violations", [])) + list(self.ctx.violations)
         if self.ctx.has_store():
-            violations += [f"Refused store write during frozen evaluation: {v}"
-                           for v in self.ctx.store.violations]
+            for refused in self.ctx.store.violations:
+                self.ctx.violation(f"Refused store write during frozen evaluation: {refused}")
+        violations = list(self.run_dir.state().get("violations", []))
         used = state.get("splits_used_for_learning", [])
         cost = {}
         for phase in (LEARN, EVALUATE):

@@ -61,7 +61,10 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 def write_json_atomic(path: Path, data: Any) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+    with tmp.open("w") as handle:
+        handle.write(json.dumps(data, indent=2, sort_keys=False) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
     os.replace(tmp, path)
 
 
@@ -76,7 +79,7 @@ class RunDir:
     # -- creation and resume ------------------------------------------------------------------
 
     def create(self, cfg: DictConfig) -> None:
-        if (self.path / EPISODES).exists() or (self.path / RESULTS).exists():
+        if any((self.path / name).exists() for name in (CONFIG, STATE, EPISODES, RESULTS)):
             raise RunDirError(
                 f"{self.path} already holds a run. Resume it with `arena run --resume {self.path}` "
                 "or choose another --out."
@@ -94,6 +97,13 @@ class RunDir:
         cfg = OmegaConf.load(path)
         assert isinstance(cfg, DictConfig)
         return cfg
+
+    def count_episodes(self) -> int:
+        """Finished episodes on disk, read without changing anything (safe on a live run)."""
+        path = self.path / EPISODES
+        if not path.exists():
+            return 0
+        return sum(1 for line in path.read_bytes().splitlines(keepends=True) if line.endswith(b"\n"))
 
     def load_episodes(self) -> list[EpisodeResult]:
         """Finished episodes recorded so far (used by --resume)."""

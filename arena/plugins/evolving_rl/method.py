@@ -132,25 +132,42 @@ class EvolvingRL:
         if self.cfg.mode not in MODES:
             raise ValueError(f"method.mode must be one of {MODES}, got '{self.cfg.mode}'")
         self.trainer: PolicyTrainer | None = None
+        self.checkpoint = run.run_dir.path / "evolving_rl" / "checkpoint"
+        if self._state(run)["iterations_done"]:
+            # A resumed run: serve the learned weights before anything is played or digested.
+            if not self.checkpoint.exists():
+                raise FileNotFoundError(
+                    f"{self.checkpoint} is missing but state.json records finished iterations; "
+                    "the run directory is incomplete. Start a new run."
+                )
+            self._trainer(run).load(self.checkpoint)
+
+    @staticmethod
+    def _state(run: RunContext) -> dict[str, Any]:
+        return run.run_dir.state().get("evolving_rl", {"iterations_done": 0, "attempts": {}})
+
+    def _trainer(self, run: RunContext) -> PolicyTrainer:
+        """The trainer on the served model (LoRA adapters are injected into it in place)."""
+        if self.trainer is None:
+            backend = getattr(run.llm, "inner", run.llm)
+            if not hasattr(backend, "model") or not hasattr(backend, "mark_weights_changed"):
+                raise ValueError(
+                    f"Evolving-RL trains the model in-process; backend '{run.cfg.llm.backend}' "
+                    "has no trainable model. Use llm.backend=transformers."
+                )
+            trainer_cfg = OmegaConf.to_container(self.cfg.trainer, resolve=True)
+            self.trainer = PolicyTrainer(backend.model, backend.tokenizer,
+                                         TrainerConfig.from_mapping(trainer_cfg),  # type: ignore[arg-type]
+                                         on_weights_changed=backend.mark_weights_changed)
+        return self.trainer
 
     # -- learning -----------------------------------------------------------------------------
 
     @arena.hookimpl
     def learn(self, run: RunContext) -> bool:
-        backend = getattr(run.llm, "inner", run.llm)
-        if not hasattr(backend, "model") or not hasattr(backend, "mark_weights_changed"):
-            raise ValueError(
-                f"Evolving-RL trains the model in-process; backend '{run.cfg.llm.backend}' has no "
-                "trainable model. Use llm.backend=transformers."
-            )
-        trainer_cfg = OmegaConf.to_container(self.cfg.trainer, resolve=True)
-        self.trainer = PolicyTrainer(backend.model, backend.tokenizer,
-                                     TrainerConfig.from_mapping(trainer_cfg),  # type: ignore[arg-type]
-                                     on_weights_changed=backend.mark_weights_changed)
-        checkpoint = run.run_dir.path / "evolving_rl" / "checkpoint"
-        state = run.run_dir.state().get("evolving_rl", {"iterations_done": 0, "attempts": {}})
-        if state["iterations_done"] and checkpoint.exists():
-            self.trainer.load(checkpoint)
+        trainer = self._trainer(run)
+        checkpoint = self.checkpoint
+        state = self._state(run)
         train = run.tasks("train")
         for iteration in range(int(state["iterations_done"]), int(self.cfg.iterations)):
             if run.budget_exhausted():
@@ -165,9 +182,9 @@ class EvolvingRL:
             else:
                 samples, metrics = self._coevolution_iteration(run, train, rng, tag)
             if samples:
-                metrics.update(self.trainer.step(samples))
+                metrics.update(trainer.step(samples))
                 run.charge(gradient_steps=1)
-            self.trainer.save(checkpoint)
+            trainer.save(checkpoint)
             state["iterations_done"] = iteration + 1
             state.setdefault("metrics", []).append({"iteration": iteration, **_rounded(metrics)})
             run.run_dir.update_state(evolving_rl=state, gradient_steps=run.budget.used["gradient_steps"])
