@@ -19,6 +19,7 @@ result) and without it (variant ``without_skill``), so both are reported, paired
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -182,7 +183,9 @@ class EvolvingRL:
             else:
                 samples, metrics = self._coevolution_iteration(run, train, rng, tag)
             if samples:
+                clock = time.perf_counter()
                 metrics.update(trainer.step(samples))
+                metrics["time/update_s"] = time.perf_counter() - clock
                 run.charge(gradient_steps=1)
             trainer.save(checkpoint)
             state["iterations_done"] = iteration + 1
@@ -215,12 +218,15 @@ class EvolvingRL:
                                tag: str) -> tuple[list[Sample], dict[str, Any]]:
         cfg = self.cfg
         seed = int(run.cfg.learn.seed)
+        clock = time.perf_counter()
         sources = rng.sample(train, min(int(cfg.n_sources), len(train)))
         source_runs = run.play_many(
             [EpisodeRequest(task, [], seed, f"{tag}/source{i}") for i, task in enumerate(sources)],
             standard=True,
         )
+        source_s, clock = time.perf_counter() - clock, time.perf_counter()
         candidates = self.extract(run, source_runs, int(cfg.n_skills), seed=rng.randrange(2**31))
+        extract_s, clock = time.perf_counter() - clock, time.perf_counter()
         downstream = most_similar(run, sources, train, int(cfg.k_downstream))
         requests, owners = [], []
         for candidate in candidates:
@@ -233,9 +239,13 @@ class EvolvingRL:
                     f"{tag}/source{candidate.source_index}/skill{candidate.skill_index}/down{k}"))
                 owners.append((candidate, k))
         episodes = run.play_many(requests, standard=True)
+        downstream_s = time.perf_counter() - clock
 
         samples = build_samples(candidates, owners, episodes, cfg)
         metrics = {
+            "time/source_s": source_s,
+            "time/extract_s": extract_s,
+            "time/downstream_s": downstream_s,
             "source_success": _mean([t.success for t in source_runs]),
             "skills_usable": _mean([c.usable for c in candidates]),
             "downstream_success": _mean([t.success for t in episodes]),
