@@ -110,7 +110,7 @@ def test_one_coevolution_iteration_end_to_end(plugins, tmp_path, monkeypatch):
     assert all("/skill" in e["variant"] for e in learn if "/source0/" in e["variant"] or "/source1/" in e["variant"])
     assert all(e["experience_ids"] for e in learn if "/skill" in e["variant"])
     assert results["learn"]["used"]["gradient_steps"] == 1
-    assert (path / "evolving_rl" / "checkpoint").exists()
+    assert [p.name for p in (path / "evolving_rl").iterdir()] == ["checkpoint-00001"]
     state = json.loads((path / "state.json").read_text())["evolving_rl"]
     assert state["iterations_done"] == 1 and state["metrics"][0]["samples"] > 0
     assert state["metrics"][0]["extractor/n_tokens"] > 0 and state["metrics"][0]["solver/n_tokens"] > 0
@@ -124,7 +124,12 @@ def test_one_coevolution_iteration_end_to_end(plugins, tmp_path, monkeypatch):
         assert results["splits"][split]["variants"]["without_skill"]["n_episodes"] == 1
     assert results["cost"]["evaluate"]["episodes"] == 2 * 3
 
-    # Killed during evaluation, resumed: the learned weights are restored before the digest.
+    # Killed during evaluation, resumed: the learned weights are restored before the digest,
+    # even if the kill fell between the checkpoint and the state update.
+    state_file = path / "state.json"
+    saved = json.loads(state_file.read_text())
+    saved["evolving_rl"]["iterations_done"] = 0
+    state_file.write_text(json.dumps(saved))
     lines = (path / "episodes.jsonl").read_text().splitlines(keepends=True)
     (path / "episodes.jsonl").write_text("".join(lines[:-1]))
     (path / "results.json").unlink()

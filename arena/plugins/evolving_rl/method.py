@@ -19,6 +19,7 @@ result) and without it (variant ``without_skill``), so both are reported, paired
 from __future__ import annotations
 
 import random
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,15 +134,26 @@ class EvolvingRL:
         if self.cfg.mode not in MODES:
             raise ValueError(f"method.mode must be one of {MODES}, got '{self.cfg.mode}'")
         self.trainer: PolicyTrainer | None = None
-        self.checkpoint = run.run_dir.path / "evolving_rl" / "checkpoint"
-        if self._state(run)["iterations_done"]:
+        self.checkpoints = run.run_dir.path / "evolving_rl"
+        self.iterations_done = self._latest_checkpoint()
+        if self.iterations_done < self._state(run)["iterations_done"]:
+            raise FileNotFoundError(
+                f"No checkpoint in {self.checkpoints} for the {self._state(run)['iterations_done']} "
+                "iterations state.json records; the run directory is incomplete. Start a new run."
+            )
+        if self.iterations_done:
             # A resumed run: serve the learned weights before anything is played or digested.
-            if not self.checkpoint.exists():
-                raise FileNotFoundError(
-                    f"{self.checkpoint} is missing but state.json records finished iterations; "
-                    "the run directory is incomplete. Start a new run."
-                )
-            self._trainer(run).load(self.checkpoint)
+            self._trainer(run).load(self._checkpoint(self.iterations_done))
+
+    def _checkpoint(self, iterations_done: int) -> Path:
+        return self.checkpoints / f"checkpoint-{iterations_done:05d}"
+
+    def _latest_checkpoint(self) -> int:
+        """Iterations covered by the newest checkpoint: the source of truth on resume, since a
+        kill may fall between saving a checkpoint (atomic) and updating state.json."""
+        done = [int(path.name.split("-")[1]) for path in self.checkpoints.glob("checkpoint-*")
+                if path.name.split("-")[1].isdigit()]
+        return max(done, default=0)
 
     @staticmethod
     def _state(run: RunContext) -> dict[str, Any]:
@@ -167,10 +179,10 @@ class EvolvingRL:
     @arena.hookimpl
     def learn(self, run: RunContext) -> bool:
         trainer = self._trainer(run)
-        checkpoint = self.checkpoint
         state = self._state(run)
+        state["iterations_done"] = self.iterations_done
         train = run.tasks("train")
-        for iteration in range(int(state["iterations_done"]), int(self.cfg.iterations)):
+        for iteration in range(self.iterations_done, int(self.cfg.iterations)):
             if run.budget_exhausted():
                 break
             attempt = int(state["attempts"].get(str(iteration), 0))
@@ -187,10 +199,12 @@ class EvolvingRL:
                 metrics.update(trainer.step(samples))
                 metrics["time/update_s"] = time.perf_counter() - clock
                 run.charge(gradient_steps=1)
-            trainer.save(checkpoint)
-            state["iterations_done"] = iteration + 1
+            trainer.save(self._checkpoint(iteration + 1))
+            self.iterations_done = state["iterations_done"] = iteration + 1
             state.setdefault("metrics", []).append({"iteration": iteration, **_rounded(metrics)})
             run.run_dir.update_state(evolving_rl=state, gradient_steps=run.budget.used["gradient_steps"])
+            for older in range(iteration + 1):
+                shutil.rmtree(self._checkpoint(older), ignore_errors=True)
         return True
 
     def _sampling(self, run: RunContext, max_new_tokens: int, seed: int) -> SamplingParams:
