@@ -38,6 +38,7 @@ from arena.backends.embedded import (
     read_source,
     tiny_model_dir,
 )
+from arena.core.torch_utils import eval_mode
 from arena.core.llm import (
     Chat,
     Choice,
@@ -342,13 +343,8 @@ class TransformersBackend(LLMBackend):
     @contextmanager
     def _inference(self) -> Iterator[None]:
         """One caller at a time, in eval mode (a trainer may have left the module training)."""
-        with self._lock, torch.inference_mode():
-            was_training = self.model.training
-            self.model.eval()
-            try:
-                yield
-            finally:
-                self.model.train(was_training)
+        with self._lock, torch.inference_mode(), eval_mode(self.model):
+            yield
 
     def _chunks(self, rows: Sequence[list[int]]) -> Iterator[list[int]]:
         """Indices of ``rows`` in batches of similar length, so left padding wastes little."""

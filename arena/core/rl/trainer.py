@@ -36,6 +36,7 @@ from safetensors.torch import load_file, save_file
 
 from arena.core.rl.data import Sample
 from arena.core.rl.loss import RoleStats, policy_loss, token_entropy, token_logprobs
+from arena.core.torch_utils import eval_mode
 
 CHECKPOINT_FORMAT = 1
 _PRECISIONS = ("auto", "bf16", "fp32")
@@ -278,7 +279,7 @@ class PolicyTrainer:
         if reference:
             scores = self._reference_logprobs(batches)
         else:
-            with self._eval_mode(), self._autocast():
+            with eval_mode(self.model), self._autocast():
                 scores = [self._policy_outputs(self._lm(), b, entropy=False)[0] for b in batches]
         result: list[list[float]] = []
         for batch, score in zip(batches, scores):
@@ -470,17 +471,8 @@ class PolicyTrainer:
     @torch.no_grad()
     def _reference_logprobs(self, batches: list[_MicroBatch]) -> list[torch.Tensor]:
         """Reference log-probs per micro-batch, in eval mode (no dropout)."""
-        with self._eval_mode(), self._reference() as reference, self._autocast():
+        with eval_mode(self.model), self._reference() as reference, self._autocast():
             return [self._policy_outputs(reference, b, entropy=False)[0] for b in batches]
-
-    @contextmanager
-    def _eval_mode(self) -> Iterator[None]:
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            yield
-        finally:
-            self.model.train(was_training)
 
     @contextmanager
     def _reference(self) -> Iterator[torch.nn.Module]:
