@@ -32,10 +32,12 @@ WORDS = "go to take open close desk drawer 1 2 3 apple mug from in on look fridg
 GREEDY = SamplingParams()
 
 
-@pytest.fixture(scope="module")
-def llm() -> TransformersBackend:
-    # batch_size 3 so that most calls below are split into several chunks
-    return TransformersBackend({"model": "tiny", "dtype": "float32", "batch_size": 3})
+@pytest.fixture(scope="module", params=[False, True], ids=["batched", "prefix_cache"])
+def llm(request: pytest.FixtureRequest) -> TransformersBackend:
+    # batch_size 3 so that most batched calls below are split into several chunks
+    return TransformersBackend(
+        {"model": "tiny", "dtype": "float32", "batch_size": 3, "prefix_cache": request.param}
+    )
 
 
 def chat(user: str, system: str | None = "You play a text game.") -> Chat:
@@ -82,7 +84,11 @@ def test_greedy_choose_is_the_deterministic_argmax(llm: TransformersBackend) -> 
     first = llm.choose(prompts, options, GREEDY)
     second = llm.choose(prompts, options, GREEDY)
     assert [c.index for c in first] == [c.index for c in second]
-    assert [c.option_logprobs for c in first] == [c.option_logprobs for c in second]
+    if llm._prefix_cache is None:
+        assert [c.option_logprobs for c in first] == [c.option_logprobs for c in second]
+    else:  # the repeat reuses the first call's cache: equal up to float rounding
+        for a, b in zip(first, second):
+            assert a.option_logprobs == pytest.approx(b.option_logprobs, abs=1e-4)
     for choice in first:
         best = max(choice.option_logprobs)
         assert choice.index == choice.option_logprobs.index(best)  # ties go to the first
@@ -114,6 +120,38 @@ def test_choose_matches_full_sequence_scoring_across_padding(llm: TransformersBa
     # the same prompt alone (no padding, no neighbours) scores the same
     [alone] = llm.choose(prompts[1:2], options[1:2], GREEDY)
     assert alone.option_logprobs == pytest.approx(choices[1].option_logprobs, abs=1e-4)
+
+
+def test_prefix_cache_reuses_shared_starts_and_scores_exactly() -> None:
+    """Steps of one episode share their start: only the rest is computed, with equal scores."""
+    llm = TransformersBackend({"model": "tiny", "dtype": "float32", "prefix_cache": True})
+    task = "You are in a room with a desk 1 and a fridge 1. Your task is to: cool some apple. "
+    steps = [chat(task + f"Step {k}: > look\nNothing happens. Act now.") for k in range(4)]
+    options = ["go to desk 1", "go to fridge 1", "look"]
+    for step in steps:
+        [choice] = llm.choose([step], [options], GREEDY)
+        for j, option in enumerate(options):
+            expected = sum(reference_logprobs(llm, step, option))
+            assert choice.option_logprobs[j] == pytest.approx(expected, abs=1e-3)
+    stats = llm.prefix_cache_stats
+    shared = len(llm._render(chat(task)[:1])) + len(llm.tokenizer(task).input_ids) - 2
+    # steps 2..4 each reuse at least the system message and the task sentence
+    assert stats["tokens_reused"] >= 3 * shared
+    total = sum(len(llm._render(step)) for step in steps)
+    assert stats["tokens_reused"] + stats["tokens_computed"] == total
+
+
+def test_prefix_cache_is_dropped_when_weights_change() -> None:
+    llm = TransformersBackend({"model": "tiny", "dtype": "float32", "prefix_cache": True})
+    prompt, options = chat("go to the desk and look " * 5), ["look", "go to desk 1"]
+    before = llm.choose([prompt], [options], GREEDY)[0].option_logprobs
+    with torch.no_grad():
+        llm.model.get_input_embeddings().weight.mul_(1.5)
+    llm.mark_weights_changed()
+    after = llm.choose([prompt], [options], GREEDY)[0].option_logprobs
+    expected = [sum(reference_logprobs(llm, prompt, option)) for option in options]
+    assert after == pytest.approx(expected, abs=1e-3)
+    assert after != pytest.approx(before, abs=1e-3)
 
 
 def test_bfloat16_choose_stays_close_to_reference() -> None:

@@ -20,6 +20,7 @@ from omegaconf import OmegaConf  # noqa: E402
 
 from arena.backends.embedded import tiny_model_dir  # noqa: E402
 from arena.backends.transformers_backend import TransformersBackend  # noqa: E402
+from arena.core.llm import SamplingParams  # noqa: E402
 from arena.core.rl import (  # noqa: E402
     LoraSettings,
     PolicyTrainer,
@@ -452,3 +453,32 @@ def test_lora_on_a_bf16_model_with_autocast() -> None:
     trainer.step(samples)
     metrics = trainer.step(samples)
     assert metrics["skipped"] == 0 and math.isfinite(metrics["loss"]) and metrics["solver/kl"] > 0
+
+
+def test_merged_adapters_serve_the_same_policy_and_unmerge_exactly() -> None:
+    """Merging (for fast evaluation) keeps the policy; training afterwards restores the exact
+    base weights first, so bf16 rounding never accumulates into them."""
+    llm = TransformersBackend({"model": "tiny", "dtype": "bfloat16", "prefix_cache": False})
+    config = {"precision": "bf16", "lr": 1e-2, "lora": {"r": 4}, "entropy_coef": EVOLVING}
+    trainer = PolicyTrainer(llm.model, llm.tokenizer, config,
+                            on_weights_changed=llm.mark_weights_changed)
+    trainer.step(make_samples())  # non-zero adapters
+    prompt = [{"role": "user", "content": "go to the desk 1 and take the mug"}]
+    options = [["look", "go to desk 1", "take mug 1 from desk 1"]]
+    before = llm.choose([prompt], options, SamplingParams())[0].option_logprobs
+    state_before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    digest_before = llm.weights_digest()
+
+    trainer.merge_adapters()
+    assert trainer.merged and llm.weights_digest() != digest_before  # the served weights changed
+    merged = llm.choose([prompt], options, SamplingParams())[0].option_logprobs
+    assert merged == pytest.approx(before, rel=0.01)  # the same policy up to bf16 rounding
+    trainer.merge_adapters()  # idempotent
+
+    trainer.unmerge_adapters()
+    assert not trainer.merged and llm.weights_digest() == digest_before
+    for name, value in trainer.model.state_dict().items():
+        assert torch.equal(value, state_before[name]), name
+    trainer.merge_adapters()
+    metrics = trainer.step(make_samples(seed=3))  # a step unmerges first
+    assert not trainer.merged and metrics["skipped"] == 0

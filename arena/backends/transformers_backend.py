@@ -14,6 +14,13 @@ probability that the reply is exactly this option and then stops. Without the en
 option that is a prefix of another ("go to desk" vs "go to desk 2") would always score at least
 as high as the longer one.
 
+On a CPU the forward pass is compute-bound: a batch of 6 prompts costs as much as 6 prompts run one
+by one (measured: 2.17 s against 6 x 0.41 s), so batching saves little, while the prompts of one
+episode repeat their start (system message, task, retrieved experience) at every step. With
+``prefix_cache`` on (the default on CPU) ``choose`` runs each prompt alone and reuses the KV
+cache of the longest prefix it shares with a recently scored prompt, computing only the rest.
+transformers has no such cache across calls, hence :class:`_PrefixCache`.
+
 Log-probs are always those of the model itself (temperature 1, no nucleus cut), whatever the
 sampling parameters, so they can be compared across calls and fed to a trainer.
 """
@@ -22,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
@@ -63,6 +71,8 @@ class TransformersConfig:
     max_context: int = 2048
     batch_size: int = 16
     device: str = "cpu"
+    prefix_cache: bool | str = "auto"
+    prefix_cache_entries: int = 32
 
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, Any]) -> TransformersConfig:
@@ -96,6 +106,62 @@ class _OptionTree:
                     self.depths.append(self.depths[parent] + 1 if parent >= 0 else 0)
                 parent = index[parent, token]
             self.predictors.append([*path, parent])
+
+
+class _PrefixCache:
+    """The KV caches of recently scored prompts, to reuse for a prompt that starts the same way.
+
+    Entries hold per-layer key/value tensors of one prompt (batch 1). A lookup copies the part
+    shared with the new prompt, so one entry serves any number of later prompts (the system
+    message is shared by every episode; the task and experiences by every step of one). Least
+    recently used entries are dropped beyond ``capacity``. Cleared whenever the weights change.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._entries: OrderedDict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = (
+            OrderedDict()
+        )
+        self.tokens_reused = 0
+        self.tokens_computed = 0
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def longest(self, row: list[int]) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]] | None]:
+        """Length of the longest cached prefix of ``row`` (at most ``len(row) - 1``, since the
+        last prompt token must be fed to predict the reply) and copies of its key/values."""
+        best_len, best_key = 0, None
+        for key in self._entries:
+            shared = _shared_prefix(key, row, limit=len(row) - 1)
+            if shared > best_len:
+                best_len, best_key = shared, key
+        if best_key is None:
+            return 0, None
+        self._entries.move_to_end(best_key)
+        layers = [
+            (keys[:, :, :best_len].clone(), values[:, :, :best_len].clone())
+            for keys, values in self._entries[best_key]
+        ]
+        return best_len, layers
+
+    def store(self, row: list[int], cache: Any) -> None:
+        """Keep the first ``len(row)`` positions of ``cache`` (later ones are option nodes)."""
+        length = len(row)
+        self._entries[tuple(row)] = [
+            (layer.keys[:, :, :length], layer.values[:, :, :length]) for layer in cache.layers
+        ]
+        self._entries.move_to_end(tuple(row))
+        while len(self._entries) > self.capacity:
+            self._entries.popitem(last=False)
+
+
+def _shared_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+    n = min(len(a), len(b), limit)
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
 
 
 def auto_dtype(device: torch.device) -> torch.dtype:
@@ -163,6 +229,12 @@ class TransformersBackend(LLMBackend):
         )
         self._digest: str | None = None
         self._lock = threading.Lock()
+        prefix_cache = self.config.prefix_cache
+        if prefix_cache not in ("auto", True, False):
+            raise ValueError(f"llm.prefix_cache must be auto, true or false: {prefix_cache!r}")
+        if prefix_cache == "auto":
+            prefix_cache = self.device.type == "cpu"
+        self._prefix_cache = _PrefixCache(self.config.prefix_cache_entries) if prefix_cache else None
 
     # ------------------------------------------------------------------------------------------
     # LLMBackend
@@ -216,11 +288,15 @@ class TransformersBackend(LLMBackend):
         ]
         scores: dict[int, list[list[float]]] = {}
         with self._inference():
-            for chunk in self._chunks(rows):
-                chunk_scores = self._score_chunk(
-                    [rows[i] for i in chunk], [option_ids[i] for i in chunk]
-                )
-                scores.update(zip(chunk, chunk_scores))
+            if self._prefix_cache is not None:
+                for i, row in enumerate(rows):
+                    scores[i] = self._score_cached(row, option_ids[i], self._prefix_cache)
+            else:
+                for chunk in self._chunks(rows):
+                    chunk_scores = self._score_chunk(
+                        [rows[i] for i in chunk], [option_ids[i] for i in chunk]
+                    )
+                    scores.update(zip(chunk, chunk_scores))
 
         results = []
         for i in range(len(rows)):
@@ -261,8 +337,22 @@ class TransformersBackend(LLMBackend):
         return self._digest
 
     def mark_weights_changed(self) -> None:
-        """Call after changing the weights in place (a training step) to refresh the digest."""
+        """Call after changing the weights in place (a training step): refreshes the digest and
+        drops cached prompt states computed with the old weights."""
         self._digest = None
+        if self._prefix_cache is not None:
+            with self._lock:
+                self._prefix_cache.clear()
+
+    @property
+    def prefix_cache_stats(self) -> dict[str, int]:
+        """Prompt tokens taken from the prefix cache and computed, since the backend started."""
+        if self._prefix_cache is None:
+            return {}
+        return {
+            "tokens_reused": self._prefix_cache.tokens_reused,
+            "tokens_computed": self._prefix_cache.tokens_computed,
+        }
 
     def describe(self) -> dict[str, Any]:
         description = {
@@ -424,6 +514,41 @@ class TransformersBackend(LLMBackend):
         """
         ids, mask, positions = self._left_pad(rows)
         cache, first_logprobs = self._prefill(ids, mask, positions)
+        return self._score_options(rows, options, mask, cache, first_logprobs)
+
+    def _score_cached(
+        self, row: list[int], options: list[list[int]], prefix_cache: _PrefixCache
+    ) -> list[list[float]]:
+        """:meth:`_score_chunk` for one prompt, starting from the longest cached prefix."""
+        reused, layers = prefix_cache.longest(row)
+        from transformers import DynamicCache
+
+        cache = DynamicCache(ddp_cache_data=layers, config=self.model.config) if layers else None
+        suffix = torch.tensor([row[reused:]], device=self.device)
+        out = self.model(
+            input_ids=suffix,
+            position_ids=torch.arange(reused, len(row), device=self.device)[None],
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        first_logprobs = out.logits[:, -1].float().log_softmax(-1)
+        mask = torch.ones((1, len(row)), dtype=torch.long, device=self.device)
+        (scores,) = self._score_options([row], [options], mask, out.past_key_values, first_logprobs)
+        prefix_cache.store(row, out.past_key_values)
+        prefix_cache.tokens_reused += reused
+        prefix_cache.tokens_computed += len(row) - reused
+        return scores
+
+    def _score_options(
+        self,
+        rows: list[list[int]],
+        options: list[list[list[int]]],
+        mask: torch.Tensor,
+        cache: Any,
+        first_logprobs: torch.Tensor,
+    ) -> list[list[list[float]]]:
+        """Per-token option log-probs given the prompts' cache and first-token log-probs."""
         trees = [_OptionTree(opts) for opts in options]
         width = max(len(tree.tokens) for tree in trees)
         node_logprobs = first_logprobs[:0]

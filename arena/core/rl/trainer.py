@@ -201,6 +201,7 @@ class PolicyTrainer:
             eps=self.config.adam_eps,
         )
         self.step_count = 0
+        self._unmerged_weights: dict[str, torch.Tensor] | None = None
         self.model.eval()
 
     # ------------------------------------------------------------------------------------------
@@ -216,6 +217,7 @@ class PolicyTrainer:
         is not finite is skipped (``skipped`` = 1) and leaves the weights untouched.
         """
         started = time.perf_counter()
+        self.unmerge_adapters()
         batches = self._micro_batches(samples)
         references = self._reference_logprobs(batches) if self.config.kl_coef > 0 else None
         stats = {role: RoleStats() for role in self._report_roles(samples)}
@@ -275,6 +277,7 @@ class PolicyTrainer:
     def logprobs(self, samples: Sequence[Sample], reference: bool = False) -> list[list[float]]:
         """Log-prob of each generated token under the current policy (or the reference),
         aligned with ``input_ids`` and 0.0 elsewhere, like ``Sample.old_logprobs``."""
+        self.unmerge_adapters()
         batches = self._micro_batches(samples, ordered=False)
         if reference:
             scores = self._reference_logprobs(batches)
@@ -328,6 +331,7 @@ class PolicyTrainer:
     def load(self, path: str | os.PathLike[str]) -> None:
         """Restore a :meth:`save`: weights, optimizer state, step counter and RNG states."""
         path = Path(path)
+        self.unmerge_adapters()
         state = json.loads((path / "trainer_state.json").read_text())
         mode = "lora" if self.is_lora else "full"
         if state.get("format") != CHECKPOINT_FORMAT or state.get("mode") != mode:
@@ -353,6 +357,40 @@ class PolicyTrainer:
     # ------------------------------------------------------------------------------------------
     # Internals
     # ------------------------------------------------------------------------------------------
+
+    @property
+    def merged(self) -> bool:
+        return self._unmerged_weights is not None
+
+    def merge_adapters(self) -> None:
+        """Fold the LoRA adapters into the base weights, for serving once training is over.
+
+        Unmerged adapters cost extra small matmuls in every layer: SmolLM2 with r=16 on all
+        linear layers chose 1.39x slower on 2 CPU cores, merged 1.1x. The base weights are kept
+        aside, so :meth:`unmerge_adapters` (called by every training operation) restores them
+        exactly, not up to bf16 rounding. A no-op without LoRA or when already merged.
+        """
+        if not self.is_lora or self.merged:
+            return
+        self._unmerged_weights = {
+            name: param.detach().to("cpu", copy=True)
+            for name, param in self.model.named_parameters()
+            if ".base_layer." in name
+        }
+        self.model.merge_adapter()
+        self._notify()
+
+    def unmerge_adapters(self) -> None:
+        """Undo :meth:`merge_adapters` exactly. A no-op when not merged."""
+        if self._unmerged_weights is None:
+            return
+        self.model.unmerge_adapter()
+        with torch.no_grad():
+            params = dict(self.model.named_parameters())
+            for name, original in self._unmerged_weights.items():
+                params[name].copy_(original)
+        self._unmerged_weights = None
+        self._notify()
 
     def _with_lora(self, model: torch.nn.Module) -> torch.nn.Module:
         from peft import LoraConfig, get_peft_model
