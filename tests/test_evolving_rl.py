@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 from omegaconf import OmegaConf
@@ -147,3 +148,63 @@ def test_grpo_baseline_end_to_end(plugins, tmp_path):
     assert results["learn"]["used"]["gradient_steps"] == 1
     assert "variants" not in results["splits"]["test_seen"]  # no skills at evaluation
     assert results["cost"]["evaluate"]["episodes"] == 2
+
+
+class Killed(BaseException):
+    """Stands in for SIGKILL: not an Exception, so nothing on the way catches it."""
+
+
+@pytest.mark.slow
+def test_kill_mid_iteration_resumes_without_replaying_or_losing_rollouts(plugins, tmp_path, monkeypatch):
+    from arena.core.context import LEARN
+    from arena.core.rl.trainer import PolicyTrainer
+    from arena.core.rundir import RunDir
+
+    monkeypatch.setattr(evolving, "parse_skill", lambda text: parse_skill(CARD_JSON))
+    real_record, real_step, real_extract = RunDir.record, PolicyTrainer.step, evolving.EvolvingRL.extract
+    recorded: list[tuple] = []
+    lock = threading.Lock()
+
+    def record_then_die(self, result, trajectory):
+        with lock:  # episodes end in several threads at once
+            if result.phase == "learn" and len(recorded) >= 5:  # 2 sources + 3 of 8 downstream
+                raise Killed()
+            real_record(self, result, trajectory)
+            recorded.append(result.key)
+
+    monkeypatch.setattr(RunDir, "record", record_then_die)
+    with pytest.raises(Killed):
+        protocol.run("evolving_rl", overrides=TINY, out=tmp_path / "k", plugins=plugins)
+    path = tmp_path / "k"
+    assert len(recorded) == 5 and (path / "rollouts").is_dir()
+
+    monkeypatch.setattr(RunDir, "record", real_record)
+    stepped, learn_extracts = [], []
+
+    def spy_step(self, samples):
+        stepped.append(list(samples))
+        return real_step(self, samples)
+
+    def spy_extract(self, run, sources, n, seed, params=None):
+        if run.phase == LEARN:
+            learn_extracts.append(n)
+        return real_extract(self, run, sources, n, seed, params)
+
+    monkeypatch.setattr(PolicyTrainer, "step", spy_step)
+    monkeypatch.setattr(evolving.EvolvingRL, "extract", spy_extract)
+    _, results = protocol.run(None, resume=path, plugins=plugins)
+
+    episodes = [json.loads(line) for line in (path / "episodes.jsonl").read_text().splitlines()]
+    learn = [e for e in episodes if e["phase"] == "learn"]
+    keys = [(e["task_id"], e["variant"]) for e in learn]
+    assert len(learn) == 2 + 2 * 2 * 2 and len(set(keys)) == len(keys)  # nothing played twice
+    assert learn_extracts == []  # the interrupted attempt's cards were reused, not re-sampled
+    (samples,) = stepped
+    solver = [s for s in samples if s.role == "solver"]
+    extractor = [s for s in samples if s.role == "extractor"]
+    downstream_steps = sum(e["steps"] for e in learn if "/skill" in e["variant"])
+    assert len(solver) == downstream_steps  # the reloaded episodes kept their rollout tokens
+    assert len(extractor) == 2 * 2
+    assert results["valid"] is True and results["learn"]["used"]["gradient_steps"] == 1
+    assert not (path / "rollouts").exists()  # discarded once the update was checkpointed
+    assert sorted(p.name for p in (path / "evolving_rl").iterdir()) == ["checkpoint-00001"]

@@ -141,6 +141,9 @@ class RunContext:
         self.violations: list[str] = []
         self.splits_used_for_learning: set[str] = set()
         self.hook: pluggy.HookRelay | None = None  # set by the protocol once the method exists
+        #: An RL method sets this so learning episodes keep their exact tokens on disk until it
+        #: calls ``run.run_dir.discard_rollouts()``: a resumed iteration trains on them as played.
+        self.keep_rollouts = False
         self.budget = Budget(
             limits={key: cfg.learn.budget.get(key) for key in BUDGET_KEYS},
         )
@@ -250,8 +253,11 @@ class RunContext:
         if record and self.finished(task, seed, variant) is not None:
             # Recorded by an interrupted session (e.g. a helper episode of a method's own
             # solve): give back what was played instead of playing it again.
-            stored = self.run_dir.load_trajectory((self.phase, task.split, task.task_id, seed, variant))
+            key = (self.phase, task.split, task.task_id, seed, variant)
+            stored = self.run_dir.load_trajectory(key)
             if stored is not None:
+                if self.keep_rollouts and self.phase == LEARN:
+                    self.run_dir.attach_rollouts(key, stored)
                 return stored
         started = time.perf_counter()
         previous_seed = getattr(self._local, "seed", None)
@@ -304,6 +310,8 @@ class RunContext:
         result = EpisodeResult.from_trajectory(
             trajectory, phase=self.phase, track=track, seed=seed, variant=variant
         )
+        if self.keep_rollouts and self.phase == LEARN:
+            self.run_dir.save_rollouts(result.key, trajectory)
         self.run_dir.record(result, trajectory)
         if self.phase == LEARN:
             self.charge(episodes=1, env_steps=result.steps)

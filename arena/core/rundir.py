@@ -6,22 +6,27 @@ at most the episode in flight; ``--resume`` reads them back and skips every fini
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
+import shutil
 import threading
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from arena.core.types import EpisodeResult, Trajectory
+from arena.core.types import EpisodeResult, RolloutTokens, Trajectory
 
 EPISODES = "episodes.jsonl"
 TRAJECTORIES = "trajectories.jsonl"
 CONFIG = "config.yaml"
 STATE = "state.json"
 RESULTS = "results.json"
+ROLLOUTS = "rollouts"
 
 
 class RunDirError(RuntimeError):
@@ -144,6 +149,57 @@ class RunDir:
                 if data.pop("key") == wanted:
                     return Trajectory.from_dict(data)
         return None
+
+    # -- rollout tokens (RL methods) ----------------------------------------------------------
+
+    def _rollout_path(self, key: tuple) -> Path:
+        name = hashlib.sha1(json.dumps(list(key)).encode()).hexdigest()[:24]
+        return self.path / ROLLOUTS / f"{name}.npz"
+
+    def save_rollouts(self, key: tuple, trajectory: Trajectory) -> None:
+        """Write the exact tokens and log-probs of every model decision of an episode, so an
+        RL method resumed mid-iteration trains on the episodes it already played instead of
+        playing them again. Written atomically, before the episode's record."""
+        steps = [i for i, step in enumerate(trajectory.steps) if step.rollout is not None]
+        rollouts = [trajectory.steps[i].rollout for i in steps]
+        arrays = {"steps": np.asarray(steps, dtype=np.int32)}
+        for field_name, dtype in (("prompt_token_ids", np.int32), ("token_ids", np.int32),
+                                  ("logprobs", np.float32)):
+            values = [getattr(r, field_name) for r in rollouts]
+            arrays[field_name] = np.asarray([v for row in values for v in row], dtype=dtype)
+            arrays[f"{field_name}_lengths"] = np.asarray([len(row) for row in values], dtype=np.int64)
+        buffer = io.BytesIO()
+        np.savez(buffer, **arrays)
+        path = self._rollout_path(key)
+        path.parent.mkdir(exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        with tmp.open("wb") as handle:
+            handle.write(buffer.getvalue())
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+
+    def attach_rollouts(self, key: tuple, trajectory: Trajectory) -> bool:
+        """Put the saved rollout tokens back on a reloaded trajectory's steps; False if none."""
+        path = self._rollout_path(key)
+        if not path.exists():
+            return False
+        with np.load(path) as data:
+            columns = {}
+            for field_name in ("prompt_token_ids", "token_ids", "logprobs"):
+                bounds = np.cumsum(data[f"{field_name}_lengths"])[:-1]
+                columns[field_name] = [part.tolist() for part in np.split(data[field_name], bounds)]
+            for n, index in enumerate(data["steps"].tolist()):
+                trajectory.steps[index].rollout = RolloutTokens(
+                    columns["prompt_token_ids"][n],
+                    columns["token_ids"][n],
+                    [float(x) for x in columns["logprobs"][n]],
+                )
+        return True
+
+    def discard_rollouts(self) -> None:
+        """Delete every saved rollout (once an RL iteration's update is checkpointed)."""
+        shutil.rmtree(self.path / ROLLOUTS, ignore_errors=True)
 
     def record(self, result: EpisodeResult, trajectory: Trajectory) -> None:
         """Append one finished episode (trajectory first, so a record never lacks its steps)."""

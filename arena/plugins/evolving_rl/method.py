@@ -18,6 +18,7 @@ result) and without it (variant ``without_skill``), so both are reported, paired
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 import time
@@ -30,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 import arena
 from arena.core.context import EVALUATE, EpisodeRequest, RunContext
 from arena.core.llm import SamplingParams
+from arena.core.rundir import write_json_atomic
 from arena.core.rl import PolicyTrainer, Sample, TrainerConfig, group_advantages, sample_from_choice
 from arena.core.types import Experience, Provenance, Task, Trajectory
 from arena.plugins.evolving_rl.prompts import extractor_prompt
@@ -51,6 +53,7 @@ class Candidate:
     logprobs: list[float]
     card: SkillCard | None
     reward: float = 0.0
+    text: str = ""
 
     @property
     def usable(self) -> bool:
@@ -135,6 +138,7 @@ class EvolvingRL:
             raise ValueError(f"method.mode must be one of {MODES}, got '{self.cfg.mode}'")
         self.trainer: PolicyTrainer | None = None
         self.checkpoints = run.run_dir.path / "evolving_rl"
+        run.keep_rollouts = True  # a kill mid-iteration must not lose the rollouts played
         self.iterations_done = self._latest_checkpoint()
         if self.iterations_done < self._state(run)["iterations_done"]:
             raise FileNotFoundError(
@@ -190,7 +194,9 @@ class EvolvingRL:
             attempt = int(state["attempts"].get(str(iteration), 0))
             state["attempts"][str(iteration)] = attempt + 1
             run.run_dir.update_state(evolving_rl=state)
-            tag = f"it{iteration}.a{attempt}"
+            # The same tags on every attempt: a resumed iteration gets back the episodes (and
+            # their rollout tokens) an interrupted attempt finished, instead of replaying them.
+            tag = f"it{iteration}"
             rng = random.Random(int(run.cfg.learn.seed) * 100_003 + iteration)
             if self.cfg.mode == "grpo":
                 samples, metrics = self._grpo_iteration(run, train, rng, tag)
@@ -202,6 +208,8 @@ class EvolvingRL:
                 metrics["time/update_s"] = time.perf_counter() - clock
                 run.charge(gradient_steps=1)
             trainer.save(self._checkpoint(iteration + 1))
+            run.run_dir.discard_rollouts()
+            self._candidates_file(iteration).unlink(missing_ok=True)
             self.iterations_done = state["iterations_done"] = iteration + 1
             state.setdefault("metrics", []).append({"iteration": iteration, **_rounded(metrics)})
             run.run_dir.update_state(evolving_rl=state, gradient_steps=run.budget.used["gradient_steps"])
@@ -214,6 +222,28 @@ class EvolvingRL:
         """Learning is over: fold the LoRA adapters into the served weights, since unmerged
         adapters make every evaluation forward ~1.3x slower on CPU (PolicyTrainer.merge_adapters)."""
         self._trainer(run).merge_adapters()
+
+    def _candidates_file(self, iteration: int | str) -> Path:
+        tag = iteration if isinstance(iteration, str) else f"it{iteration}"
+        return self.checkpoints / f"{tag}-candidates.json"
+
+    def _save_candidates(self, tag: str, candidates: list[Candidate]) -> None:
+        """Keep an iteration's extracted cards until its update is checkpointed: a resumed
+        attempt must train on the cards its finished downstream episodes were played with."""
+        self.checkpoints.mkdir(parents=True, exist_ok=True)
+        rows = [{"source_index": c.source_index, "skill_index": c.skill_index,
+                 "prompt_token_ids": c.prompt_token_ids, "token_ids": c.token_ids,
+                 "logprobs": c.logprobs, "text": c.text} for c in candidates]
+        write_json_atomic(self._candidates_file(tag), rows)
+
+    def _load_candidates(self, tag: str) -> list[Candidate] | None:
+        path = self._candidates_file(tag)
+        if not path.exists():
+            return None
+        return [Candidate(row["source_index"], row["skill_index"], row["prompt_token_ids"],
+                          row["token_ids"], row["logprobs"], _parse_or_none(row["text"]),
+                          text=row["text"])
+                for row in json.loads(path.read_text())]
 
     def _sampling(self, run: RunContext, max_new_tokens: int, seed: int) -> SamplingParams:
         sampling = run.cfg.learn.sampling
@@ -228,12 +258,9 @@ class EvolvingRL:
         generations = run.llm.generate(prompts, params)
         candidates = []
         for index, generation in enumerate(generations):
-            try:
-                card: SkillCard | None = parse_skill(generation.text)
-            except SkillParseError:
-                card = None
             candidates.append(Candidate(index // n, index % n, generation.prompt_token_ids,
-                                        generation.token_ids, generation.logprobs, card))
+                                        generation.token_ids, generation.logprobs,
+                                        _parse_or_none(generation.text), text=generation.text))
         return candidates
 
     def _coevolution_iteration(self, run: RunContext, train: list[Task], rng: random.Random,
@@ -247,7 +274,11 @@ class EvolvingRL:
             standard=True,
         )
         source_s, clock = time.perf_counter() - clock, time.perf_counter()
-        candidates = self.extract(run, source_runs, int(cfg.n_skills), seed=rng.randrange(2**31))
+        extract_seed = rng.randrange(2**31)
+        candidates = self._load_candidates(tag)
+        if candidates is None:
+            candidates = self.extract(run, source_runs, int(cfg.n_skills), seed=extract_seed)
+            self._save_candidates(tag, candidates)
         extract_s, clock = time.perf_counter() - clock, time.perf_counter()
         downstream = most_similar(run, sources, train, int(cfg.k_downstream))
         requests, owners = [], []
@@ -318,6 +349,13 @@ class EvolvingRL:
             return {}
         trainable = sum(p.numel() for p in self.trainer.model.parameters() if p.requires_grad)
         return {"trainable_parameters": int(trainable)}
+
+
+def _parse_or_none(text: str) -> SkillCard | None:
+    try:
+        return parse_skill(text)
+    except SkillParseError:
+        return None
 
 
 def _mean(values: list[Any]) -> float:
