@@ -281,6 +281,20 @@ def test_truncation_keeps_the_system_message_and_the_end() -> None:
         llm.choose([chat("hi", system="long rules " * 100)], [["ok"]], GREEDY)
 
 
+def test_a_final_assistant_message_is_continued_and_kept_through_truncation() -> None:
+    llm = TransformersBackend({"model": "tiny", "dtype": "float32", "max_context": 80})
+    prefix = '{"name": "'
+    prompt = [{"role": "system", "content": "RULES."},
+              {"role": "user", "content": "filler " * 100 + "THE END"},
+              {"role": "assistant", "content": prefix}]
+    kept = llm.tokenizer.decode(llm._encode_prompt(prompt, reply_tokens=10))
+    assert kept.startswith("<|im_start|>system\nRULES.")
+    assert kept.endswith("THE END<|im_end|>\n<|im_start|>assistant\n" + prefix)  # no new turn
+    [generation] = llm.generate([prompt], SamplingParams(max_new_tokens=5))
+    assert generation.tokens_in <= 75
+    assert llm.tokenizer.decode(generation.prompt_token_ids).endswith(prefix)
+
+
 def test_tokens_description_and_model_ids(llm: TransformersBackend) -> None:
     assert llm.count_tokens("go to desk 1") == len(llm.tokenizer("go to desk 1").input_ids)
     description = llm.describe()

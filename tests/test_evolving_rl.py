@@ -208,3 +208,29 @@ def test_kill_mid_iteration_resumes_without_replaying_or_losing_rollouts(plugins
     assert results["valid"] is True and results["learn"]["used"]["gradient_steps"] == 1
     assert not (path / "rollouts").exists()  # discarded once the update was checkpointed
     assert sorted(p.name for p in (path / "evolving_rl").iterdir()) == ["checkpoint-00001"]
+
+
+def test_extractor_reply_prefix_is_prompt_and_part_of_the_card():
+    """The prefix opens the assistant's reply; the card parsed is prefix + generated text."""
+    from types import SimpleNamespace
+
+    from arena.core.llm import Generation, SamplingParams
+
+    body = CARD_JSON.removeprefix('{"name": "')
+    seen = []
+
+    class Stub:
+        def generate(self, prompts, params):
+            seen.extend(prompts)
+            return [Generation(body, [5, 6], [-0.1, -0.2], 10, 2, [1, 2, 3]) for _ in prompts]
+
+    method = object.__new__(evolving.EvolvingRL)
+    method.cfg = OmegaConf.create({"extractor_reply_prefix": '{"name": "', "extractor_max_tokens": 8})
+    run = SimpleNamespace(llm=Stub())
+    (candidate,) = method.extract(run, [fake_episode("t1", won=True)], 1, seed=0, params=SamplingParams())
+    assert seen[0][-1] == {"role": "assistant", "content": '{"name": "'}
+    assert candidate.usable and candidate.card.name == "Find then place"
+    assert candidate.token_ids == [5, 6]  # only generated tokens are trained on
+    method.cfg = OmegaConf.create({"extractor_reply_prefix": None, "extractor_max_tokens": 8})
+    (candidate,) = method.extract(run, [fake_episode("t1", won=True)], 1, seed=0, params=SamplingParams())
+    assert seen[-1][-1]["role"] == "user" and candidate.card is None  # body alone is not JSON

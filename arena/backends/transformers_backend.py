@@ -372,7 +372,16 @@ class TransformersBackend(LLMBackend):
     # ------------------------------------------------------------------------------------------
 
     def _render(self, chat: Chat) -> list[int]:
-        text = self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        """Chat-template ids; a chat that ends with an assistant message is continued from it
+        (a reply prefix, e.g. the opening of a JSON object), not answered."""
+        if chat and chat[-1]["role"] == "assistant":
+            text = self.tokenizer.apply_chat_template(
+                chat, tokenize=False, continue_final_message=True
+            )
+        else:
+            text = self.tokenizer.apply_chat_template(
+                chat, tokenize=False, add_generation_prompt=True
+            )
         return self.tokenizer(text, add_special_tokens=False).input_ids
 
     def _encode_prompt(self, chat: Chat, reply_tokens: int) -> list[int]:
@@ -388,20 +397,22 @@ class TransformersBackend(LLMBackend):
         the next step, and the system message carries the rules, so both are kept.
         """
         head = list(chat[:1]) if chat and chat[0]["role"] == "system" else []
-        body = list(chat[len(head) :])
+        # A reply prefix (a final assistant message) is kept whole, like the system message.
+        tail = list(chat[-1:]) if len(chat) > len(head) + 1 and chat[-1]["role"] == "assistant" else []
+        body = list(chat[len(head) : len(chat) - len(tail)])
         while len(body) > 1:
             body.pop(0)
-            ids = self._render(head + body)
+            ids = self._render(head + body + tail)
             if len(ids) <= budget:
                 return ids
         if not body:
             raise ValueError(f"the system message alone exceeds the prompt budget of {budget}")
         last = body[-1]
         content = self.tokenizer(last["content"], add_special_tokens=False).input_ids
-        keep = budget - len(self._render(head + [{**last, "content": ""}]))
+        keep = budget - len(self._render(head + [{**last, "content": ""}] + tail))
         while keep > 0:
             text = self.tokenizer.decode(content[-keep:])
-            ids = self._render(head + [{**last, "content": text}])
+            ids = self._render(head + [{**last, "content": text}] + tail)
             if len(ids) <= budget:
                 return ids
             keep -= len(ids) - budget

@@ -253,14 +253,16 @@ class EvolvingRL:
     def extract(self, run: RunContext, sources: list[Trajectory], n: int, seed: int,
                 params: SamplingParams | None = None) -> list[Candidate]:
         """``n`` candidate cards per source trajectory (one batched generate call)."""
-        prompts = [extractor_prompt(t) for t in sources for _ in range(n)]
+        prefix = self.cfg.get("extractor_reply_prefix") or ""
+        prompts = [extractor_prompt(t, reply_prefix=prefix) for t in sources for _ in range(n)]
         params = params or self._sampling(run, int(self.cfg.extractor_max_tokens), seed)
         generations = run.llm.generate(prompts, params)
         candidates = []
         for index, generation in enumerate(generations):
+            text = prefix + generation.text  # the prefix is prompt, not trained on
             candidates.append(Candidate(index // n, index % n, generation.prompt_token_ids,
                                         generation.token_ids, generation.logprobs,
-                                        _parse_or_none(generation.text), text=generation.text))
+                                        _parse_or_none(text), text=text))
         return candidates
 
     def _coevolution_iteration(self, run: RunContext, train: list[Task], rng: random.Random,

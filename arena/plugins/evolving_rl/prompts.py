@@ -29,8 +29,11 @@ SKILL_TEMPLATE = {
 }
 
 
-def extractor_prompt(trajectory: Trajectory, max_steps_shown: int = 30) -> Chat:
-    """The chat that asks for one skill card from one source trajectory."""
+def extractor_prompt(trajectory: Trajectory, max_steps_shown: int = 30,
+                     reply_prefix: str | None = None) -> Chat:
+    """The chat that asks for one skill card from one source trajectory. With ``reply_prefix``
+    the extractor's reply starts with that text (e.g. ``{"name": "``), which a small model
+    needs to write JSON at all; the card is then ``reply_prefix`` + what it generated."""
     outcome = "SUCCEEDED" if trajectory.success else "FAILED"
     transcript = trajectory.render(max_steps=max_steps_shown)
     user = (
@@ -45,4 +48,7 @@ def extractor_prompt(trajectory: Trajectory, max_steps_shown: int = 30) -> Chat:
         + "\nAnswer with JSON in this shape:\n"
         + json.dumps(SKILL_TEMPLATE, indent=1)
     )
-    return [{"role": "system", "content": EXTRACTOR_SYSTEM}, {"role": "user", "content": user}]
+    chat = [{"role": "system", "content": EXTRACTOR_SYSTEM}, {"role": "user", "content": user}]
+    if reply_prefix:
+        chat.append({"role": "assistant", "content": reply_prefix})
+    return chat
