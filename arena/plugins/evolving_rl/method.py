@@ -172,7 +172,7 @@ class EvolvingRL:
             if not hasattr(backend, "model") or not hasattr(backend, "mark_weights_changed"):
                 raise ValueError(
                     f"Evolving-RL trains the model in-process; backend '{run.cfg.llm.backend}' "
-                    "has no trainable model. Use llm.backend=transformers."
+                    "has no trainable model. Use llm.backend=transformers or llm.backend=vllm."
                 )
             trainer_cfg = OmegaConf.to_container(self.cfg.trainer, resolve=True)
             self.trainer = PolicyTrainer(backend.model, backend.tokenizer,
