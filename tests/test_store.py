@@ -336,3 +336,208 @@ def test_minilm_scores_similar_sentences_higher() -> None:
                experience("the stock market fell sharply today")])
     [(best, _)] = store.query("place a washed cup in the coffee maker", k=1)
     assert best.text == "put a clean mug in the coffee machine"
+
+
+# -- additions for the memory methods: index texts, vectors, batch updates, recall filters,
+# -- snapshots ---------------------------------------------------------------------------------
+
+
+def test_add_with_index_texts_finds_items_by_their_task(store: ExperienceStore) -> None:
+    transcripts = [
+        experience("> go to fridge 1\n> open fridge 1\n> take apple 1", task_ids=("a",)),
+        experience("> go to sinkbasin 1\n> clean mug 1 with sinkbasin 1", task_ids=("b",)),
+    ]
+    store.add(transcripts, index_texts=["put a cool apple in cabinet.", "clean some mug."])
+    [(best, score)] = store.query("clean some mug.", k=1)
+    assert best.text == transcripts[1].text  # the transcript comes back, found by its task
+    assert score == pytest.approx(1.0, abs=1e-5)
+    with pytest.raises(ValueError, match="one index text per experience"):
+        store.add(transcripts, index_texts=["only one"])
+    with pytest.raises(ValueError, match="not both"):
+        store.add(transcripts, index_texts=["a", "b"], embeddings=np.ones((2, 256)))
+
+
+def test_add_with_precomputed_vectors_and_query_vector(store: ExperienceStore) -> None:
+    rng = np.random.default_rng(0)
+    vectors = rng.normal(size=(50, 256)).astype(np.float32)
+    items = [experience(f"item {i}", task_ids=(f"t{i}",)) for i in range(50)]
+    store.add(items, embeddings=vectors * 7.0)  # any scale: normalised on the way in
+    [(best, score)] = store.query_vector(vectors[17], k=1)
+    assert best.experience_id == items[17].experience_id
+    assert score == pytest.approx(1.0, abs=1e-5)
+    with pytest.raises(ValueError, match=r"shape \(50, 256\)"):
+        store.add(items, embeddings=vectors[:, :128])
+    with pytest.raises(ValueError, match=r"shape \(1, 256\)"):
+        store.query_vector(vectors[0, :10], k=1)
+
+
+def test_update_metadata_many_is_one_write_or_none(filled: ExperienceStore) -> None:
+    ids = [item.experience_id for item in filled.all()]
+    filled.update_metadata_many({ids[0]: {"q": -0.3, "visits": 1}, ids[2]: {"q": 0.3}})
+    first, third = filled.get([ids[0], ids[2]])
+    assert (first.metadata["q"], first.metadata["visits"], third.metadata["q"]) == (-0.3, 1, 0.3)
+    before = filled.digest()
+    with pytest.raises(KeyError, match="missing"):
+        filled.update_metadata_many({ids[1]: {"q": 9.0}, "missing": {"q": 1.0}})
+    assert filled.digest() == before  # nothing written when one id is unknown
+    filled.update_metadata_many({})
+    assert filled.digest() == before
+
+
+def test_query_min_similarity_drops_weak_matches(filled: ExperienceStore) -> None:
+    everything = filled.query("heat the mug in the microwave", k=10)
+    threshold = (everything[0][1] + everything[1][1]) / 2
+    recalled = filled.query("heat the mug in the microwave", k=10, min_similarity=threshold)
+    assert [e.text for e, _ in recalled] == ["heat the mug in the microwave"]
+    assert filled.query("heat the mug in the microwave", k=10, min_similarity=-1.0) == everything
+
+
+def test_query_excludes_source_tasks_and_still_returns_k(store: ExperienceStore) -> None:
+    # The 30 nearest items all come from the excluded task: widening must find the others.
+    store.add([experience(f"apple fridge note {i}", task_ids=("self", f"x{i}")) for i in range(30)]
+              + [experience(f"mug sink note {i}", task_ids=(f"other{i}",)) for i in range(5)])
+    kept = store.query("apple fridge note", k=4, exclude_source_tasks=["self"])
+    assert len(kept) == 4
+    assert all("self" not in e.provenance.source_task_ids for e, _ in kept)
+    scores = [score for _, score in kept]
+    assert scores == sorted(scores, reverse=True)
+    only_one = store.query("apple fridge note", k=4, exclude_source_tasks=["x3"])
+    assert len(only_one) == 4 and all("x3" not in e.provenance.source_task_ids for e, _ in only_one)
+    assert len(store.query("apple", k=40, exclude_source_tasks=["self"])) == 5
+
+
+@pytest.mark.parametrize("name", ["memory.jsonl", "memory.jsonl.gz"])
+def test_snapshot_restore_round_trip(tmp_path: Path, filled: ExperienceStore, name: str) -> None:
+    [target] = filled.all(where={"q": 0.5})
+    filled.update_metadata(target.experience_id, {"q": 0.9, "history": [0.5, 0.9]})
+    path = filled.snapshot(tmp_path / "snaps" / name)
+    header = ExperienceStore.read_snapshot_header(path)
+    assert header["count"] == 4 and header["digest"] == filled.digest()
+    assert not list(path.parent.glob("*.partial"))
+
+    other = ExperienceStore(tmp_path / "other", HashingEmbedder())
+    other.add([experience("something that must disappear")])
+    other.restore(path)
+    assert other.digest() == filled.digest()
+    assert other.all() == filled.all()
+    assert other.query("apple fridge", k=2) == filled.query("apple fridge", k=2)
+    reopened = ExperienceStore(tmp_path / "other", HashingEmbedder())
+    assert reopened.digest() == filled.digest()
+
+
+def test_restore_refuses_foreign_or_truncated_snapshots(tmp_path: Path, filled: ExperienceStore) -> None:
+    path = filled.snapshot(tmp_path / "memory.jsonl")
+    with pytest.raises(ValueError, match="not comparable"):
+        ExperienceStore(None, HashingEmbedder(dim=64)).restore(path)
+    lines = path.read_text().splitlines(keepends=True)
+    (tmp_path / "cut.jsonl").write_text("".join(lines[:-1]))
+    fresh = ExperienceStore(None, HashingEmbedder())
+    with pytest.raises(ValueError, match="truncated: 3 of 4"):
+        fresh.restore(tmp_path / "cut.jsonl")
+    (tmp_path / "other.jsonl").write_text('{"hello": 1}\n')
+    with pytest.raises(ValueError, match="not an Arena store snapshot"):
+        fresh.restore(tmp_path / "other.jsonl")
+
+
+def test_read_only_view_snapshots_but_refuses_restore_and_batch_updates(
+    tmp_path: Path, filled: ExperienceStore
+) -> None:
+    view = filled.read_only()
+    before = filled.digest()
+    path = view.snapshot(tmp_path / "frozen.jsonl")
+    assert view.read_snapshot_header(path)["digest"] == before
+    ids = [item.experience_id for item in filled.all()]
+    with pytest.raises(FrozenStoreError):
+        view.restore(path)
+    with pytest.raises(FrozenStoreError):
+        view.update_metadata_many({ids[0]: {"q": 1.0}})
+    with pytest.raises(FrozenStoreError):
+        view.add([experience("x")], index_texts=["y"])
+    assert [v.operation for v in view.violations] == ["restore", "update_metadata", "add"]
+    assert view.query_vector(HashingEmbedder().embed(["apple"])[0], 2) == filled.query("apple", k=2)
+    recalled = filled.query("apple", k=3, exclude_source_tasks=["t9"], min_similarity=0.0)
+    assert recalled and view.query("apple", k=3, exclude_source_tasks=["t9"], min_similarity=0.0) == recalled
+    assert filled.digest() == before
+
+
+def test_filtered_query_matches_exact_search_whether_the_filter_is_broad_or_rare() -> None:
+    """A broad filter is answered from the unfiltered nearest items, a rare one by chromadb's
+    filtered search; both must give the exact nearest allowed items."""
+    rng = np.random.default_rng(3)
+    vectors = rng.normal(size=(300, 256)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    kinds = ["rare" if i % 50 == 0 else "common" for i in range(300)]
+    items = [experience(f"item {i}", kind=kinds[i], task_ids=(f"t{i}",), rank=i) for i in range(300)]
+    store = ExperienceStore(None, HashingEmbedder())
+    store.add(items, embeddings=vectors)
+    query = vectors[7] + 0.3 * rng.normal(size=256).astype(np.float32)
+    query /= np.linalg.norm(query)
+    similarity = vectors @ query
+    for kind, k in (("common", 5), ("rare", 5), ("rare", 2)):
+        allowed = [i for i in range(300) if kinds[i] == kind]
+        exact = sorted(allowed, key=lambda i: -similarity[i])[:k]
+        found = store.query_vector(query, k, kind=kind)
+        assert [e.metadata["rank"] for e, _ in found] == exact
+        assert [score for _, score in found] == pytest.approx([float(similarity[i]) for i in exact], abs=1e-5)
+    above = store.query_vector(query, 5, where={"rank": {"$gte": 290}})
+    assert [e.metadata["rank"] for e, _ in above] == sorted(range(290, 300), key=lambda i: -similarity[i])[:5]
+
+
+def test_python_filter_agrees_with_chromadb_on_stored_metadata() -> None:
+    """The fast path of filtered queries evaluates ``where`` in Python: it must select exactly
+    what chromadb selects, or hand the clause to chromadb."""
+    from arena.core.store import _matches, _UnsupportedFilter
+
+    store = ExperienceStore(None, HashingEmbedder())
+    values = [1, 1.0, 2.5, -3, True, False, "1", "pick", "heat", None, [1, 2]]
+    store.add([experience(f"item {i}", kind=("skill", "insight")[i % 2], task_ids=(f"t{i}",),
+                          q=values[i % len(values)], **({"tag": "x"} if i % 3 else {}))
+               for i in range(44)])
+    stored = store._collection.get(include=["metadatas"])
+    filters = [
+        {"q": 1}, {"q": 1.0}, {"q": True}, {"q": "1"}, {"q": {"$ne": 1}}, {"q": {"$ne": True}},
+        {"q": {"$in": [1, 3]}}, {"q": {"$in": [2.5, 1.0]}}, {"q": {"$nin": ["pick", "heat"]}}, {"q": {"$gt": 0.5}},
+        {"q": {"$gte": 1}}, {"q": {"$lt": 0}}, {"q": {"$lte": 2.5}}, {"tag": "x"},
+        {"tag": {"$ne": "x"}}, {"tag": {"$nin": ["x"]}}, {"missing": {"$ne": 1}},
+        {"$and": [{"kind": "skill"}, {"q": {"$gte": 1}}]},
+        {"$or": [{"kind": "skill"}, {"tag": {"$ne": "x"}}]},
+        {"$and": [{"$or": [{"q": 1}, {"q": "heat"}]}, {"source_split": {"$nin": ["test_seen"]}}]},
+    ]
+    for where in filters:
+        expected = set(store._collection.get(where=where, include=[])["ids"])
+        ours = {i for i, m in zip(stored["ids"], stored["metadatas"]) if _matches(m, where)}
+        assert ours == expected, where
+    for unsupported in ({"q": {"$in": [1, "1"]}}, {"q": {"$in": [1, 2.5]}}, {"q": {"$gt": "a"}}, {"q": {"$regex": "x"}},
+                        {"q": 1, "tag": "x"}, {"$and": [{"q": 1}]}):
+        with pytest.raises(_UnsupportedFilter):
+            _matches(stored["metadatas"][0], unsupported)
+
+
+def test_reads_after_writes_never_see_stale_rows(filled: ExperienceStore) -> None:
+    """Rows read by a query are kept in memory; every write must show in the next read."""
+    [(nearest, _)] = filled.query("heat the mug in the microwave", k=1, kind="insight")
+    filled.update_metadata_many({nearest.experience_id: {"q": 0.99}})
+    [(again, _)] = filled.query("heat the mug in the microwave", k=1, kind="insight")
+    assert again.metadata["q"] == 0.99
+    assert filled.get([nearest.experience_id, nearest.experience_id]) == [again, again]
+    replaced = Experience(nearest.kind, nearest.text, nearest.provenance, {"q": -1},
+                          nearest.experience_id)
+    filled.add([replaced])
+    assert filled.query("heat the mug in the microwave", k=1, where={"q": {"$lt": 0}})[0][0] == replaced
+    filled.delete([nearest.experience_id])
+    assert nearest.experience_id not in {e.experience_id for e, _ in filled.query("heat", k=10)}
+    assert filled.get([nearest.experience_id]) == []
+
+
+def test_a_replacement_keeps_no_key_of_the_item_it_replaces(store: ExperienceStore) -> None:
+    """chromadb's upsert merges metadata; ``add`` must replace it (a JSON-encoded key left
+    behind would even decode as a raw string)."""
+    original = experience("put the apple in the fridge", q=0.1, tags=["a", "b"], note="x")
+    store.add([original])
+    store.get([original.experience_id])  # cached, too
+    replacement = Experience(original.kind, "reworded", original.provenance, {"q": 0.2},
+                             original.experience_id)
+    store.add([replacement])
+    assert store.get([original.experience_id]) == [replacement]
+    reopened_view = store._collection.get(ids=[original.experience_id], include=["metadatas"])
+    assert set(reopened_view["metadatas"][0]) == {"q", "kind", "source_split", "source_task_ids", "_json_keys"}

@@ -33,9 +33,14 @@ ENTRY_POINT_GROUP = "arena"
 
 DEFAULT_PLUGINS: tuple[str, ...] = (
     "arena.envs.household.plugin",
+    "arena.envs.alfworld.plugin",
     "arena.backends.transformers_backend",
+    "arena.backends.vllm_backend",
     "arena.plugins.base",
     "arena.plugins.evolving_rl",
+    "arena.plugins.expel",
+    "arena.plugins.memrl",
+    "arena.plugins.rag",
     "arena.testing",
 )
 

@@ -1,0 +1,23 @@
+"""MemRL (MemTensor/MemRL): a Q-valued episodic memory learned from reward, LLM frozen.
+
+Registered like any third-party plugin. The algorithm is in :mod:`arena.plugins.memrl.method`;
+defaults and every deviation from the authors' ALFWorld config are in ``config.yaml``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import arena
+from arena.plugins.memrl.method import MemRL
+
+
+@arena.hookimpl
+def register_methods(register: Callable[..., None]) -> None:
+    register(
+        "memrl",
+        MemRL,
+        config=Path(__file__).with_name("config.yaml"),
+        description="MemRL: two-phase retrieval over an episodic memory with Q-values from reward.",
+    )

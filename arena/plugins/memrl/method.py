@@ -1,0 +1,273 @@
+"""MemRL: an episodic memory whose items earn Q-values from the environment's reward.
+
+The LLM stays frozen; what learns is the memory (``methods.md`` section 3, defaults in
+``config.yaml``). Two kinds of item live in the run's experience store:
+
+* an **intent** (kind ``intent``): a task text, the key memories are filed under, with the
+  ids of its memories (``memory_ids``);
+* a **memory** (kind ``memory``): a success script or a failure reflection with its metadata
+  ``intent_id``, ``q_value``, ``visits``, ``last_reward``, ``success``, ``task_type``.
+
+Per episode: phase A recalls the ``k1`` intents most similar to the task (cosine >=
+``sim_threshold``); phase B ranks all their memories by ``weight_sim * z(sim) + weight_q * z(Q)``
+and gives the top ``k2`` to the standard solver; after the episode every retrieved memory gets
+``Q <- (1 - alpha) Q + alpha r`` and a new memory (script or reflection) joins the nearest intent
+at similarity >= ``merge_threshold`` or starts a new one.
+
+Learning runs through the harness's loop (retrieve -> solve -> extract -> update) on train only;
+frozen evaluation only reads (retrieval never writes); on the ``online`` track the harness calls
+``extract`` and ``update`` after each test episode, so Q-values and memories keep changing there.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from omegaconf import DictConfig
+
+import arena
+from arena.core.context import LEARN, RunContext
+from arena.core.defaults import HarnessDefaults
+from arena.core.llm import SamplingParams
+from arena.core.types import Experience, Provenance, Task, Termination, Trajectory
+from arena.plugins.memrl.prompts import (
+    action_line,
+    failure_memory,
+    reflection_prompt,
+    script_prompt,
+    success_memory,
+)
+
+INTENT = "intent"
+MEMORY = "memory"
+SNAPSHOT_NAME = "memory-after-learning.jsonl.gz"
+
+
+def q_update(q_value: float, reward: float, alpha: float) -> float:
+    """One Monte-Carlo step toward the episode's reward (the authors use gamma = 0)."""
+    return (1.0 - alpha) * q_value + alpha * reward
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A memory recalled in phase A, with the similarity of its intent to the new task."""
+
+    memory: Experience
+    similarity: float
+
+    @property
+    def q_value(self) -> float:
+        return float(self.memory.metadata.get("q_value", 0.0))
+
+
+def rank_candidates(
+    candidates: Sequence[Candidate],
+    *,
+    weight_sim: float,
+    weight_q: float,
+    sim_mean: float,
+    sim_std: float,
+    q_clip: float,
+) -> list[tuple[Candidate, float]]:
+    """Phase B: candidates with their scores, best first.
+
+    Similarity is z-scored with fixed corpus statistics, Q with the candidates' own mean and
+    (population) standard deviation, clipped to ``+-q_clip``; equal Q-values all score z = 0.
+    Ties go to the more similar memory, then to the smaller id, so the order is deterministic.
+    """
+    if not candidates:
+        return []
+    if sim_std <= 0:
+        raise ValueError(f"method.sim_norm_std must be > 0, got {sim_std}")
+    q_values = np.array([c.q_value for c in candidates], dtype=np.float64)
+    spread = float(q_values.std())
+    z_q = (np.zeros_like(q_values) if spread < 1e-12
+           else np.clip((q_values - q_values.mean()) / spread, -q_clip, q_clip))
+    scored = [
+        (candidate, weight_sim * (candidate.similarity - sim_mean) / sim_std + weight_q * float(z))
+        for candidate, z in zip(candidates, z_q)
+    ]
+    return sorted(scored, key=lambda item: (-item[1], -item[0].similarity,
+                                            item[0].memory.experience_id))
+
+
+def reward_of(trajectory: Trajectory, cfg: DictConfig) -> float:
+    return float(cfg.success_reward if trajectory.success else cfg.failure_reward)
+
+
+class MemRL:
+    """Two-phase retrieval over a Q-valued episodic memory; the LLM is never trained."""
+
+    def __init__(self, run: RunContext) -> None:
+        self.cfg: DictConfig = run.cfg.method
+        for key in ("k1", "k2"):
+            if int(self.cfg[key]) < 1:
+                raise ValueError(f"method.{key} must be >= 1, got {self.cfg[key]}")
+        if not 0.0 <= float(self.cfg.epsilon) <= 1.0:
+            raise ValueError(f"method.epsilon must be in [0, 1], got {self.cfg.epsilon}")
+        if not 0.0 <= float(self.cfg.alpha) <= 1.0:
+            raise ValueError(f"method.alpha must be in [0, 1], got {self.cfg.alpha}")
+
+    # -- learning --------------------------------------------------------------------------
+
+    @arena.hookimpl
+    def learn(self, run: RunContext) -> bool:
+        """The harness's experience loop, then (optionally) a snapshot of the learned memory."""
+        HarnessDefaults().learn(run)
+        if self.cfg.snapshot:
+            run.store.snapshot(run.run_dir.path / "memrl" / SNAPSHOT_NAME)
+        return True
+
+    @arena.hookimpl
+    def extract(self, run: RunContext, trajectories: list[Trajectory]) -> list[Experience]:
+        """A new memory per finished episode: a script of a success, a reflection on a failure.
+
+        Episodes that ended in an error (a crash, not the environment's verdict) teach nothing.
+        """
+        learnable = [t for t in trajectories if t.status is not Termination.ERROR and t.steps]
+        if not learnable:
+            return []
+        won = [t for t in learnable if t.success]
+        lost = [t for t in learnable if not t.success]
+        steps = int(self.cfg.prompt_steps)
+        texts: dict[int, str] = {}
+        for group, make_prompt, tokens in (
+            (won, script_prompt, int(self.cfg.script_max_tokens)),
+            (lost, reflection_prompt, int(self.cfg.reflection_max_tokens)),
+        ):
+            if group:
+                params = SamplingParams(temperature=0.0, max_new_tokens=tokens, seed=0)
+                generations = run.llm.generate([make_prompt(t, steps) for t in group], params)
+                texts.update({id(t): g.text.strip() for t, g in zip(group, generations)})
+        memories = []
+        for trajectory in learnable:
+            task = trajectory.task
+            actions = action_line(trajectory, int(self.cfg.max_action_chars))
+            written = texts[id(trajectory)] or "(the model wrote nothing)"
+            content = (success_memory(task.goal, written, actions) if trajectory.success
+                       else failure_memory(task.goal, written, actions))
+            memories.append(Experience(
+                kind=MEMORY,
+                text=content,
+                provenance=Provenance((task.task_id,), task.split),
+                metadata={
+                    "intent": task.goal,
+                    "task_type": task.task_type,
+                    "success": trajectory.success,
+                    "q_value": float(self.cfg.q_init),
+                    "visits": 0,
+                    "last_reward": 0.0,
+                },
+            ))
+        return memories
+
+    @arena.hookimpl
+    def update(self, run: RunContext, trajectories: list[Trajectory],
+               experiences: list[Experience]) -> None:
+        """Q-update every memory the episodes retrieved, then file the new memories."""
+        alpha = float(self.cfg.alpha)
+        changes: dict[str, dict[str, Any]] = {}
+        for trajectory in trajectories:
+            if trajectory.status is Termination.ERROR:
+                continue
+            reward = reward_of(trajectory, self.cfg)
+            for memory in run.store.get(trajectory.experience_ids):
+                if memory.kind != MEMORY:
+                    continue
+                current = changes.get(memory.experience_id, memory.metadata)
+                changes[memory.experience_id] = {
+                    "q_value": q_update(float(current.get("q_value", 0.0)), reward, alpha),
+                    "visits": int(current.get("visits", 0)) + 1,
+                    "last_reward": reward,
+                }
+        run.store.update_metadata_many(changes)
+        for memory in experiences:
+            if memory.kind == MEMORY:
+                self._file(run, memory)
+
+    def _file(self, run: RunContext, memory: Experience) -> None:
+        """Add a memory under the nearest intent at >= merge_threshold, or under a new intent.
+
+        A memory identical to a stored one (same text, same source task) is the same memory:
+        it is not added again, so its Q-value is kept.
+        """
+        if run.store.get([memory.experience_id]):
+            return
+        goal = str(memory.metadata["intent"])
+        nearest = run.store.query(goal, k=1, kind=INTENT,
+                                  min_similarity=float(self.cfg.merge_threshold))
+        # The intent lists its memories first (the authors' {intent: [memory ids]}): a run killed
+        # in between leaves an id that resolves to nothing and is filed again on the replay.
+        if nearest:
+            intent = nearest[0][0]
+            listed = list(intent.metadata.get("memory_ids", []))
+            if memory.experience_id not in listed:
+                run.store.update_metadata(intent.experience_id,
+                                          {"memory_ids": [*listed, memory.experience_id]})
+        else:
+            intent = Experience(kind=INTENT, text=goal, provenance=memory.provenance,
+                                metadata={"task_type": memory.metadata.get("task_type", ""),
+                                          "memory_ids": [memory.experience_id]})
+            run.store.add([intent])
+        filed = Experience(memory.kind, memory.text, memory.provenance,
+                           {**memory.metadata, "intent_id": intent.experience_id},
+                           memory.experience_id)
+        # Indexed by its own text: phase A searches intents only, so memories need not crowd
+        # around their intent's vector.
+        run.store.add([filed])
+
+    # -- retrieval ------------------------------------------------------------------------
+
+    def candidates(self, run: RunContext, task: Task) -> list[Candidate]:
+        """Phase A: every memory of the ``k1`` intents at similarity >= ``sim_threshold``."""
+        recalled = run.store.query(task.goal, k=int(self.cfg.k1), kind=INTENT,
+                                   min_similarity=float(self.cfg.sim_threshold))
+        if not recalled:
+            return []
+        similarity = {intent.experience_id: score for intent, score in recalled}
+        listed = [memory_id for intent, _ in recalled
+                  for memory_id in intent.metadata.get("memory_ids", [])]
+        memories = run.store.get(dict.fromkeys(listed))
+        return [Candidate(m, similarity[m.metadata["intent_id"]]) for m in memories
+                if m.kind == MEMORY and m.metadata.get("intent_id") in similarity]
+
+    @arena.hookimpl
+    def retrieve(self, run: RunContext, task: Task) -> list[Experience]:
+        """Phase A then phase B (or, while learning, epsilon-greedy random picks). Read-only."""
+        candidates = self.candidates(run, task)
+        k2 = int(self.cfg.k2)
+        epsilon = float(self.cfg.epsilon)
+        if candidates and epsilon > 0 and run.phase == LEARN:
+            rng = random.Random(f"{run.cfg.learn.seed}|{task.task_id}|{run.store.count()}")
+            if rng.random() < epsilon:
+                return [c.memory for c in rng.sample(candidates, min(k2, len(candidates)))]
+        ranked = rank_candidates(
+            candidates,
+            weight_sim=float(self.cfg.weight_sim),
+            weight_q=float(self.cfg.weight_q),
+            sim_mean=float(self.cfg.sim_norm_mean),
+            sim_std=float(self.cfg.sim_norm_std),
+            q_clip=float(self.cfg.q_clip),
+        )
+        return [candidate.memory for candidate, _ in ranked[:k2]]
+
+    # -- reporting --------------------------------------------------------------------------
+
+    @arena.hookimpl
+    def state_size(self, run: RunContext) -> dict[str, Any]:
+        if not run.has_store() and not (run.run_dir.path / "store").exists():
+            return {"intents": 0, "memories": 0}
+        memories = run.store.all(kind=MEMORY)
+        q_values = [float(m.metadata.get("q_value", 0.0)) for m in memories]
+        return {
+            "intents": run.store.count(kind=INTENT),
+            "memories": len(memories),
+            "memories_from_success": sum(1 for m in memories if m.metadata.get("success")),
+            "mean_q_value": round(float(np.mean(q_values)), 4) if q_values else 0.0,
+            "snapshot": str(Path("memrl") / SNAPSHOT_NAME) if self.cfg.snapshot else None,
+        }

@@ -1,0 +1,94 @@
+"""rag: store successful train trajectories, show the k most similar by task text as examples.
+
+The honest "raw experience" baseline: everything a memory method adds (Q-values, insights,
+reflections, scripts) is measured against simply retrieving what worked before. Learning is the
+harness's loop (retrieve -> solve -> extract -> update) on train; evaluation only reads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from omegaconf import DictConfig
+
+import arena
+from arena.core.context import LEARN, RunContext
+from arena.core.env import TEST_SPLITS
+from arena.core.types import Experience, Provenance, Task, Trajectory
+
+TRAJECTORY = "trajectory"
+
+
+def render_example(trajectory: Trajectory, max_chars: int) -> str:
+    """A solved task as an example: the goal, then its actions (the last ones if too long)."""
+    actions = [f"> {step.action}" for step in trajectory.steps]
+    while actions and len("\n".join(actions)) > max_chars - 4:
+        actions.pop(0)
+    cut = "> ...\n" if len(actions) < len(trajectory.steps) else ""
+    return f"Solved example. Task: {trajectory.task.goal}\n{cut}" + "\n".join(actions)
+
+
+def example_experience(trajectory: Trajectory, max_chars: int) -> Experience:
+    task = trajectory.task
+    return Experience(
+        kind=TRAJECTORY,
+        text=render_example(trajectory, max_chars),
+        provenance=Provenance((task.task_id,), task.split),
+        metadata={"goal": task.goal, "task_type": task.task_type, "steps": len(trajectory.steps)},
+    )
+
+
+class Rag:
+    """Trajectory retrieval by task-text similarity; learns nothing but what it stores."""
+
+    def __init__(self, run: RunContext) -> None:
+        self.cfg: DictConfig = run.cfg.method
+        if int(self.cfg.k) < 1:
+            raise ValueError(f"method.k must be >= 1, got {self.cfg.k}")
+
+    @arena.hookimpl
+    def extract(self, run: RunContext, trajectories: list[Trajectory]) -> list[Experience]:
+        return [example_experience(t, int(self.cfg.max_action_chars))
+                for t in trajectories if t.success]
+
+    @arena.hookimpl
+    def update(self, run: RunContext, trajectories: list[Trajectory],
+               experiences: list[Experience]) -> None:
+        examples = [e for e in experiences if e.kind == TRAJECTORY]
+        if examples:
+            run.store.add(examples, index_texts=[str(e.metadata["goal"]) for e in examples])
+
+    @arena.hookimpl
+    def retrieve(self, run: RunContext, task: Task) -> list[Experience]:
+        """The k stored successes whose task text is most similar to this task's.
+
+        While learning, the task's own earlier trajectories are left out (they would be its
+        answer). On the frozen track the store holds train data only; the filter on test
+        splits makes sure of it rather than trusting it.
+        """
+        learning = run.phase == LEARN
+        if learning and not self.cfg.retrieve_while_learning:
+            return []
+        where = None if run.track == "online" else {"source_split": {"$nin": list(TEST_SPLITS)}}
+        found = run.store.query(
+            task.goal, k=int(self.cfg.k), kind=TRAJECTORY, where=where,
+            exclude_source_tasks=[task.task_id] if learning else None,
+        )
+        return [experience for experience, _ in found]
+
+    @arena.hookimpl
+    def state_size(self, run: RunContext) -> dict[str, Any]:
+        if not run.has_store() and not (run.run_dir.path / "store").exists():
+            return {"trajectories": 0}
+        return {"trajectories": run.store.count(kind=TRAJECTORY)}
+
+
+@arena.hookimpl
+def register_methods(register: Callable[..., None]) -> None:
+    register(
+        "rag",
+        Rag,
+        config=Path(__file__).with_name("config.yaml"),
+        description="Retrieval of successful train trajectories by task similarity (baseline).",
+    )
