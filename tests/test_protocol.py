@@ -255,6 +255,17 @@ def test_results_schema(plugins, fast, tmp_path):
     assert set(prov["split_hashes"]) >= {"train", "valid", "test_seen", "test_unseen"}
     assert set(prov["model"]) >= {"id", "weights_sha256"}
     assert results["limited"] is True
+    assert results["protocol"] == {"max_steps": 12, "max_invalid_actions": 10, "limit": 2,
+                                   "splits": ["test_seen", "test_unseen"]}
+
+
+def test_null_max_steps_is_the_environments_own_limit(plugins, fast, tmp_path):
+    overrides = [o for o in fast if not o.startswith("eval.max_steps=")]
+    path, results = protocol.run("base", overrides=overrides + ["eval.limit=1", "eval.max_steps=null"],
+                                 out=tmp_path / "n", plugins=plugins)
+    assert results["protocol"]["max_steps"] == 30  # the household world's own limit
+    steps = [json.loads(line)["steps"] for line in (path / "episodes.jsonl").read_text().splitlines()]
+    assert max(steps) <= 30
 
 
 def test_select_tasks_is_stratified_and_stable(plugins):

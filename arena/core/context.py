@@ -350,7 +350,12 @@ class RunContext:
         """Step limit of an episode in the current phase."""
         if self.phase == LEARN and self.cfg.learn.get("max_steps") is not None:
             return int(self.cfg.learn.max_steps)
-        return int(self.cfg.eval.max_steps)
+        return self.eval_max_steps()
+
+    def eval_max_steps(self) -> int:
+        """``eval.max_steps``, or the environment's own limit where it is null."""
+        configured = self.cfg.eval.get("max_steps")
+        return int(configured) if configured is not None else int(self.env.max_steps)
 
     def standard_solve(self, task: Task, experiences: list[Experience], seed: int) -> Trajectory:
         """The harness's standard solver, for methods that wrap rather than replace it."""

@@ -44,6 +44,9 @@ class Environment(ABC):
 
     name: str = ""
     version: str = ""
+    #: The environment's own step limit per episode, used where ``eval.max_steps`` is null
+    #: (ALFWorld's usual 50; the household world's 30).
+    max_steps: int = 30
 
     @abstractmethod
     def split_names(self) -> list[str]:

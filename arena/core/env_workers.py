@@ -244,6 +244,7 @@ class ProcessEnvironment(Environment):
         self.local = local
         self.name = local.name
         self.version = local.version
+        self.max_steps = local.max_steps
         self.factory = factory
         self.workers = int(workers)
         self.call_timeout_s = call_timeout_s

@@ -387,6 +387,13 @@ class Session:
             "violations": violations,
             "seeds": [int(s) for s in cfg.run.seeds],
             "limited": cfg.eval.limit is not None,
+            # What a leaderboard must hold equal between runs it ranks together.
+            "protocol": {
+                "max_steps": self.ctx.eval_max_steps(),
+                "max_invalid_actions": int(cfg.eval.max_invalid_actions),
+                "limit": cfg.eval.limit,
+                "splits": list(cfg.eval.splits),
+            },
             "splits": splits,
             "learn": {
                 "split": str(cfg.learn.split),
