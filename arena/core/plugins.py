@@ -41,6 +41,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "arena.plugins.expel",
     "arena.plugins.memrl",
     "arena.plugins.rag",
+    "arena.plugins.skillrl",
     "arena.testing",
 )
 

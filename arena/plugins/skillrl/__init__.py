@@ -1,0 +1,27 @@
+"""SkillRL (aiming-lab/SkillRL): a teacher-distilled hierarchical SkillBank, cold-start SFT, GRPO
+with skill-augmented prompts, and recursive evolution of the bank from validation failures.
+
+Registered like any third-party plugin.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import arena
+from arena.plugins.skillrl.method import SkillRL
+
+HERE = Path(__file__).parent
+PRESETS = {path.stem: path for path in sorted((HERE / "presets").glob("*.yaml"))}
+
+
+@arena.hookimpl
+def register_methods(register: Callable[..., None]) -> None:
+    register(
+        "skillrl",
+        SkillRL,
+        config=HERE / "config.yaml",
+        presets=PRESETS,
+        description="SkillRL: teacher-distilled SkillBank, cold-start SFT, GRPO with skills, evolution on valid.",
+    )

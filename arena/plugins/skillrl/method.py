@@ -1,0 +1,572 @@
+"""SkillRL (aiming-lab/SkillRL): a teacher-distilled SkillBank, cold-start SFT, GRPO with
+skill-augmented prompts, and recursive evolution of the bank from validation failures.
+
+The authors' pipeline (``methods.md`` section 2), inside Arena's protocol; the learning phase
+runs these stages, each checkpointed in ``state.json`` (key ``skillrl``):
+
+1. **collect**: the base policy plays ``collect.tasks`` train tasks without skills (the
+   authors' base-model rollouts that o3 turns into memories);
+2. **distill**: the teacher writes one task-type skill per success, one mistake per failure,
+   then consolidates them into general skills (:mod:`.distill`); the bank is mirrored into the
+   experience store (:mod:`.skillbank`);
+3. **sft**: demonstrations of ``sft.tasks`` train tasks, played by the teacher (or the
+   environment's expert, ``sft.demonstrations``) with the skill-augmented prompt, become
+   prompt -> action examples for trl's SFTTrainer; the result is the RL reference (:mod:`.sft`);
+4. **rl**: ``rl.steps`` GRPO steps on the trainer core: ``rl.tasks_per_step`` train tasks x
+   ``rl.group_size`` rollouts with retrieved skills (from step ``inject_from_step`` of each
+   episode), reward ``win_reward`` x won minus ``invalid_action_penalty`` per inadmissible
+   action, groups per task; one checkpoint per step (``skillrl/checkpoint-NNNNN``);
+5. **evolve** every ``evolution.every`` steps: the policy plays ``evolution.valid_tasks`` tasks of
+   the **valid** split; for each task type under ``evolution.threshold`` the teacher proposes 1 to
+   ``evolution.max_new_skills`` new (``dyn_NNN``) or revised skills from at most
+   ``evolution.max_failures`` failed trajectories. Asking for valid tasks is recorded by the
+   harness: ``results.json`` says ``learn.used_valid_split: true``.
+
+Evaluation is frozen: ``retrieve`` reads the bank from the (read-only) store, ``solve`` shows it
+from step ``inject_from_step`` on, the weights are the learned ones with LoRA merged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import shutil
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+import arena
+from arena.core.context import LEARN, EpisodeRequest, RunContext, run_in_threads
+from arena.core.protocol import select_tasks
+from arena.core.rl import PolicyTrainer, Sample, TrainerConfig, group_advantages, sample_from_choice
+from arena.core.rundir import write_json_atomic
+from arena.core.solver import Action, StandardSolver, play
+from arena.core.types import Experience, Observation, Task, Trajectory
+from arena.plugins.skillrl import sft as sft_stage
+from arena.plugins.skillrl.distill import (
+    Teacher,
+    build_teacher,
+    consolidate_prompt,
+    evolve_prompt,
+    parse_mistakes,
+    parse_skills,
+    trajectory_prompt,
+)
+from arena.plugins.skillrl.retrieval import embedding_retrieve, make_prompt_builder, template_retrieve
+from arena.plugins.skillrl.skillbank import GENERAL, SkillBank, sync_store
+
+COLLECT, DISTILL, SFT, RL, DONE = "collect", "distill", "sft", "rl", "done"
+SOLVER = "solver"
+RETRIEVAL_MODES = ("template", "embedding")
+DEMONSTRATIONS = ("teacher", "expert")
+
+
+# -- pure helpers (tested on their own) --------------------------------------------------------
+
+
+def types_to_evolve(accuracy_by_type: dict[str, float], threshold: float) -> list[str]:
+    """Task types whose validation success is below ``threshold`` (the authors' trigger)."""
+    return sorted(task_type for task_type, accuracy in accuracy_by_type.items() if accuracy < threshold)
+
+
+def accuracy_by_type(trajectories: Iterable[Trajectory]) -> dict[str, float]:
+    outcomes: dict[str, list[bool]] = defaultdict(list)
+    for trajectory in trajectories:
+        outcomes[trajectory.task.task_type].append(trajectory.success)
+    return {task_type: sum(won) / len(won) for task_type, won in sorted(outcomes.items())}
+
+
+def evolution_due(steps_done: int, every: int, evolved_at: Iterable[int]) -> bool:
+    """After every ``every`` RL steps, once (a resumed run redoes an interrupted evolution)."""
+    return every > 0 and steps_done > 0 and steps_done % every == 0 and steps_done not in set(evolved_at)
+
+
+def episode_reward(trajectory: Trajectory, win_reward: float, invalid_penalty: float) -> float:
+    """verl-agent's ALFWorld reward (10 x won) minus the invalid-action penalty per bad step."""
+    invalid = len(trajectory.steps) - trajectory.n_valid_actions
+    return win_reward * float(trajectory.success) - invalid_penalty * invalid
+
+
+def grpo_samples(trajectories: list[Trajectory], groups: list[str], rewards: list[float]) -> list[Sample]:
+    """One sample per model decision, carrying its episode's group-normalised advantage."""
+    samples = []
+    for trajectory, group, reward, advantage in zip(trajectories, groups, rewards,
+                                                     group_advantages(rewards, groups)):
+        for step in trajectory.steps:
+            if step.rollout is None or not step.rollout.token_ids:
+                continue
+            sample = sample_from_choice(step.rollout.prompt_token_ids, step.rollout.token_ids,
+                                        step.rollout.logprobs, role=SOLVER, group=group, reward=reward)
+            sample.advantage = advantage
+            samples.append(sample)
+    return samples
+
+
+def fresh_state() -> dict[str, Any]:
+    return {"stage": COLLECT, "bank": None, "teacher": {}, "distill": {}, "sft": {}, "steps_done": 0,
+            "metrics": [], "evolution": [], "evolved_at": [], "valid_used": False}
+
+
+class SkillRL:
+    """The SkillRL method (see the module docstring)."""
+
+    def __init__(self, run: RunContext) -> None:
+        self.cfg: DictConfig = run.cfg.method
+        if self.cfg.retrieval.mode not in RETRIEVAL_MODES:
+            raise ValueError(f"method.retrieval.mode must be one of {RETRIEVAL_MODES}, "
+                             f"got '{self.cfg.retrieval.mode}'")
+        if self.cfg.sft.demonstrations not in DEMONSTRATIONS:
+            raise ValueError(f"method.sft.demonstrations must be one of {DEMONSTRATIONS}, "
+                             f"got '{self.cfg.sft.demonstrations}'")
+        self.work = run.run_dir.path / "skillrl"
+        self.trainer: PolicyTrainer | None = None
+        self._teacher: Teacher | None = None
+        self._local = threading.local()  # per-episode mode: expert / teacher demos, temperature
+        self.prompt_builder = make_prompt_builder(int(self.cfg.inject_from_step),
+                                                  int(self.cfg.retrieval.max_chars))
+        run.keep_rollouts = True  # a kill mid-step must not lose the rollouts played
+        state = self._state(run)
+        if self._needs_model():
+            steps_done = self._latest_checkpoint()
+            if steps_done < int(state["steps_done"]):
+                raise FileNotFoundError(
+                    f"No checkpoint in {self.work} for the {state['steps_done']} RL steps state.json "
+                    "records; the run directory is incomplete. Start a new run.")
+            if state["sft"].get("done") and not state["sft"].get("skipped"):
+                self._restore_sft(run)  # the reference weights, before anything is digested
+            if steps_done:
+                self._trainer(run).load(self._checkpoint(steps_done))
+            if run.run_dir.state().get("learn_done") and self.trainer is not None:
+                self.trainer.merge_adapters()
+
+    # -- state and files -------------------------------------------------------------------------
+
+    @staticmethod
+    def _state(run: RunContext) -> dict[str, Any]:
+        return run.run_dir.state().get("skillrl") or fresh_state()
+
+    def _save(self, run: RunContext, state: dict[str, Any]) -> None:
+        if self._teacher is not None:
+            state["teacher"] = self._teacher.cost_dict()
+        run.run_dir.update_state(skillrl=state)
+
+    def _checkpoint(self, steps_done: int) -> Path:
+        return self.work / f"checkpoint-{steps_done:05d}"
+
+    def _latest_checkpoint(self) -> int:
+        done = [int(p.name.split("-")[1]) for p in self.work.glob("checkpoint-*") if p.name.split("-")[1].isdigit()]
+        return max(done, default=0)
+
+    def _needs_model(self) -> bool:
+        return bool(self.cfg.sft.enabled) or int(self.cfg.rl.steps) > 0
+
+    def teacher(self, run: RunContext) -> Teacher:
+        if self._teacher is None:
+            self._teacher = build_teacher(run, self.cfg, cost=self._state(run).get("teacher") or None)
+        return self._teacher
+
+    @staticmethod
+    def _backend(run: RunContext) -> Any:
+        backend = getattr(run.llm, "inner", run.llm)
+        if not all(hasattr(backend, name) for name in ("model", "tokenizer", "mark_weights_changed")):
+            raise ValueError(
+                f"SkillRL fine-tunes the model in-process; backend '{run.cfg.llm.backend}' has no "
+                "trainable model. Use llm.backend=transformers (or vllm), or turn training off with "
+                "method.sft.enabled=false method.rl.steps=0.")
+        return backend
+
+    def _trainer(self, run: RunContext) -> PolicyTrainer:
+        """GRPO on the served model, built after SFT so its reference is the SFT policy."""
+        if self.trainer is None:
+            backend = self._backend(run)
+            settings = OmegaConf.to_container(self.cfg.rl.trainer, resolve=True)
+            self.trainer = PolicyTrainer(backend.model, backend.tokenizer,
+                                         TrainerConfig.from_mapping(settings),  # type: ignore[arg-type]
+                                         on_weights_changed=backend.mark_weights_changed)
+        return self.trainer
+
+    def _restore_sft(self, run: RunContext) -> None:
+        backend = self._backend(run)
+        backend.model = sft_stage.restore(backend.model, self.work)
+        backend.mark_weights_changed()
+
+    def bank(self, state: dict[str, Any]) -> SkillBank:
+        return SkillBank.from_dict(state.get("bank"))
+
+    # -- episodes ------------------------------------------------------------------------------
+
+    def _play(self, run: RunContext, requests: list[EpisodeRequest], *, mode: str | None = None,
+              temperature: float | None = None) -> list[Trajectory]:
+        """Play and record ``requests`` side by side, each worker thread told the mode (policy,
+        expert or teacher demonstration) and temperature its ``solve`` calls must use."""
+
+        def one(request: EpisodeRequest) -> Trajectory:
+            self._local.mode, self._local.temperature = mode, temperature
+            try:
+                return run.play(request.task, request.experiences, seed=request.seed, variant=request.variant)
+            finally:
+                self._local.mode = self._local.temperature = None
+
+        return run_in_threads(one, list(requests), workers=int(run.cfg.eval.concurrency), llm=run.llm)
+
+    def _demo_path(self, task: Task) -> Path:
+        """Task ids hold slashes; the file name is a digest of the id."""
+        return self.work / "demos" / f"{hashlib.sha256(task.task_id.encode()).hexdigest()[:16]}.json"
+
+    def _loaded(self, run: RunContext, task: Task, seed: int, variant: str) -> Trajectory | None:
+        return run.run_dir.load_trajectory((run.phase, task.split, task.task_id, seed, variant))
+
+    # -- learning ------------------------------------------------------------------------------
+
+    @arena.hookimpl
+    def learn(self, run: RunContext) -> bool:
+        state = self._state(run)
+        if state["valid_used"]:
+            run.tasks("valid")  # a resumed session records again that valid was learned from
+        sync_store(run.store, self.bank(state))  # creates the store: digested either way
+        if state["stage"] == COLLECT:
+            self._collect(run)
+            state["stage"] = DISTILL
+            self._save(run, state)
+        if state["stage"] == DISTILL:
+            self._distill(run, state)
+            state["stage"] = SFT
+            self._save(run, state)
+        if state["stage"] == SFT:
+            state["sft"] = self._sft(run, state) if self.cfg.sft.enabled else {"skipped": "disabled"}
+            state["sft"]["done"] = True
+            state["stage"] = RL
+            run.run_dir.discard_rollouts()
+            self._save(run, state)
+        if state["stage"] == RL:
+            self._rl(run, state)
+            state["stage"] = DONE
+            self._save(run, state)
+        if self.trainer is not None:
+            self.trainer.merge_adapters()  # unmerged adapters slow every evaluation forward
+        return True
+
+    def train_tasks(self, run: RunContext, count: int | None, salt: int) -> list[Task]:
+        """``count`` train tasks, shuffled by the learn seed and balanced over task types."""
+        tasks = list(run.tasks(str(run.cfg.learn.split)))
+        random.Random(int(run.cfg.learn.seed) * 7_919 + salt).shuffle(tasks)
+        return select_tasks(tasks, count)
+
+    def _collect(self, run: RunContext) -> list[Trajectory]:
+        tasks = self.train_tasks(run, int(self.cfg.collect.tasks), salt=1)
+        seed = int(run.cfg.learn.seed)
+        return self._play(run, [EpisodeRequest(task, [], seed, "collect") for task in tasks])
+
+    def _collected(self, run: RunContext) -> list[Trajectory]:
+        seed = int(run.cfg.learn.seed)
+        found = [self._loaded(run, task, seed, "collect")
+                 for task in self.train_tasks(run, int(self.cfg.collect.tasks), salt=1)]
+        return [t for t in found if t is not None]
+
+    def _distill(self, run: RunContext, state: dict[str, Any]) -> None:
+        """Per-trajectory skills (successes) and mistakes (failures), then general skills."""
+        cfg, teacher = self.cfg.distill, self.teacher(run)
+        trajectories = self._collected(run)
+        split = str(run.cfg.learn.split)
+        bank = self.bank(state)
+        seed = int(run.cfg.learn.seed) * 1_000_003
+        answers = teacher.ask([trajectory_prompt(t, teacher.transcript_chars) for t in trajectories], seed)
+        bank.begin()
+        parsed = {"success": 0, "failure": 0, "skills": 0, "mistakes": 0, "general": 0}
+        for trajectory, answer in zip(trajectories, answers):
+            task = trajectory.task
+            if trajectory.success:
+                parsed["success"] += 1
+                if len(bank.for_type(task.task_type)) >= int(cfg.max_type_skills):
+                    continue
+                for skill in parse_skills(answer, limit=1):
+                    added = bank.add_skill(title=skill["title"], principle=skill["principle"],
+                                           when_to_apply=skill["when_to_apply"], scope=task.task_type,
+                                           source_split=split, source_task_ids=[task.task_id], added_at="distill")
+                    parsed["skills"] += added is not None
+            else:
+                parsed["failure"] += 1
+                if len(bank.mistakes) >= int(cfg.max_mistakes):
+                    continue
+                for mistake in parse_mistakes(answer, limit=1):
+                    added = bank.add_mistake(**mistake, source_split=split, source_task_ids=[task.task_id],
+                                             added_at="distill")
+                    parsed["mistakes"] += added is not None
+        lines = [s.render() for s in bank.skills.values()] + [m.render() for m in bank.mistakes.values()]
+        lines = lines or [f"{t.task.goal} -> {'completed' if t.success else 'failed'}" for t in trajectories]
+        if lines and int(cfg.n_general) > 0:
+            (answer,) = teacher.ask([consolidate_prompt(lines, int(cfg.n_general), teacher.transcript_chars)],
+                                    seed + 1, max_new_tokens=int(cfg.consolidate_max_tokens))
+            sources = sorted(t.task.task_id for t in trajectories)
+            for skill in parse_skills(answer, limit=int(cfg.n_general)):
+                added = bank.add_skill(title=skill["title"], principle=skill["principle"],
+                                       when_to_apply=skill["when_to_apply"], scope=GENERAL, source_split=split,
+                                       source_task_ids=sources, added_at="distill")
+                parsed["general"] += added is not None
+        bank.commit()
+        state["bank"] = bank.to_dict()
+        state["distill"] = {"trajectories": len(trajectories), **parsed,
+                            "collect_success": sum(t.success for t in trajectories)}
+        self._save(run, state)
+        sync_store(run.store, bank)
+        self._log(run, "distill", {"answers": answers})
+
+    # -- SFT ------------------------------------------------------------------------------------
+
+    def _sft(self, run: RunContext, state: dict[str, Any]) -> dict[str, Any]:
+        """Demonstrations with skill-augmented prompts, then trl's SFTTrainer."""
+        cfg = self.cfg.sft
+        mode = str(cfg.demonstrations)
+        seed = int(run.cfg.learn.seed)
+        tasks = self.train_tasks(run, int(cfg.tasks), salt=2)
+        requests = [EpisodeRequest(task, self.retrieve(run, task), seed, "sft_demo") for task in tasks]
+        demos = self._play(run, requests, mode=mode, temperature=float(self.teacher(run).temperature))
+        rows: list[dict[str, Any]] = []
+        won = 0
+        for task, trajectory in zip(tasks, demos):
+            path = self._demo_path(task)
+            won += trajectory.success
+            # A teacher's failed episode is no demonstration (rejection sampling); an expert's
+            # episode cut by the step limit still shows only correct actions.
+            if path.exists() and (trajectory.success or mode == "expert"):
+                rows.extend(json.loads(path.read_text())["rows"])
+        summary: dict[str, Any] = {"demonstrations": mode, "tasks": len(tasks), "successful": won,
+                                   "examples": len(rows)}
+        if not rows:
+            summary["skipped"] = "no demonstration to learn from"
+            return summary
+        backend = self._backend(run)
+        settings = OmegaConf.to_container(cfg, resolve=True)
+        settings["max_length"] = cfg.get("max_length")
+        model, metrics = sft_stage.train_sft(backend.model, backend.tokenizer, rows, settings,  # type: ignore[arg-type]
+                                             self.work, seed)
+        backend.model = model
+        backend.mark_weights_changed()
+        run.charge(gradient_steps=int(metrics["sft/steps"]))
+        run.run_dir.update_state(gradient_steps=run.budget.used["gradient_steps"])
+        return {**summary, **{k: round(v, 5) for k, v in metrics.items()}}
+
+    def _demonstration(self, run: RunContext, task: Task, experiences: list[Experience], seed: int,
+                       mode: str) -> Trajectory:
+        """One demonstration episode; its (prompt, action) rows are kept in ``skillrl/demos``."""
+        settings = self._prompt_settings(run)
+        rows: list[dict[str, Any]] = []
+        episode = run.env.open(task)
+        if mode == "expert":
+            def expert(observation: Observation, trajectory: Trajectory) -> Action:
+                action = episode.expert_action()
+                if action is None:
+                    raise RuntimeError(f"Environment '{run.cfg.env.name}' has no expert; use "
+                                       "method.sft.demonstrations=teacher.")
+                return Action(text=action)
+            policy: Callable[[Observation, Trajectory], Action] = expert
+        else:
+            policy = self._policy(run, self.teacher(run).backend, task, experiences, seed)
+
+        def recorded(observation: Observation, trajectory: Trajectory) -> Action:
+            action = policy(observation, trajectory)
+            prompt = self.prompt_builder(task, observation, trajectory, experiences, **settings)
+            rows.append(sft_stage.example(prompt, action.text))
+            return action
+
+        trajectory = play(episode, recorded, max_steps=run.max_steps(),
+                          max_invalid_actions=int(run.cfg.eval.max_invalid_actions),
+                          experience_ids=[e.experience_id for e in experiences])
+        if mode == "teacher":
+            self.teacher(run).charge(trajectory.llm_calls, trajectory.tokens_in, trajectory.tokens_out)
+        self._demo_path(task).parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(self._demo_path(task),
+                          {"success": trajectory.success, "rows": rows})
+        return trajectory
+
+    # -- GRPO and evolution ----------------------------------------------------------------------
+
+    def _rl(self, run: RunContext, state: dict[str, Any]) -> None:
+        cfg = self.cfg.rl
+        steps = int(cfg.steps)
+        every = int(self.cfg.evolution.every)
+        seed = int(run.cfg.learn.seed)
+        train = list(run.tasks(str(run.cfg.learn.split)))
+        trainer = self._trainer(run) if steps > 0 else None
+        for step in range(int(state["steps_done"]), steps):
+            if evolution_due(int(state["steps_done"]), every, state["evolved_at"]):
+                self._evolve(run, state, int(state["steps_done"]))
+            if run.budget_exhausted():
+                return
+            assert trainer is not None
+            clock = time.perf_counter()
+            rng = random.Random(seed * 100_003 + step)
+            tasks = rng.sample(train, min(int(cfg.tasks_per_step), len(train)))
+            requests = [EpisodeRequest(task, self.retrieve(run, task), seed, f"step{step}/task{i}/rollout{g}")
+                        for i, task in enumerate(tasks) for g in range(int(cfg.group_size))]
+            episodes = self._play(run, requests)
+            rollout_s, clock = time.perf_counter() - clock, time.perf_counter()
+            rewards = [episode_reward(t, float(cfg.win_reward), float(cfg.invalid_action_penalty)) for t in episodes]
+            groups = [r.variant.rsplit("/", 1)[0] for r in requests]
+            samples = grpo_samples(episodes, groups, rewards)
+            metrics: dict[str, Any] = {"rl_step": step, "success": _mean([t.success for t in episodes]),
+                                       "reward": _mean(rewards), "samples": len(samples),
+                                       "time/rollout_s": rollout_s}
+            if samples and any(s.n_trained for s in samples):
+                metrics.update(trainer.step(samples))
+                metrics["time/update_s"] = time.perf_counter() - clock
+                run.charge(gradient_steps=1)
+            trainer.save(self._checkpoint(step + 1))
+            run.run_dir.discard_rollouts()
+            state["steps_done"] = step + 1
+            state["metrics"].append(_rounded(metrics))
+            self._save(run, state)
+            run.run_dir.update_state(gradient_steps=run.budget.used["gradient_steps"])
+            for older in range(step + 1):
+                shutil.rmtree(self._checkpoint(older), ignore_errors=True)
+        if evolution_due(int(state["steps_done"]), every, state["evolved_at"]):
+            self._evolve(run, state, int(state["steps_done"]))
+
+    def _evolve(self, run: RunContext, state: dict[str, Any], step: int) -> None:
+        """Validate on the valid split; the teacher grows the bank for the weak task types."""
+        cfg, teacher = self.cfg.evolution, self.teacher(run)
+        valid = list(run.tasks("valid"))  # recorded by the harness as learning from valid
+        state["valid_used"] = True
+        random.Random(int(run.cfg.learn.seed) * 31 + step).shuffle(valid)
+        tasks = select_tasks(valid, None if cfg.valid_tasks is None else int(cfg.valid_tasks))
+        seed = int(run.cfg.learn.seed)
+        requests = [EpisodeRequest(task, self.retrieve(run, task), seed, f"evolve{step}/valid")
+                    for task in tasks]
+        episodes = self._play(run, requests, temperature=float(cfg.temperature))
+        accuracy = accuracy_by_type(episodes)
+        weak = types_to_evolve(accuracy, float(cfg.threshold))
+        bank = self.bank(state)
+        prompts, failures_by_type = [], {}
+        for task_type in weak:
+            failures = [t for t in episodes if t.task.task_type == task_type and not t.success]
+            failures = failures[: int(cfg.max_failures)]
+            if not failures:
+                continue
+            failures_by_type[task_type] = failures
+            shown = bank.general() + bank.for_type(task_type)
+            prompts.append(evolve_prompt(task_type, accuracy[task_type], failures, shown,
+                                         max_new=int(cfg.max_new_skills), last_steps=int(cfg.last_steps),
+                                         max_chars=teacher.transcript_chars))
+        answers = teacher.ask(prompts, seed * 7 + step) if prompts else []
+        added, revised = self.apply_evolution(bank, failures_by_type, answers, step)
+        state["bank"] = bank.to_dict()
+        state["evolved_at"].append(step)
+        state["evolution"].append({"step": step, "accuracy": {k: round(v, 4) for k, v in accuracy.items()},
+                                   "triggered": weak, "added": added, "revised": revised,
+                                   "bank_version": bank.version})
+        self._save(run, state)
+        sync_store(run.store, bank)
+        run.run_dir.discard_rollouts()  # validation episodes are not trained on
+        self._log(run, f"evolve{step}", {"answers": answers})
+
+    def apply_evolution(self, bank: SkillBank, failures_by_type: dict[str, list[Trajectory]],
+                        answers: list[str], step: int) -> tuple[list[str], list[str]]:
+        """Add (``dyn_NNN`` general skills, as the authors) or revise skills from the teacher's
+        answers; every change records the failed valid tasks it came from."""
+        added, revised = [], []
+        bank.begin()
+        for (task_type, failures), answer in zip(failures_by_type.items(), answers):
+            sources = [t.task.task_id for t in failures]
+            split = failures[0].task.split
+            for skill in parse_skills(answer, limit=int(self.cfg.evolution.max_new_skills)):
+                if skill["revises"] and skill["revises"] in bank.skills:
+                    bank.revise_skill(skill["revises"], title=skill["title"], principle=skill["principle"],
+                                      when_to_apply=skill["when_to_apply"], source_split=split,
+                                      source_task_ids=sources, added_at=f"evolve@step{step}")
+                    revised.append(skill["revises"])
+                    continue
+                new = bank.add_skill(title=skill["title"], principle=skill["principle"],
+                                     when_to_apply=skill["when_to_apply"], scope=GENERAL, source_split=split,
+                                     source_task_ids=sources, added_at=f"evolve@step{step}", dynamic=True)
+                if new is not None:
+                    added.append(new.skill_id)
+        bank.commit()
+        return added, revised
+
+    def _log(self, run: RunContext, stage: str, record: dict[str, Any]) -> None:
+        """The teacher's raw answers, for inspection (not read back)."""
+        with (run.run_dir.path / "skillrl_teacher.jsonl").open("a") as handle:
+            handle.write(json.dumps({"stage": stage, **record}, sort_keys=True) + "\n")
+
+    # -- every phase -----------------------------------------------------------------------------
+
+    @arena.hookimpl
+    def retrieve(self, run: RunContext, task: Task) -> list[Experience]:
+        cfg = self.cfg.retrieval
+        if cfg.mode == "embedding":
+            threshold = cfg.get("threshold")
+            return embedding_retrieve(run.store, task, top_k=int(cfg.top_k),
+                                      threshold=None if threshold is None else float(threshold))
+        return template_retrieve(run.store, task, top_general=int(cfg.top_general),
+                                 max_mistakes=int(cfg.max_mistakes))
+
+    def _prompt_settings(self, run: RunContext) -> dict[str, Any]:
+        solver = run.cfg.solver
+        return {"history": int(solver.history), "show_admissible": bool(solver.show_admissible),
+                "max_experiences": 1_000, "max_experience_chars": int(solver.max_experience_chars)}
+
+    def _policy(self, run: RunContext, backend: Any, task: Task, experiences: list[Experience],
+                seed: int) -> Callable[[Observation, Trajectory], Action]:
+        sampling = run.sampling()
+        temperature = getattr(self._local, "temperature", None)
+        settings = self._prompt_settings(run)
+        solver = StandardSolver(backend, history=settings["history"], show_admissible=settings["show_admissible"],
+                                max_experiences=settings["max_experiences"],
+                                max_experience_chars=settings["max_experience_chars"],
+                                prompt_builder=self.prompt_builder)
+        return solver.policy(task, experiences, seed,
+                             temperature=float(sampling.temperature if temperature is None else temperature),
+                             top_p=float(sampling.top_p))
+
+    @arena.hookimpl
+    def solve(self, run: RunContext, task: Task, experiences: list[Experience], seed: int) -> Trajectory:
+        """The standard constrained choice, with the skills shown from ``inject_from_step`` on."""
+        mode = getattr(self._local, "mode", None)
+        if mode is not None and run.phase == LEARN:
+            return self._demonstration(run, task, experiences, seed, mode)
+        policy = self._policy(run, run.llm, task, experiences, seed)
+        return play(run.env.open(task), policy, max_steps=run.max_steps(),
+                    max_invalid_actions=int(run.cfg.eval.max_invalid_actions),
+                    experience_ids=[e.experience_id for e in experiences])
+
+    @arena.hookimpl
+    def state_size(self, run: RunContext) -> dict[str, Any]:
+        state = self._state(run)
+        bank = self.bank(state)
+        teacher = state.get("teacher") or {}
+        sizes: dict[str, Any] = {
+            **bank.sizes(),
+            "teacher_calls": int(teacher.get("calls", 0)),
+            "teacher_tokens_in": int(teacher.get("tokens_in", 0)),
+            "teacher_tokens_out": int(teacher.get("tokens_out", 0)),
+            "teacher_shares_policy_backend": self.cfg.teacher.get("llm") is None,
+            "sft_examples": int(state["sft"].get("examples", 0)),
+            "rl_steps": int(state["steps_done"]),
+            "evolutions": len(state["evolution"]),
+            "evolved_skills": sum(len(e["added"]) for e in state["evolution"]),
+            "revised_skills": sum(len(e["revised"]) for e in state["evolution"]),
+        }
+        if self.trainer is not None:
+            sizes["trainable_parameters"] = int(sum(p.numel() for p in self.trainer.model.parameters()
+                                                    if p.requires_grad))
+        return sizes
+
+    @arena.hookimpl
+    def state_digest(self, run: RunContext) -> str:
+        """The bank as the method keeps it (the store copy is digested by the harness)."""
+        bank = self._state(run).get("bank")
+        return json.dumps(bank, sort_keys=True) if bank else ""
+
+
+def _mean(values: list[Any]) -> float:
+    return float(sum(float(v) for v in values) / len(values)) if values else 0.0
+
+
+def _rounded(metrics: dict[str, Any]) -> dict[str, Any]:
+    return {k: round(v, 5) if isinstance(v, float) else v for k, v in metrics.items()}

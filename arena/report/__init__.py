@@ -1,0 +1,13 @@
+"""Reports over finished runs: leaderboards (Markdown, HTML, JSON, plots) and paired comparisons.
+
+Reads only what runs wrote (results.json, episodes.jsonl, state.json); arena.core never imports
+this package.
+"""
+
+from arena.report.aggregate import Row, Table, build_tables, check_compatible
+from arena.report.compare import compare_runs
+from arena.report.render import write_board
+from arena.report.runs import ReportError, Run, load_run, load_runs
+
+__all__ = ["ReportError", "Row", "Run", "Table", "build_tables", "check_compatible", "compare_runs",
+           "load_run", "load_runs", "write_board"]

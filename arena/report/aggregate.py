@@ -1,0 +1,419 @@
+"""Leaderboard rows from runs: compatibility checks, seed pooling, cost, flags, provenance.
+
+One row is one method configuration (method, preset, model); several runs of it with different
+seeds pool into that row. The success interval is the harness's own (``arena.core.stats``): tasks
+are the unit of sampling, each task's success averaged over its seeds, a Wilson interval over the
+tasks. Pooled seeds thus narrow the per-task noise without passing for extra tasks, and a row of
+one run shows exactly the numbers of that run's results.json.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from arena.core import stats
+from arena.report.runs import PRIMARY_VARIANT, ReportError, Run
+
+#: Config keys that may differ between the runs pooled into one row (everything else must match).
+POOLABLE_CONFIG_KEYS = frozenset({"run.seeds", "run.root", "learn.seed", "eval.concurrency"})
+
+SORT_KEYS = ("success", "test_seen", "test_unseen", "progress", "learn_cost", "method")
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested config as dotted keys (``eval.max_steps``), the names messages use."""
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(_flatten(value, name + "."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def protocol_of(run: Run) -> dict[str, Any]:
+    """The fields two runs must share to be ranked in one table (flat, named as in messages)."""
+    results = run.results
+    provenance = results.get("provenance", {})
+    config = run.config
+    evaluation = config.get("eval", {})
+    # The step limit actually used (eval.max_steps may be null: the environment's own limit).
+    max_steps = results.get("protocol", {}).get("max_steps", evaluation.get("max_steps"))
+    fields: dict[str, Any] = {
+        "schema_version": results.get("schema_version"),
+        "env_version": provenance.get("env_version"),
+        "eval.splits": list(results.get("splits", {})),
+        "eval.max_steps": max_steps,
+        "eval.max_invalid_actions": evaluation.get("max_invalid_actions"),
+        "track": results.get("track"),
+        "limited": bool(results.get("limited")),
+        "eval.limit": evaluation.get("limit"),
+    }
+    for split, digest in sorted(provenance.get("split_hashes", {}).items()):
+        fields[f"split_hashes.{split}"] = digest
+    return fields
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, str) and len(value) == 64:
+        return value[:12]  # a digest
+    return str(value)
+
+
+def differing_fields(runs: list[Run]) -> dict[str, dict[str, list[str]]]:
+    """Protocol fields on which the runs disagree: field -> shown value -> run labels."""
+    protocols = [(run.label, protocol_of(run)) for run in runs]
+    names = sorted({name for _, fields in protocols for name in fields})
+    differing: dict[str, dict[str, list[str]]] = {}
+    for name in names:
+        by_value: dict[str, list[str]] = defaultdict(list)
+        for label, fields in protocols:
+            by_value[_show(fields.get(name, "(absent)"))].append(label)
+        if len(by_value) > 1:
+            differing[name] = dict(by_value)
+    return differing
+
+
+def describe_differences(differing: dict[str, dict[str, list[str]]]) -> str:
+    parts = []
+    for name, by_value in differing.items():
+        values = "; ".join(f"{value} in {', '.join(labels)}" for value, labels in by_value.items())
+        parts.append(f"{name} differs: {values}")
+    return "\n".join(parts)
+
+
+def check_compatible(runs: list[Run], allow_mixed: bool, what: str = "one table") -> list[str]:
+    """Names of the differing protocol fields; raises unless ``allow_mixed``."""
+    differing = differing_fields(runs)
+    if differing and not allow_mixed:
+        raise ReportError(
+            f"These runs were not evaluated under the same protocol, so they cannot share {what}:\n"
+            f"{describe_differences(differing)}\n"
+            "Rerun them under one protocol, or pass --allow-mixed to show them anyway "
+            "(rows are then flagged with the differing fields)."
+        )
+    return sorted(differing)
+
+
+# -- rows -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    """One method configuration on one environment, pooled over its runs' seeds."""
+
+    method: str
+    preset: str | None
+    model: str
+    env: str
+    track: str
+    runs: list[Run]
+    splits: dict[str, dict[str, Any]]
+    variants: dict[str, dict[str, dict[str, Any]]]
+    cost: dict[str, Any]
+    flags: list[str]
+    provenance: dict[str, Any]
+    valid: bool
+    protocol: dict[str, Any]
+    learning_curves: dict[str, dict[str, list[list[float]]]] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.method + (f" ({self.preset})" if self.preset else "")
+
+    @property
+    def seeds(self) -> list[int]:
+        return sorted(seed for run in self.runs for seed in run.seeds)
+
+    def success(self, split: str) -> float | None:
+        summary = self.splits.get(split)
+        return None if summary is None else float(summary["success_rate"])
+
+    def mean_over_splits(self, metric: str) -> float:
+        values = [float(s[metric]) for s in self.splits.values()]
+        return sum(values) / len(values) if values else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "method": self.method, "preset": self.preset, "model": self.model, "env": self.env,
+            "track": self.track, "valid": self.valid, "seeds": self.seeds,
+            "runs": [run.label for run in self.runs], "splits": self.splits,
+            "variants": self.variants, "cost": self.cost, "flags": self.flags,
+            "provenance": self.provenance, "protocol": self.protocol,
+            "learning_curves": self.learning_curves,
+        }
+
+
+def _check_poolable(runs: list[Run], name: str) -> None:
+    """Runs pooled into one row must differ only in seeds, and never repeat a seed."""
+    first = runs[0]
+    reference = {k: v for k, v in _flatten(first.config).items() if k not in POOLABLE_CONFIG_KEYS}
+    for other in runs[1:]:
+        config = {k: v for k, v in _flatten(other.config).items() if k not in POOLABLE_CONFIG_KEYS}
+        for key in sorted(set(reference) | set(config)):
+            if reference.get(key) != config.get(key):
+                raise ReportError(
+                    f"Runs {first.label} and {other.label} of row '{name}' differ in config "
+                    f"{key} ({reference.get(key)!r} vs {config.get(key)!r}); one row pools runs "
+                    "that differ only in their seeds. Build separate boards for them."
+                )
+    owner: dict[int, str] = {}
+    for run in runs:
+        for seed in run.seeds:
+            if seed in owner:
+                raise ReportError(
+                    f"Seed {seed} of row '{name}' is in both {owner[seed]} and {run.label}; "
+                    "a seed counts once. Leave one of them out."
+                )
+            owner[seed] = run.label
+
+
+def pooled_splits(runs: list[Run], variant: str = PRIMARY_VARIANT) -> dict[str, dict[str, Any]]:
+    """Per-split summaries (with per-type ones) over every run's episodes of ``variant``."""
+    if len(runs) == 1 and variant == PRIMARY_VARIANT:
+        return {split: {k: v for k, v in summary.items() if k != "variants"}
+                for split, summary in runs[0].results["splits"].items()}
+    splits = runs[0].eval_splits
+    records = [r for run in runs for r in run.evaluated(variant)]
+    pooled = {}
+    for split in splits:
+        in_split = [r for r in records if r.split == split]
+        if in_split:
+            pooled[split] = stats.summarise_split(in_split)
+    return pooled
+
+
+def _pooled_variants(runs: list[Run]) -> dict[str, dict[str, dict[str, Any]]]:
+    """split -> variant -> summary, for the test-split variants (e.g. ``without_skill``)."""
+    names = sorted({v for run in runs for v in run.variants()})
+    out: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
+    for name in names:
+        if len(runs) == 1:
+            for split, summary in runs[0].results["splits"].items():
+                if name in summary.get("variants", {}):
+                    out[split][name] = summary["variants"][name]
+            continue
+        for split, summary in pooled_splits(runs, name).items():
+            out[split][name] = summary
+    return dict(out)
+
+
+def _device(run: Run) -> str:
+    """GPU when the model ran on CUDA, else CPU: what the run's wall time was spent on."""
+    device = str(run.model.get("device", ""))
+    if device:
+        return "GPU" if device.startswith("cuda") else "CPU"
+    machine = run.results.get("provenance", {}).get("machine", {})
+    return "GPU" if machine.get("cuda") and run.model_id != "arena/fake" else "CPU"
+
+
+def _extra_test_episodes(run: Run) -> int:
+    """Test-time episodes beyond one per (task, seed): helper and variant episodes."""
+    played = int(run.results["cost"]["evaluate"]["episodes"])
+    primary = sum(int(s["n_episodes"]) for s in run.results["splits"].values())
+    return max(0, played - primary)
+
+
+def _extra_episode_kinds(run: Run) -> list[str]:
+    kinds = set(run.variants())
+    for record in run.episodes or []:
+        if record.phase == "evaluate" and record.variant != PRIMARY_VARIANT:
+            kinds.add(record.variant.split("/", 1)[0])
+    return sorted(kinds)
+
+
+def _mean(values: Iterable[float]) -> float:
+    values = list(values)
+    return sum(values) / len(values) if values else 0.0
+
+
+def row_cost(runs: list[Run]) -> dict[str, Any]:
+    """Cost of one run of the row (mean over its runs): what one learning of the method costs."""
+    def phase(run: Run, name: str) -> dict[str, Any]:
+        return run.results["cost"][name]
+
+    method_sizes: dict[str, list[float]] = defaultdict(list)
+    for run in runs:
+        for key, value in run.results.get("state", {}).get("method", {}).items():
+            if isinstance(value, (int, float)):
+                method_sizes[key].append(float(value))
+    devices = sorted({_device(run) for run in runs})
+    return {
+        "per": "run (mean over the row's runs)",
+        "learn_episodes": _mean(phase(r, "learn")["episodes"] for r in runs),
+        "learn_env_steps": _mean(phase(r, "learn")["env_steps"] for r in runs),
+        "learn_tokens": _mean(phase(r, "learn")["tokens_in"] + phase(r, "learn")["tokens_out"] for r in runs),
+        "learn_gradient_steps": _mean(r.results["learn"]["used"].get("gradient_steps", 0) or 0 for r in runs),
+        "eval_tokens": _mean(phase(r, "evaluate")["tokens_in"] + phase(r, "evaluate")["tokens_out"] for r in runs),
+        "learn_hours": _mean(phase(r, "learn")["wall_s"] / 3600 for r in runs),
+        "eval_hours": _mean(phase(r, "evaluate")["wall_s"] / 3600 for r in runs),
+        "device": "+".join(devices),
+        "memory_items": _mean(r.results["state"]["memory_items"] for r in runs),
+        "memory_bytes": _mean(r.results["state"]["memory_bytes"] for r in runs),
+        "method_state": {k: _mean(v) for k, v in sorted(method_sizes.items())},
+        "extra_test_episodes": _mean(_extra_test_episodes(r) for r in runs),
+    }
+
+
+def row_flags(runs: list[Run], mixed: dict[str, Any]) -> list[str]:
+    flags = []
+    limits = sorted({str(r.config.get("eval", {}).get("limit")) for r in runs if r.results.get("limited")})
+    if limits:
+        flags.append(f"limited (eval.limit={', '.join(limits)})")
+    if any(r.results["learn"].get("used_valid_split") for r in runs):
+        flags.append("learned on valid")
+    extra = sum(_extra_test_episodes(r) for r in runs)
+    if extra:
+        kinds = sorted({k for r in runs for k in _extra_episode_kinds(r)})
+        flags.append(f"test-time extra episodes: {extra}" + (f" ({', '.join(kinds)})" if kinds else ""))
+    if any(r.results.get("track") == "online" for r in runs):
+        flags.append("online track")
+    invalid = [r for r in runs if not r.results.get("valid", True)]
+    for run in invalid:
+        reason = (run.results.get("violations") or ["protocol violation"])[0]
+        flags.append(f"INVALID {run.label}: {reason}")
+    for name, value in mixed.items():
+        flags.append(f"mixed: {name}={_show(value)}")
+    return flags
+
+
+def _short(values: Iterable[Any]) -> list[str]:
+    return sorted({_show(v) if v is not None else "unknown" for v in values})
+
+
+def row_provenance(runs: list[Run]) -> dict[str, Any]:
+    provenances = [r.results.get("provenance", {}) for r in runs]
+    return {
+        "arena_version": _short(p.get("arena_version") for p in provenances),
+        "git_sha": sorted({str(p.get("git_sha"))[:12] + ("-dirty" if str(p.get("git_sha")).endswith("-dirty") else "")
+                           for p in provenances}),
+        "model": _short(p.get("model", {}).get("id") for p in provenances),
+        "weights_sha256": _short(p.get("model", {}).get("weights_sha256") for p in provenances),
+        "seeds": sorted(seed for r in runs for seed in r.seeds),
+        "runs": [r.label for r in runs],
+    }
+
+
+def learning_curves(run: Run) -> dict[str, list[list[float]]]:
+    """What the run recorded of its learning: per-iteration success/reward metrics a method wrote
+    to state.json (``<method>.metrics``), else a rolling success of its learning episodes."""
+    curves: dict[str, list[list[float]]] = {}
+    for owner, value in sorted(run.state.items()):
+        if not isinstance(value, dict) or not isinstance(value.get("metrics"), list):
+            continue
+        for entry in value["metrics"]:
+            if not isinstance(entry, dict) or "iteration" not in entry:
+                continue
+            for name, metric in entry.items():
+                if name == "iteration" or name.startswith("time/") or not isinstance(metric, (int, float)):
+                    continue
+                if "success" in name or "reward" in name:
+                    curves.setdefault(f"{owner}: {name}", []).append([float(entry["iteration"]), float(metric)])
+    if curves:
+        return curves
+    learned = run.learn_episodes()
+    if not learned:
+        return {}
+    window = max(1, len(learned) // 10)
+    outcomes = [1.0 if r.success else 0.0 for r in learned]
+    rolling = [[float(i + 1), _mean(outcomes[max(0, i + 1 - window):i + 1])] for i in range(len(outcomes))]
+    return {f"learn success (rolling mean of {window})": rolling}
+
+
+def build_row(runs: list[Run], mixed: dict[str, Any]) -> Row:
+    first = runs[0]
+    name = first.method + (f" ({first.preset})" if first.preset else "") + f" / {first.model_id}"
+    _check_poolable(runs, name)
+    runs = sorted(runs, key=lambda r: (min(r.seeds, default=0), r.label))
+    protocol = protocol_of(first)
+    return Row(
+        method=first.method, preset=first.preset, model=first.model_id, env=first.env,
+        track=str(first.results.get("track")), runs=runs,
+        splits=pooled_splits(runs), variants=_pooled_variants(runs),
+        cost=row_cost(runs), flags=row_flags(runs, mixed), provenance=row_provenance(runs),
+        valid=all(r.results.get("valid", True) for r in runs), protocol=protocol,
+        learning_curves={r.label: c for r in runs if (c := learning_curves(r))},
+    )
+
+
+# -- tables -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Table:
+    """All rows of one environment."""
+
+    env: str
+    rows: list[Row]
+    mixed_fields: list[str]
+    protocol: dict[str, Any]  # the fields every row shares
+    sort: str
+
+    @property
+    def splits(self) -> list[str]:
+        names: list[str] = []
+        for row in self.rows:
+            names.extend(s for s in row.splits if s not in names)
+        return names
+
+    @property
+    def task_types(self) -> dict[str, list[str]]:
+        types: dict[str, set[str]] = defaultdict(set)
+        for row in self.rows:
+            for split, summary in row.splits.items():
+                types[split].update(summary.get("by_task_type", {}))
+        return {split: sorted(types[split]) for split in self.splits}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"env": self.env, "sort": self.sort, "mixed_fields": self.mixed_fields,
+                "protocol": self.protocol, "rows": [row.to_json() for row in self.rows]}
+
+
+def sort_rows(rows: list[Row], sort: str) -> list[Row]:
+    """Best first by ``sort``; invalid rows always last (they are shown, never ranked)."""
+    if sort not in SORT_KEYS:
+        raise ReportError(f"Unknown sort '{sort}'. Choose one of: {', '.join(SORT_KEYS)}.")
+
+    def key(row: Row) -> tuple:
+        if sort == "method":
+            score: float = 0.0
+        elif sort == "learn_cost":
+            score = float(row.cost["learn_tokens"])
+        elif sort == "progress":
+            score = -row.mean_over_splits("progress_rate")
+        elif sort == "success":
+            score = -row.mean_over_splits("success_rate")
+        else:
+            value = row.success(sort)
+            score = 1.0 if value is None else -value
+        return (not row.valid, score, row.method, row.preset or "", row.model)
+
+    return sorted(rows, key=key)
+
+
+def build_tables(runs: list[Run], allow_mixed: bool = False, sort: str = "success") -> list[Table]:
+    """One table per environment; refuses incompatible runs in one table unless ``allow_mixed``."""
+    if not runs:
+        raise ReportError("No runs given: pass one or more run directories.")
+    if sort not in SORT_KEYS:
+        raise ReportError(f"Unknown sort '{sort}'. Choose one of: {', '.join(SORT_KEYS)}.")
+    by_env: dict[str, list[Run]] = defaultdict(list)
+    for run in runs:
+        by_env[run.env].append(run)
+    tables = []
+    for env, env_runs in sorted(by_env.items()):
+        mixed_fields = check_compatible(env_runs, allow_mixed, what=f"the {env} table")
+        groups: dict[tuple, list[Run]] = defaultdict(list)
+        for run in env_runs:
+            protocol = protocol_of(run)
+            mixed_key = tuple((name, _show(protocol.get(name))) for name in mixed_fields)
+            groups[(run.method, run.preset or "", run.model_id, mixed_key)].append(run)
+        rows = [build_row(group, {name: protocol_of(group[0]).get(name) for name in mixed_fields})
+                for group in groups.values()]
+        shared = {k: v for k, v in protocol_of(env_runs[0]).items() if k not in mixed_fields}
+        tables.append(Table(env=env, rows=sort_rows(rows, sort), mixed_fields=mixed_fields,
+                            protocol=shared, sort=sort))
+    return tables

@@ -1,0 +1,306 @@
+"""The board as Markdown (README.md), one self-contained HTML page and leaderboard.json.
+
+The outputs hold no timestamp, so rebuilding a board from the same runs gives the same files.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+import arena
+from arena.report.aggregate import Row, Table
+from arena.report.plots import Plot, table_plots
+
+BOARD_SCHEMA_VERSION = 1
+
+NOTES = [
+    "Success: share of test episodes solved, with its 95 % Wilson interval over tasks (each task's "
+    "success averaged over its seeds first, so seeds never pass for extra tasks; the harness's own "
+    "interval, identical to results.json for a row of one run).",
+    "Progress, valid actions and steps are given per split, in the order of the success columns.",
+    "Cost is per run (the mean over a row's runs): learning episodes and tokens, and wall-clock "
+    "hours of learning + evaluation on the device the model ran on (CPU-h or GPU-h).",
+    "Rows pool the runs of one method, preset and model with different seeds. Invalid runs are "
+    "shown last and never ranked.",
+]
+
+
+# -- formatting -------------------------------------------------------------------------------
+
+
+def pct(value: float) -> str:
+    return f"{100 * value:.1f} %"
+
+
+def success_cell(summary: dict[str, Any] | None) -> str:
+    if summary is None:
+        return "-"
+    low, high = summary["ci95"]
+    return f"{pct(summary['success_rate'])} [{100 * low:.1f}, {100 * high:.1f}]"
+
+
+def count(value: float) -> str:
+    for limit, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= limit:
+            return f"{value / limit:.1f}{suffix}"
+    return f"{value:.0f}" if float(value).is_integer() else f"{value:.1f}"
+
+
+def size(n_bytes: float) -> str:
+    for limit, suffix in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if n_bytes >= limit:
+            return f"{n_bytes / limit:.1f} {suffix}"
+    return f"{n_bytes:.0f} B"
+
+
+def per_split(row: Row, splits: list[str], metric: str, percent: bool) -> str:
+    """One metric for every split, "a / b" in the order of the success columns."""
+    values = []
+    for split in splits:
+        summary = row.splits.get(split)
+        values.append("-" if summary is None else f"{float(summary[metric]) * (100 if percent else 1):.1f}")
+    return " / ".join(values) + (" %" if percent else "")
+
+
+def hours_cell(row: Row) -> str:
+    cost = row.cost
+    return f"{cost['learn_hours']:.3g} + {cost['eval_hours']:.3g} {cost['device']}-h"
+
+
+def memory_cell(row: Row) -> str:
+    cost = row.cost
+    parts = [f"{count(cost['memory_items'])} items, {size(cost['memory_bytes'])}"]
+    parts.extend(f"{name.replace('_', ' ')} {count(value)}" for name, value in cost["method_state"].items())
+    return "; ".join(parts)
+
+
+def protocol_line(table: Table) -> str:
+    protocol = table.protocol
+    parts = []
+    if "env_version" in protocol:
+        parts.append(f"env version {protocol['env_version']}")
+    if "eval.splits" in protocol:
+        parts.append("splits " + ", ".join(protocol["eval.splits"]))
+    for key in ("eval.max_steps", "eval.max_invalid_actions"):
+        if key in protocol:
+            parts.append(f"{key} {protocol[key]}")
+    if "track" in protocol:
+        parts.append(f"track {protocol['track']}")
+    if "limited" in protocol:
+        parts.append(f"limited (eval.limit={protocol.get('eval.limit')})" if protocol["limited"]
+                     else "full evaluation (no eval.limit)")
+    hashes = [f"{k.split('.', 1)[1]} {str(v)[:12]}" for k, v in protocol.items() if k.startswith("split_hashes.")]
+    if hashes:
+        parts.append("split hashes " + ", ".join(hashes))
+    line = "; ".join(parts)
+    if table.mixed_fields:
+        line += f". MIXED protocols (--allow-mixed): rows differ in {', '.join(table.mixed_fields)}"
+    return line
+
+
+def provenance_line(row: Row) -> str:
+    p = row.provenance
+    return (f"arena {', '.join(p['arena_version'])}; git {', '.join(p['git_sha'])}; "
+            f"model {', '.join(p['model'])} (weights {', '.join(p['weights_sha256'])}); "
+            f"seeds {', '.join(map(str, p['seeds']))}; runs {', '.join(p['runs'])}")
+
+
+def main_columns(table: Table) -> list[str]:
+    splits = table.splits
+    joined = " / ".join(splits)
+    return (["#", "Method", "Model", "Track", "Seeds"] + [f"{s} success [95 % CI]" for s in splits]
+            + [f"Progress ({joined})", f"Valid actions ({joined})", f"Steps ({joined})",
+               "Learn episodes", "Learn tokens", "Hours (learn + eval)", "Memory", "Flags"])
+
+
+def main_cells(table: Table, rank: int, row: Row) -> list[str]:
+    splits = table.splits
+    return ([str(rank) if row.valid else "-", row.name, row.model, row.track,
+             ", ".join(map(str, row.seeds))]
+            + [success_cell(row.splits.get(s)) for s in splits]
+            + [per_split(row, splits, "progress_rate", True), per_split(row, splits, "valid_action_rate", True),
+               per_split(row, splits, "mean_steps", False), count(row.cost["learn_episodes"]),
+               count(row.cost["learn_tokens"]), hours_cell(row), memory_cell(row),
+               "; ".join(row.flags) or "-"])
+
+
+def type_columns(table: Table, split: str) -> list[str]:
+    return ["Method", "Model"] + table.task_types[split]
+
+
+def type_cells(table: Table, split: str, row: Row) -> list[str]:
+    by_type = row.splits.get(split, {}).get("by_task_type", {})
+    return [row.name, row.model] + [success_cell(by_type.get(t)) for t in table.task_types[split]]
+
+
+def variant_lines(row: Row) -> list[str]:
+    lines = []
+    for split, variants in row.variants.items():
+        for name, summary in variants.items():
+            lines.append(f"{split} {name}: {success_cell(summary)} "
+                         f"(primary {success_cell(row.splits.get(split))})")
+    return lines
+
+
+# -- Markdown ---------------------------------------------------------------------------------
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _md_table(columns: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(_md_cell(c) for c in columns) + " |",
+             "|" + "|".join("---" for _ in columns) + "|"]
+    lines.extend("| " + " | ".join(_md_cell(c) for c in cells) + " |" for cells in rows)
+    return lines
+
+
+def markdown(tables: list[Table], plots: dict[str, list[Plot]]) -> str:
+    lines = ["# Arena leaderboard", ""]
+    for table in tables:
+        lines += [f"## {table.env}", "", f"Protocol: {protocol_line(table)}. Sorted by {table.sort}.", ""]
+        lines += _md_table(main_columns(table),
+                           [main_cells(table, rank, row) for rank, row in enumerate(table.rows, 1)])
+        lines.append("")
+        for split in table.splits:
+            lines += ["<details>", f"<summary>{split}: success per task type</summary>", ""]
+            lines += _md_table(type_columns(table, split), [type_cells(table, split, row) for row in table.rows])
+            lines += ["", "</details>", ""]
+        variant_rows = [(row, variant_lines(row)) for row in table.rows if row.variants]
+        if variant_rows:
+            lines += ["Variants evaluated beside the primary result:", ""]
+            lines += [f"- {row.name} / {row.model}: {'; '.join(v)}" for row, v in variant_rows]
+            lines.append("")
+        lines += ["Provenance:", ""]
+        lines += [f"- {row.name} / {row.model}: {provenance_line(row)}" for row in table.rows]
+        lines.append("")
+        for plot in plots.get(table.env, []):
+            lines += [f"![{plot.title}](plots/{plot.name}.png)", ""]
+    lines += ["Notes:", ""] + [f"- {note}" for note in NOTES] + [""]
+    return "\n".join(lines)
+
+
+# -- HTML -------------------------------------------------------------------------------------
+
+CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:1.5rem;color:#1b1b1b;max-width:110rem}
+h1{font-size:1.5rem}h2{font-size:1.25rem;margin-top:2rem;border-bottom:1px solid #ccc}
+table{border-collapse:collapse;margin:.5rem 0;font-size:.85rem}
+th,td{border:1px solid #d0d0d0;padding:.25rem .45rem;text-align:left;vertical-align:top}
+th{background:#f2f4f7;cursor:pointer;user-select:none}
+tr.invalid td{color:#8a1c1c;background:#fff4f4}
+td.num{text-align:right;white-space:nowrap}
+.protocol,.note{font-size:.85rem;color:#444}
+details{margin:.4rem 0}summary{cursor:pointer;font-weight:600}
+figure{margin:1rem 0}figure img{max-width:100%;border:1px solid #e0e0e0}
+ul.provenance{font-size:.8rem;color:#333}
+"""
+
+# Click a header to sort its table (numbers by their leading value, text alphabetically).
+JS = """
+document.querySelectorAll('table.sortable').forEach(function (table) {
+  table.querySelectorAll('th').forEach(function (header, column) {
+    header.addEventListener('click', function () {
+      var body = table.tBodies[0];
+      var rows = Array.prototype.slice.call(body.rows);
+      var ascending = header.getAttribute('data-order') !== 'asc';
+      header.setAttribute('data-order', ascending ? 'asc' : 'desc');
+      rows.sort(function (a, b) {
+        var x = a.cells[column].textContent.trim(), y = b.cells[column].textContent.trim();
+        var nx = parseFloat(x), ny = parseFloat(y);
+        var order = (!isNaN(nx) && !isNaN(ny)) ? nx - ny : x.localeCompare(y);
+        return ascending ? order : -order;
+      });
+      rows.forEach(function (row) { body.appendChild(row); });
+    });
+  });
+});
+"""
+
+# Nothing may be fetched: the page is one file, and the policy makes any stray request fail loudly.
+CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'unsafe-inline'"
+
+
+def _h(text: Any) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _html_table(columns: list[str], rows: list[list[str]], classes: list[str] | None = None) -> str:
+    """A sortable table; cells that start with a number are right-aligned."""
+    head = "".join(f"<th>{_h(c)}</th>" for c in columns)
+    body = []
+    for index, cells in enumerate(rows):
+        row_class = f' class="{classes[index]}"' if classes and classes[index] else ""
+        tds = "".join(f'<td class="num">{_h(c)}</td>' if c[:1].isdigit() else f"<td>{_h(c)}</td>"
+                      for c in cells)
+        body.append(f"<tr{row_class}>{tds}</tr>")
+    return f'<table class="sortable"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+
+
+def html_page(tables: list[Table], plots: dict[str, list[Plot]]) -> str:
+    parts = [
+        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+        f'<meta http-equiv="Content-Security-Policy" content="{_h(CSP)}">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        "<title>Arena leaderboard</title>", f"<style>{CSS}</style></head><body>",
+        "<h1>Arena leaderboard</h1>",
+    ]
+    for table in tables:
+        parts.append(f'<section class="board" id="{_h(table.env)}"><h2>{_h(table.env)}</h2>')
+        parts.append(f'<p class="protocol">Protocol: {_h(protocol_line(table))}. Sorted by {_h(table.sort)}.</p>')
+        rows = [main_cells(table, rank, row) for rank, row in enumerate(table.rows, 1)]
+        parts.append(_html_table(main_columns(table), rows,
+                                 ["" if row.valid else "invalid" for row in table.rows]))
+        for split in table.splits:
+            parts.append(f'<details class="task-types"><summary>{_h(split)}: success per task type</summary>')
+            parts.append(_html_table(type_columns(table, split),
+                                     [type_cells(table, split, row) for row in table.rows]))
+            parts.append("</details>")
+        variant_rows = [(row, variant_lines(row)) for row in table.rows if row.variants]
+        if variant_rows:
+            parts.append("<details open><summary>Variants evaluated beside the primary result</summary><ul>")
+            parts.extend(f"<li>{_h(row.name)} / {_h(row.model)}: {_h('; '.join(v))}</li>" for row, v in variant_rows)
+            parts.append("</ul></details>")
+        parts.append('<details><summary>Provenance</summary><ul class="provenance">')
+        parts.extend(f"<li><b>{_h(row.name)} / {_h(row.model)}</b>: {_h(provenance_line(row))}</li>"
+                     for row in table.rows)
+        parts.append("</ul></details>")
+        for plot in plots.get(table.env, []):
+            encoded = base64.b64encode(plot.png).decode("ascii")
+            parts.append(f'<figure><img class="plot" alt="{_h(plot.title)}" src="data:image/png;base64,{encoded}">'
+                         f"<figcaption>{_h(plot.title)}</figcaption></figure>")
+        parts.append("</section>")
+    parts.append('<ul class="note">' + "".join(f"<li>{_h(n)}</li>" for n in NOTES) + "</ul>")
+    parts.append(f"<script>{JS}</script></body></html>")
+    return "\n".join(parts) + "\n"
+
+
+# -- leaderboard.json and writing -------------------------------------------------------------
+
+
+def board_json(tables: list[Table]) -> dict[str, Any]:
+    return {"schema_version": BOARD_SCHEMA_VERSION, "arena_version": arena.__version__,
+            "notes": NOTES, "tables": [table.to_json() for table in tables]}
+
+
+def write_board(tables: list[Table], out: Path | str) -> list[Path]:
+    """Write README.md, index.html, leaderboard.json and plots/*.png into ``out``."""
+    out = Path(out)
+    (out / "plots").mkdir(parents=True, exist_ok=True)
+    plots = {table.env: table_plots(table) for table in tables}
+    written = []
+    for env_plots in plots.values():
+        for plot in env_plots:
+            path = out / "plots" / f"{plot.name}.png"
+            path.write_bytes(plot.png)
+            written.append(path)
+    for name, text in (("README.md", markdown(tables, plots)), ("index.html", html_page(tables, plots)),
+                       ("leaderboard.json", json.dumps(board_json(tables), indent=2) + "\n")):
+        (out / name).write_text(text)
+        written.append(out / name)
+    return written

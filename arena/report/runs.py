@@ -1,0 +1,138 @@
+"""Reading finished runs for reports, strictly read-only.
+
+``RunDir.load_episodes`` repairs a torn file (it is the resume path); a report must never change a
+run it reads, so episode lines are parsed here without touching the file.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from arena.core.rundir import CONFIG, EPISODES, RESULTS, STATE
+from arena.core.types import EpisodeResult
+
+PRIMARY_VARIANT = "default"  # the protocol's primary variant (arena.core.protocol.PRIMARY_VARIANT)
+EVALUATE = "evaluate"
+LEARN = "learn"
+
+
+class ReportError(ValueError):
+    """Runs that cannot be reported as asked; the message names the runs and the fix."""
+
+
+@dataclass
+class Run:
+    """One finished run: its results plus, where recorded, its episodes and state."""
+
+    path: Path
+    results: dict[str, Any]
+    episodes: list[EpisodeResult] | None = None  # None: no episodes.jsonl beside results.json
+    state: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return self.path.name
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return dict(self.results.get("provenance", {}).get("config", {}))
+
+    @property
+    def method(self) -> str:
+        return str(self.results["method"])
+
+    @property
+    def env(self) -> str:
+        return str(self.results["env"])
+
+    @property
+    def preset(self) -> str | None:
+        preset = self.config.get("method", {}).get("preset")
+        return None if preset is None else str(preset)
+
+    @property
+    def model(self) -> dict[str, Any]:
+        return dict(self.results.get("provenance", {}).get("model", {}))
+
+    @property
+    def model_id(self) -> str:
+        return str(self.model.get("id", "unknown"))
+
+    @property
+    def seeds(self) -> list[int]:
+        return [int(s) for s in self.results.get("seeds", [])]
+
+    @property
+    def eval_splits(self) -> list[str]:
+        return list(self.results.get("splits", {}))
+
+    def evaluated(self, variant: str = PRIMARY_VARIANT) -> list[EpisodeResult]:
+        """Test episodes of one variant, as results.json counts them (evaluated splits only)."""
+        if self.episodes is None:
+            raise ReportError(
+                f"{self.path} has no {EPISODES}: per-task data is needed here. Keep episodes.jsonl "
+                "beside results.json (the leaderboard stores both)."
+            )
+        splits = set(self.eval_splits)
+        return [r for r in self.episodes
+                if r.phase == EVALUATE and r.split in splits and r.variant == variant]
+
+    def learn_episodes(self) -> list[EpisodeResult]:
+        return [r for r in self.episodes or [] if r.phase == LEARN]
+
+    def variants(self) -> list[str]:
+        """Variants evaluated on the test splits besides the primary (e.g. ``without_skill``)."""
+        names: set[str] = set()
+        for summary in self.results.get("splits", {}).values():
+            names.update(summary.get("variants", {}))
+        return sorted(names)
+
+
+def read_episode_lines(path: Path) -> list[dict[str, Any]]:
+    """Every complete line of a JSONL file; a torn last line is ignored, the file left as is."""
+    records = []
+    for raw in path.read_bytes().splitlines(keepends=True):
+        if not raw.endswith(b"\n"):
+            break
+        try:
+            records.append(json.loads(raw))
+        except json.JSONDecodeError:
+            break
+    return records
+
+
+def load_run(path: Path | str) -> Run:
+    """A run directory (or its results.json). Refuses unfinished runs, naming the fix."""
+    path = Path(path)
+    if path.is_file() and path.name == RESULTS:
+        path = path.parent
+    results_file = path / RESULTS
+    if not results_file.is_file():
+        hint = (f"finish it with `arena run --resume {path}`" if (path / CONFIG).exists()
+                else "pass a folder that `arena run` wrote (it holds results.json)")
+        raise ReportError(f"{path} has no {RESULTS}: {hint}.")
+    results = json.loads(results_file.read_text())
+    for key in ("method", "env", "splits", "provenance"):
+        if key not in results:
+            raise ReportError(f"{results_file} lacks '{key}': not an Arena results file.")
+    episodes_file = path / EPISODES
+    episodes = None
+    if episodes_file.is_file():
+        episodes = [EpisodeResult.from_dict(r) for r in read_episode_lines(episodes_file)]
+    state_file = path / STATE
+    state = json.loads(state_file.read_text()) if state_file.is_file() else {}
+    return Run(path=path, results=results, episodes=episodes, state=state)
+
+
+def load_runs(paths: list[Path | str]) -> list[Run]:
+    runs = [load_run(p) for p in paths]
+    seen: dict[Path, Path] = {}
+    for run in runs:
+        resolved = run.path.resolve()
+        if resolved in seen:
+            raise ReportError(f"{run.path} is given twice; each run counts once.")
+        seen[resolved] = run.path
+    return runs

@@ -1,0 +1,124 @@
+"""The docs stay true: every hook of the plugin manager is in docs/plugin_hooks.md with its exact
+signature, and the tutorial docs/writing_a_method.md runs as written."""
+
+from __future__ import annotations
+
+import inspect
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from arena.core.plugins import new_plugin_manager
+from tests.test_new_method import make_venv, sh
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```", re.S | re.M)
+
+
+def spec_signature(name: str, function: object) -> str:
+    """``def name(arg: Annotation, ...) -> Return`` as written in hookspecs.py."""
+    signature = inspect.signature(function)  # annotations stay strings (postponed evaluation)
+    params = ", ".join(f"{p.name}: {p.annotation}" for p in signature.parameters.values())
+    return f"def {name}({params}) -> {signature.return_annotation}"
+
+
+def hook_sections(text: str) -> dict[str, str]:
+    """``### `name` `` heading -> the text up to the next heading."""
+    parts = re.split(r"^(#{2,3} .*)$", text, flags=re.M)
+    sections = {}
+    for heading, body in zip(parts[1::2], parts[2::2]):
+        found = re.fullmatch(r"### `(\w+)`", heading.strip())
+        if found:
+            sections[found.group(1)] = body
+    return sections
+
+
+def hook_specs() -> dict[str, object]:
+    pm = new_plugin_manager()
+    return {name: getattr(pm.hook, name).spec for name in vars(pm.hook)
+            if getattr(getattr(pm.hook, name), "spec", None) is not None}
+
+
+def test_every_hook_is_documented_with_its_exact_signature() -> None:
+    specs = hook_specs()
+    sections = hook_sections((DOCS / "plugin_hooks.md").read_text())
+    assert len(specs) >= 11
+    assert set(sections) == set(specs), (
+        f"undocumented hooks: {sorted(set(specs) - set(sections))}; "
+        f"documented hooks that do not exist: {sorted(set(sections) - set(specs))}"
+    )
+    for name, spec in specs.items():
+        body = sections[name]
+        signature = spec_signature(name, spec.function)
+        assert f"```python\n{signature}\n```" in body, f"{name}: doc lacks `{signature}`"
+        for label in ("**Result:**", "**Called:**", "**Frozen protocol:**"):
+            assert label in body, f"{name}: no {label} line"
+        result_line = body.split("**Result:**", 1)[1].split("\n- ", 1)[0]
+        first = bool(spec.opts.get("firstresult"))
+        assert ("firstresult" in result_line) == first, (
+            f"{name}: the doc must say 'firstresult' exactly when the hook is one ({first})"
+        )
+        examples = [code for info, code in FENCE.findall(body) if info.strip() == "python"]
+        assert len(examples) >= 2, f"{name}: needs its signature and an example"
+
+
+def test_hook_doc_examples_compile() -> None:
+    """Signatures (given a body) and examples (methods, dedented) are valid Python."""
+    blocks = [code for info, code in FENCE.findall((DOCS / "plugin_hooks.md").read_text())
+              if info.strip() == "python"]
+    assert len(blocks) >= 2 * len(hook_specs())
+    for code in blocks:
+        if code.startswith("def ") and code.count("\n") == 1:
+            code = code.rstrip("\n") + ":\n    ...\n"
+        compile(textwrap.dedent(code), "plugin_hooks.md", "exec")
+
+
+def tutorial_blocks() -> list[tuple[str, str, str]]:
+    """(kind, target, code) per fenced block: ("file", path, text) or ("bash", "", commands)."""
+    blocks = []
+    for info, code in FENCE.findall((DOCS / "writing_a_method.md").read_text()):
+        words = info.split()
+        target = next((w.split("=", 1)[1] for w in words if w.startswith("file=")), None)
+        if target is not None:
+            blocks.append(("file", target, code))
+        elif words == ["bash"]:
+            blocks.append(("bash", "", code))
+        else:
+            raise AssertionError(f"tutorial block ```{info} is neither a file= block nor bash")
+    return blocks
+
+
+def test_tutorial_blocks_are_all_runnable_kinds() -> None:
+    blocks = tutorial_blocks()
+    assert {kind for kind, _, _ in blocks} == {"file", "bash"}
+    assert any(target.endswith("plugin.py") for _, target, _ in blocks)
+
+
+@pytest.mark.slow
+def test_tutorial_runs_from_an_empty_folder(tmp_path: Path) -> None:
+    """Write the files, run the commands in one shell (cd carries over), as a reader would."""
+    work = tmp_path / "tutorial"
+    work.mkdir()
+    env = make_venv(tmp_path / "venv")
+    cwd_file = tmp_path / "cwd"
+    cwd_file.write_text(str(work))
+    outputs = []
+    for kind, target, code in tutorial_blocks():
+        if kind == "file":
+            path = work / target
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(code)
+        else:
+            script = f'cd "$(cat {cwd_file})"\n{code}\npwd > {cwd_file}\n'
+            outputs.append(sh(script, work, env))
+    package = work / "arena-recent-wins"
+    assert Path(cwd_file.read_text().strip()) == package
+    installed, tested, ran, board = outputs
+    assert installed.strip().splitlines()[-1] == "['0.1.0']"
+    assert "3 passed" in tested
+    valid, _, state = ran.strip().splitlines()[-1].split(" ", 2)
+    assert valid == "True" and "'wins'" in state
+    assert (package / "runs" / "first" / "results.json").exists()
+    assert board.strip(), "arena leaderboard wrote nothing"

@@ -1,0 +1,443 @@
+"""`arena leaderboard`: aggregation and intervals, protocol checks, Markdown, and the HTML page in
+headless Chromium. Runs are produced by the real protocol (fake LLM), so the schema is the real one."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+import struct
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+import arena
+from arena.cli import cli
+from arena.core import protocol
+from arena.core.plugins import Plugins
+from arena.core.solver import Action, play
+from arena.core.types import EpisodeResult
+from arena.report import ReportError, Run, build_tables, load_run, load_runs, write_board
+from arena.report.aggregate import pooled_splits, row_cost
+from tests.conftest import FAST
+
+# -- a scripted method: known successes on the real protocol -------------------------------------
+
+
+def scripted_success(task_id: str, seed: int, salt: int = 0) -> bool:
+    """Deterministic, varied outcomes: about two tasks in three succeed."""
+    return int(hashlib.sha256(f"{task_id}/{seed}/{salt}".encode()).hexdigest()[:8], 16) % 3 != 0
+
+
+class ScriptedMethod:
+    """Solves a task with the environment's expert when :func:`scripted_success` says so, else
+    with the standard solver (which the fake LLM never wins with). Plays a ``without_skill``
+    helper episode per test task (a paired variant like Evolving-RL's), and learns nothing but
+    records per-iteration metrics in state.json, as RL methods do."""
+
+    def __init__(self, run: Any) -> None:
+        self.run = run
+
+    @arena.hookimpl
+    def learn(self, run: Any) -> bool:
+        metrics = []
+        for iteration, task in enumerate(run.tasks("train")[:4]):
+            trajectory = run.play(task, [], seed=0)
+            metrics.append({"iteration": iteration, "success": float(trajectory.success), "time/x_s": 0.1})
+        run.run_dir.update_state(scripted={"metrics": metrics})
+        return True
+
+    @arena.hookimpl
+    def solve(self, run: Any, task: Any, experiences: Any, seed: int) -> Any:
+        run_seed = run.current_seed()  # the run seed (``seed`` is the episode's sampling seed)
+        if run.phase == "evaluate":
+            run.play(task, [], seed=run_seed, variant="without_skill", standard=True)
+        if not scripted_success(task.task_id, run_seed, int(run.cfg.method.get("salt", 0))):
+            return None  # the standard solver
+        episode = run.env.open(task)
+        return play(episode, lambda observation, trajectory: Action(text=episode.expert_action()),
+                    max_steps=int(run.cfg.eval.max_steps) * 5, max_invalid_actions=3)
+
+
+class _Module:
+    __name__ = "scripted_test_plugin"
+
+    @staticmethod
+    @arena.hookimpl
+    def register_methods(register: Any) -> None:
+        register("scripted", ScriptedMethod, description="scripted outcomes for report tests")
+
+
+def report_plugins() -> Plugins:
+    loaded = Plugins()
+    loaded.load_defaults()
+    loaded.register_plugin(_Module(), name="scripted_test_plugin")
+    return loaded
+
+
+def make_run(plugins: Plugins, root: Path, name: str, method: str = "scripted",
+             seeds: tuple[int, ...] = (0,), extra: tuple[str, ...] = ()) -> Path:
+    overrides = list(FAST) + [f"run.seeds=[{','.join(map(str, seeds))}]"]
+    if method == "scripted":
+        overrides.append("learn.budget.episodes=4")
+    path, _ = protocol.run(method, overrides=overrides + list(extra), out=root / name, plugins=plugins)
+    return path
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Real runs shared by the tests of this module (about a second each)."""
+    root = tmp_path_factory.mktemp("runs")
+    plugins = report_plugins()
+    return {
+        "s0": make_run(plugins, root, "scripted-s0", seeds=(0,)),
+        "s1": make_run(plugins, root, "scripted-s1", seeds=(1,)),
+        "s01": make_run(plugins, root, "scripted-s01", seeds=(0, 1)),
+        "base": make_run(plugins, root, "base-s0", method="base", seeds=(0,)),
+        "steps8": make_run(plugins, root, "base-steps8", method="base", extra=("eval.max_steps=8",)),
+        "limited": make_run(plugins, root, "base-limited", method="base", extra=("eval.limit=4",)),
+        "ntest8": make_run(plugins, root, "base-ntest8", method="base", extra=("env.n_test=8",)),
+        "online": make_run(plugins, root, "base-online", method="base", extra=("run.track=online",)),
+    }
+
+
+# -- aggregation and interval math, by hand ------------------------------------------------------
+
+
+def _record(task: str, seed: int, success: bool, task_type: str = "t", split: str = "test_seen",
+            variant: str = "default") -> EpisodeResult:
+    return EpisodeResult(phase="evaluate", track="frozen", task_id=task, split=split, task_type=task_type,
+                         seed=seed, success=success, reward=float(success), progress=1.0 if success else 0.5,
+                         steps=4, valid_actions=3, status="success" if success else "step_limit",
+                         tokens_in=10, tokens_out=1, llm_calls=4, wall_s=0.1, experience_ids=[],
+                         variant=variant)
+
+
+def _constructed_run(label: str, seed: int, outcomes: dict[str, bool], learn_tokens: int) -> Run:
+    records = [_record(task, seed, ok, task_type="x" if task == "c" else "ab")
+               for task, ok in outcomes.items()]
+    phase = {"episodes": 0, "env_steps": 0, "tokens_in": learn_tokens, "tokens_out": 0, "wall_s": 3600.0}
+    results = {
+        "method": "m", "env": "e", "track": "frozen", "valid": True, "seeds": [seed], "limited": False,
+        "splits": {"test_seen": {"n_episodes": len(records)}},
+        "learn": {"used": {"gradient_steps": 0}, "used_valid_split": False},
+        "cost": {"learn": phase, "evaluate": {**phase, "episodes": len(records), "tokens_in": 0}},
+        "state": {"memory_items": 10 * (seed + 1), "memory_bytes": 0, "method": {}},
+        "provenance": {"config": {}, "model": {"id": "fake"}},
+    }
+    return Run(path=Path(label), results=results, episodes=records)
+
+
+def test_pooled_seeds_interval_by_hand():
+    # Tasks a, b, c over seeds 0 and 1: a 1/1, b 1/0, c 0/0. Per-task means 1, 0.5, 0: 1.5 of n=3
+    # tasks, p = 0.5. Wilson, z = 1.959964 (z^2 = 3.841459): denominator 1 + z^2/3 = 2.280486,
+    # centre (0.5 + z^2/6) / 2.280486 = 0.5, half z*sqrt(0.25/3 + z^2/36) / 2.280486
+    # = 1.959964 * 0.435939 / 2.280486 = 0.374669 -> [0.1253, 0.8747].
+    runs = [_constructed_run("r0", 0, {"a": True, "b": True, "c": False}, learn_tokens=100),
+            _constructed_run("r1", 1, {"a": True, "b": False, "c": False}, learn_tokens=300)]
+    pooled = pooled_splits(runs)["test_seen"]
+    assert (pooled["n_tasks"], pooled["n_episodes"], pooled["success_rate"]) == (3, 6, 0.5)
+    assert pooled["ci95"] == [0.1253, 0.8747]
+    # type "ab" (tasks a, b): means 1 and 0.5 -> p = 0.75, n = 2: denominator 1 + z^2/2 = 2.920730,
+    # centre (0.75 + z^2/4)/2.920730 = 0.585596, half z*sqrt(0.1875/2 + z^2/16)/2.920730
+    # = 1.959964 * 0.577790 / 2.920730 = 0.387727 -> [0.1979, 0.9733]
+    assert pooled["by_task_type"]["ab"]["success_rate"] == pytest.approx(0.75)
+    assert pooled["by_task_type"]["ab"]["ci95"] == [0.1979, 0.9733]
+    assert pooled["by_task_type"]["x"]["success_rate"] == 0.0
+    # progress: 3 successes (1.0) and 3 failures (0.5) -> 0.75; valid actions 18 of 24 steps
+    assert pooled["progress_rate"] == 0.75 and pooled["valid_action_rate"] == 0.75
+    cost = row_cost(runs)  # one run's cost: the mean over the pooled runs
+    assert cost["learn_tokens"] == 200 and cost["learn_hours"] == 1.0 and cost["memory_items"] == 15
+
+
+def test_pooling_two_runs_equals_one_run_with_both_seeds(runs):
+    table, = build_tables(load_runs([runs["s0"], runs["s1"]]))
+    row, = table.rows
+    assert row.seeds == [0, 1] and [r.label for r in row.runs] == ["scripted-s0", "scripted-s1"]
+    both = json.loads((runs["s01"] / "results.json").read_text())
+    for split, summary in both["splits"].items():
+        expected = {k: v for k, v in summary.items() if k != "variants"}
+        assert row.splits[split] == expected
+        assert row.variants[split]["without_skill"] == summary["variants"]["without_skill"]
+        assert row.splits[split]["n_episodes"] == 2 * row.splits[split]["n_tasks"]
+    # the outcomes are the scripted ones, so the pooled rate is checkable from the rule itself
+    records = [r for r in load_run(runs["s01"]).evaluated() if r.split == "test_seen"]
+    assert row.splits["test_seen"]["success_rate"] == pytest.approx(
+        sum(scripted_success(r.task_id, r.seed) for r in records) / len(records), abs=1e-4)
+
+
+def test_row_cost_flags_provenance_and_curves(runs):
+    run = load_run(runs["s0"])
+    table, = build_tables([run])
+    row, = table.rows
+    results = run.results
+    assert row.splits["test_seen"] == {k: v for k, v in results["splits"]["test_seen"].items() if k != "variants"}
+    assert row.cost["learn_episodes"] == 4 == results["cost"]["learn"]["episodes"]
+    assert row.cost["device"] == "CPU"
+    helpers = sum(results["splits"][s]["variants"]["without_skill"]["n_episodes"] for s in results["splits"])
+    assert helpers > 0 and row.cost["extra_test_episodes"] == helpers
+    assert f"test-time extra episodes: {helpers} (without_skill)" in row.flags
+    assert row.provenance["seeds"] == [0]
+    assert row.provenance["weights_sha256"] == [results["provenance"]["model"]["weights_sha256"][:12]]
+    assert row.provenance["git_sha"][0][:12] == str(results["provenance"]["git_sha"])[:12]
+    curve = row.learning_curves["scripted-s0"]["scripted: success"]
+    assert [point[0] for point in curve] == [0, 1, 2, 3] and "scripted: time/x_s" not in row.learning_curves
+
+
+def test_invalid_runs_flagged_and_ranked_last(runs, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(runs["s0"], broken)
+    results = json.loads((broken / "results.json").read_text())
+    results.update(valid=False, violations=["played a test task while learning"], method="cheater")
+    (broken / "results.json").write_text(json.dumps(results))
+    table, = build_tables(load_runs([runs["base"], broken]))
+    assert [row.method for row in table.rows] == ["base", "cheater"]  # cheater scores more, still last
+    assert table.rows[1].flags[-1].startswith("INVALID broken: played a test task")
+
+
+def test_core_never_imports_the_report_package():
+    core = Path(arena.__file__).parent / "core"
+    importers = [path.name for path in core.rglob("*.py") if "arena.report" in path.read_text()]
+    assert importers == []
+
+
+# -- refusing mixed protocols ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("other, field", [
+    ("steps8", "eval.max_steps"),
+    ("limited", "limited"),
+    ("ntest8", "split_hashes.test_seen"),
+    ("online", "track"),
+])
+def test_refuses_mixed_protocols_naming_the_field(runs, other, field):
+    loaded = load_runs([runs["base"], runs[other]])
+    with pytest.raises(ReportError, match=rf"{field} differs: .* in base-s0; .* in base-{other}") as error:
+        build_tables(loaded)
+    assert "--allow-mixed" in str(error.value)
+    table, = build_tables(loaded, allow_mixed=True)
+    assert field in table.mixed_fields and len(table.rows) == 2  # one row per protocol, flagged
+    assert all(any(flag.startswith(f"mixed: {field}=") for flag in row.flags) for row in table.rows)
+
+
+def test_cli_refuses_mixed_runs_and_repeated_seeds(runs, tmp_path):
+    result = CliRunner().invoke(cli, ["leaderboard", str(runs["base"]), str(runs["steps8"]),
+                                      "--out", str(tmp_path / "b")])
+    assert result.exit_code != 0 and "eval.max_steps differs" in result.output
+    assert not (tmp_path / "b").exists()
+    with pytest.raises(ReportError, match="Seed 0 of row 'scripted / arena/fake' is in both scripted-s0 and scripted-s01"):
+        build_tables(load_runs([runs["s0"], runs["s01"]]))
+
+
+# -- Markdown -------------------------------------------------------------------------------------
+
+
+def _markdown_rows(text: str, first_column: str) -> list[list[str]]:
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_column} |"))
+    rows = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in re.split(r"(?<!\\)\|", line.strip()[1:-1])])
+    return rows
+
+
+def test_markdown_table(runs, tmp_path):
+    out = tmp_path / "board"
+    result = CliRunner().invoke(cli, ["leaderboard", str(runs["base"]), str(runs["s0"]), str(runs["s1"]),
+                                      "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    text = (out / "README.md").read_text()
+    header, rule, *body = _markdown_rows(text, "#")
+    assert header[:7] == ["#", "Method", "Model", "Track", "Seeds", "test_seen success [95 % CI]",
+                          "test_unseen success [95 % CI]"]
+    assert set(rule) == {"---"} and len(body) == 2 and all(len(cells) == len(header) for cells in body)
+    assert [cells[1] for cells in body] == ["scripted", "base"]  # sorted by success, best first
+    board = json.loads((out / "leaderboard.json").read_text())
+    scripted = board["tables"][0]["rows"][0]
+    low, high = scripted["splits"]["test_seen"]["ci95"]
+    assert body[0][:5] == ["1", "scripted", "arena/fake", "frozen", "0, 1"]
+    assert body[0][5] == f"{100 * scripted['splits']['test_seen']['success_rate']:.1f} % [{100 * low:.1f}, {100 * high:.1f}]"
+    assert body[1][5] == "0.0 % [0.0, 24.2]"  # base never wins; Wilson upper bound with n = 12
+    assert "test-time extra episodes" in body[0][-1] and body[1][-1] == "-"
+    assert text.count("<details>") == 2 and "test_unseen: success per task type" in text
+    assert "pick_two_obj_and_place" in _markdown_rows(text.split("test_unseen: success per task type")[1], "Method")[0]
+    assert f"weights {scripted['provenance']['weights_sha256'][0]}" in text
+    for plot in ("household-success-vs-cost", "household-task-types", "household-learning-curves"):
+        assert f"(plots/{plot}.png)" in text and (out / "plots" / f"{plot}.png").read_bytes()[:4] == b"\x89PNG"
+
+    cheapest = CliRunner().invoke(cli, ["leaderboard", str(runs["base"]), str(runs["s0"]),
+                                        "--out", str(tmp_path / "c"), "--sort", "learn_cost"])
+    assert cheapest.exit_code == 0
+    assert [c[1] for c in _markdown_rows((tmp_path / "c" / "README.md").read_text(), "#")[2:]] == ["base", "scripted"]
+
+
+def test_board_is_reproducible(runs, tmp_path):
+    for name in ("a", "b"):
+        write_board(build_tables(load_runs([runs["base"], runs["s0"]])), tmp_path / name)
+    for file in ("README.md", "index.html", "leaderboard.json"):
+        assert (tmp_path / "a" / file).read_bytes() == (tmp_path / "b" / file).read_bytes(), file
+
+
+# -- the HTML page in headless Chromium -----------------------------------------------------------
+
+
+def find_chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome", "chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+class DevTools:
+    """A minimal Chrome DevTools Protocol client over a standard-library WebSocket."""
+
+    def __init__(self, port: int, path: str) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+        key = base64.b64encode(os.urandom(16)).decode()
+        self.sock.sendall((f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
+                           f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+                           "Sec-WebSocket-Version: 13\r\n\r\n").encode())
+        response = b""
+        while b"\r\n\r\n" not in response:
+            response += self.sock.recv(4096)
+        assert b" 101 " in response.split(b"\r\n")[0], response
+        self.buffer = response.split(b"\r\n\r\n", 1)[1]
+        self.next_id = 0
+        self.events: list[dict[str, Any]] = []
+
+    def _read(self, n: int) -> bytes:
+        while len(self.buffer) < n:
+            chunk = self.sock.recv(1 << 16)
+            if not chunk:
+                raise ConnectionError("DevTools closed the connection")
+            self.buffer += chunk
+        data, self.buffer = self.buffer[:n], self.buffer[n:]
+        return data
+
+    def _receive(self) -> dict[str, Any]:
+        message = b""
+        while True:
+            first, second = self._read(2)
+            length = second & 0x7F
+            if length == 126:
+                length = struct.unpack(">H", self._read(2))[0]
+            elif length == 127:
+                length = struct.unpack(">Q", self._read(8))[0]
+            message += self._read(length)
+            if first & 0x80:  # FIN
+                return json.loads(message)
+
+    def call(self, method: str, params: dict[str, Any] | None = None, session: str | None = None) -> dict[str, Any]:
+        self.next_id += 1
+        payload: dict[str, Any] = {"id": self.next_id, "method": method, "params": params or {}}
+        if session:
+            payload["sessionId"] = session
+        data = json.dumps(payload).encode()
+        mask = os.urandom(4)
+        header = bytes([0x81])
+        header += (bytes([0x80 | len(data)]) if len(data) < 126 else
+                   bytes([0x80 | 126]) + struct.pack(">H", len(data)) if len(data) < 65536 else
+                   bytes([0x80 | 127]) + struct.pack(">Q", len(data)))
+        self.sock.sendall(header + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(data)))
+        while True:
+            message = self._receive()
+            if message.get("id") == self.next_id:
+                if "error" in message:
+                    raise RuntimeError(f"{method}: {message['error']}")
+                return message.get("result", {})
+            self.events.append(message)
+
+    def wait_for(self, event: str, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while not any(e.get("method") == event for e in self.events):
+            if time.monotonic() > deadline:
+                raise TimeoutError(event)
+            self.events.append(self._receive())
+
+
+PAGE_FACTS = """JSON.stringify({
+  tables: document.querySelectorAll('table').length,
+  mainRows: document.querySelector('table').tBodies[0].rows.length,
+  headers: Array.from(document.querySelector('table').tHead.rows[0].cells).map(c => c.textContent),
+  firstCells: Array.from(document.querySelector('table').tBodies[0].rows).map(r => r.cells[1].textContent),
+  details: document.querySelectorAll('details').length,
+  images: Array.from(document.images).map(i => ({ok: i.complete && i.naturalWidth > 100, src: i.src.slice(0, 22)})),
+  width: document.documentElement.scrollWidth, height: document.documentElement.scrollHeight
+})"""
+
+
+def test_html_page_renders_in_headless_chromium(runs, tmp_path):
+    browser = find_chromium()
+    if browser is None:
+        pytest.skip("Debian's chromium is not installed (CI set-up: apt-get install -y chromium)")
+    out = tmp_path / "board"
+    write_board(build_tables(load_runs([runs["base"], runs["s0"], runs["s1"]])), out)
+    page = (out / "index.html").read_text()
+    assert "http://" not in page and "https://" not in page and "<link" not in page
+    artifacts = Path(os.environ.get("ARENA_TEST_ARTIFACTS", tmp_path / "artifacts"))
+    artifacts.mkdir(parents=True, exist_ok=True)
+    profile = tmp_path / "profile"
+    process = subprocess.Popen(
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--remote-debugging-port=0", "about:blank"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        port_file = profile / "DevToolsActivePort"
+        deadline = time.monotonic() + 60
+        while not (port_file.exists() and len(port_file.read_text().splitlines()) >= 2):
+            assert process.poll() is None, f"{browser} exited with {process.returncode}"
+            assert time.monotonic() < deadline, "chromium did not open its DevTools port in 60 s"
+            time.sleep(0.2)
+        port, path = port_file.read_text().splitlines()[:2]
+        devtools = DevTools(int(port), path)
+        target = devtools.call("Target.createTarget", {"url": "about:blank"})["targetId"]
+        session = devtools.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+        for domain in ("Runtime", "Log", "Network", "Page"):
+            devtools.call(f"{domain}.enable", session=session)
+        devtools.call("Emulation.setDeviceMetricsOverride",
+                      {"width": 1400, "height": 900, "deviceScaleFactor": 1, "mobile": False}, session=session)
+        devtools.call("Page.navigate", {"url": (out / "index.html").resolve().as_uri()}, session=session)
+        devtools.wait_for("Page.loadEventFired")
+        devtools.call("Runtime.evaluate", {"expression": "document.querySelectorAll('details').forEach(d => d.open = true)"},
+                      session=session)
+        facts = json.loads(devtools.call("Runtime.evaluate", {"expression": PAGE_FACTS, "returnByValue": True},
+                                         session=session)["result"]["value"])
+        shot = devtools.call("Page.captureScreenshot", {
+            "format": "png", "captureBeyondViewport": True,
+            "clip": {"x": 0, "y": 0, "width": facts["width"], "height": facts["height"], "scale": 1}},
+            session=session)
+        screenshot = artifacts / "leaderboard.png"
+        screenshot.write_bytes(base64.b64decode(shot["data"]))
+        devtools.call("Runtime.evaluate", {"expression": "1"}, session=session)  # drain late events
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    events = devtools.events
+    errors = [e["params"] for e in events if e.get("method") == "Runtime.exceptionThrown"
+              or (e.get("method") == "Runtime.consoleAPICalled" and e["params"]["type"] in ("error", "assert"))
+              or (e.get("method") == "Log.entryAdded" and e["params"]["entry"]["level"] == "error")]
+    assert errors == [], errors
+    requests = [e["params"]["request"]["url"] for e in events if e.get("method") == "Network.requestWillBeSent"]
+    assert [url for url in requests if not url.startswith(("file:", "data:"))] == []
+    assert facts["tables"] == 1 + 2  # the main table and one per-task-type table per split
+    assert facts["mainRows"] == 2 and facts["firstCells"] == ["scripted", "base"]
+    assert facts["headers"][5] == "test_seen success [95 % CI]"
+    assert facts["details"] >= 3
+    assert len(facts["images"]) == 3 and all(i["ok"] and i["src"] == "data:image/png;base64," for i in facts["images"])
+    assert screenshot.read_bytes()[:4] == b"\x89PNG" and screenshot.stat().st_size > 10_000
+    print(f"screenshot: {screenshot}")

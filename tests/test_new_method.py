@@ -1,0 +1,105 @@
+"""`arena new-method`: the package it writes installs with `pip install -e`, passes its own tests
+at once, and runs by name."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from arena.cli import cli
+from arena.templates import TemplateError, create_method_package, package_names
+from tests.conftest import FAST
+
+#: A run of a few seconds: the fast overrides, 2 tasks per test split, a short learning phase.
+QUICK_RUN = [*FAST, "eval.limit=2", "learn.budget.episodes=3"]
+
+
+def make_venv(root: Path) -> dict[str, str]:
+    """A clean virtualenv that sees this environment's packages (Arena, pytest) but installs
+    into itself, so nothing a test installs outlives it. Returns the environment to run it in:
+    ``python``, ``pip`` and ``arena`` on PATH are the virtualenv's."""
+    venv.create(root, system_site_packages=True, with_pip=False)
+    bin_dir = root / "bin"
+    # Without its own pip the venv's python runs this environment's pip module, which installs
+    # into the venv (its sys.prefix); likewise `arena` is Arena's CLI under the venv's python.
+    for name, module in (("pip", "pip"), ("arena", "arena.cli")):
+        script = bin_dir / name
+        script.write_text(f'#!/bin/sh\nexec "{bin_dir / "python"}" -m {module} "$@"\n')
+        script.chmod(0o755)
+    env = dict(os.environ)
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    env["VIRTUAL_ENV"] = str(root)
+    env.pop("PYTHONPATH", None)
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    env["PIP_NO_INDEX"] = "1"  # nothing is downloaded: a test that needs the network fails
+    # Build with this environment's setuptools rather than fetch one. pip's spelling is
+    # inverted: PIP_NO_BUILD_ISOLATION=0 means --no-build-isolation.
+    env["PIP_NO_BUILD_ISOLATION"] = "0"
+    return env
+
+
+def sh(command: str, cwd: Path, env: dict[str, str], timeout: int = 300) -> str:
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"`{command}` failed:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def test_names_are_derived_and_checked() -> None:
+    assert package_names("my-method") == {"name": "my_method", "dist": "arena-my-method",
+                                           "package": "arena_my_method", "class_name": "MyMethod"}
+    for bad in ("My Method", "1st", "with.dot", ""):
+        with pytest.raises(TemplateError, match="lowercase"):
+            package_names(bad)
+
+
+def test_refuses_a_folder_with_files(tmp_path: Path) -> None:
+    (tmp_path / "mine.txt").write_text("keep me")
+    result = CliRunner().invoke(cli, ["new-method", "demo", "--path", str(tmp_path)])
+    assert result.exit_code != 0 and "already holds files" in result.output
+    assert (tmp_path / "mine.txt").read_text() == "keep me"
+    assert not (tmp_path / "pyproject.toml").exists()
+
+
+def test_plugin_module_stubs_every_method_hook(tmp_path: Path) -> None:
+    from arena.core.plugins import hook_names, implemented_hooks
+
+    files = create_method_package("demo", tmp_path / "pkg")
+    plugin_file = next(f for f in files if f.name == "plugin.py")
+    namespace: dict[str, object] = {"__name__": "demo_plugin"}
+    exec(compile(plugin_file.read_text(), str(plugin_file), "exec"), namespace)
+    method_hooks = set(hook_names()) - {"register_methods", "register_envs", "register_backends"}
+    assert set(implemented_hooks(namespace["Demo"])) == method_hooks
+    for hook in method_hooks:  # each stub says what it is for
+        assert (getattr(namespace["Demo"], hook).__doc__ or "").strip(), hook
+
+
+@pytest.mark.slow
+def test_generated_package_installs_passes_its_tests_and_runs(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["new-method", "demo_memory", "--path", str(tmp_path / "pkg")])
+    assert result.exit_code == 0, result.output
+    package = tmp_path / "pkg"
+    env = make_venv(tmp_path / "venv")
+    sh("pip install -q --no-build-isolation --no-deps -e .", package, env)
+    tests = sh("python -m pytest -q -p no:cacheprovider", package, env)
+    assert "test_plugin_is_installed" not in tests  # -q: no failure listing
+    assert "2 passed" in tests, tests
+    listing = json.loads(sh("arena plugins --json", package, env))
+    entry = next(m for m in listing["methods"] if m["name"] == "demo_memory")
+    assert (entry["package"], entry["version"]) == ("arena-demo-memory", "0.1.0")
+    out = tmp_path / "run"
+    sh(f"arena run --method demo_memory --out {out} " + " ".join(QUICK_RUN), package, env)
+    results = json.loads((out / "results.json").read_text())
+    assert results["method"] == "demo_memory" and results["valid"]
+    assert results["splits"]["test_seen"]["n_episodes"] == 2
+    # The package went into the virtualenv only.
+    outside = subprocess.run([sys.executable, "-m", "pip", "show", "arena-demo-memory"],
+                             capture_output=True, text=True)
+    assert outside.returncode != 0

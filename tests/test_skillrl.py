@@ -1,0 +1,371 @@
+"""SkillRL: SkillBank bookkeeping, retrieval, injection from step 2, the evolution trigger, one
+SFT and one GRPO step on the tiny model, the valid-split flag, and end-to-end runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from arena.core import protocol
+from arena.core.config import compose
+from arena.core.embedder import make_embedder
+from arena.core.llm import Chat, Choice, SamplingParams
+from arena.core.rl import PolicyTrainer, group_advantages
+from arena.core.solver import StandardSolver, play
+from arena.core.store import ExperienceStore
+from arena.core.types import RolloutTokens, Step, Task, Termination, Trajectory
+from arena.plugins.skillrl import distill
+from arena.plugins.skillrl import method as skillrl
+from arena.plugins.skillrl import sft as sft_stage
+from arena.plugins.skillrl.distill import parse_mistakes, parse_skills
+from arena.plugins.skillrl.retrieval import HEADER, embedding_retrieve, make_prompt_builder, template_retrieve
+from arena.plugins.skillrl.skillbank import GENERAL, SkillBank, sync_store
+from arena.testing import FakeLLM
+
+PICK, HEAT = "pick_and_place_simple", "pick_heat_then_place_in_recep"
+
+
+def constructed_bank() -> SkillBank:
+    bank = SkillBank()
+    bank.begin()
+    for number in range(8):
+        bank.add_skill(title=f"General {number}", principle=f"Principle number {number}.", scope=GENERAL,
+                       source_split="train", source_task_ids=[f"t{number}"], added_at="distill")
+    bank.add_skill(title="Heat in microwave", principle="Heat the object with microwave 1.", scope=HEAT,
+                   source_split="train", source_task_ids=["h1"], added_at="distill")
+    bank.add_skill(title="Search countertops", principle="Look on countertops first.", scope=PICK,
+                   source_split="train", source_task_ids=["p1"], added_at="distill")
+    for number in range(7):
+        bank.add_mistake(description=f"Mistake {number}", how_to_avoid=f"Avoid {number}.",
+                         source_split="train", source_task_ids=[f"m{number}"], added_at="distill")
+    bank.commit()
+    bank.add_skill(title="Evolved", principle="Open closed receptacles.", scope=GENERAL, source_split="valid",
+                   source_task_ids=["v1"], added_at="evolve@step1", dynamic=True)
+    return bank
+
+
+def store_with(bank: SkillBank) -> ExperienceStore:
+    store = ExperienceStore(None, make_embedder(OmegaConf.create({"name": "hashing"})))
+    sync_store(store, bank)
+    return store
+
+
+def task(task_type: str, goal: str = "put a hot apple in fridge.", split: str = "test_seen") -> Task:
+    return Task(f"{split}/{task_type}/1", "household", split, task_type, goal)
+
+
+# -- SkillBank -----------------------------------------------------------------------------------
+
+
+def test_skillbank_add_revise_and_version_bookkeeping():
+    bank = SkillBank()
+    bank.begin()
+    first = bank.add_skill(title="Open first", principle="Open closed receptacles.", scope=GENERAL,
+                           source_split="train", source_task_ids=["a"], added_at="distill")
+    typed = bank.add_skill(title="Heat", principle="Use the microwave.", scope=HEAT, source_split="train",
+                           source_task_ids=["b"], added_at="distill")
+    mistake = bank.add_mistake(description="Looping", how_to_avoid="Try another place.", source_split="train",
+                               source_task_ids=["c"], added_at="distill")
+    bank.commit()
+    assert (first.skill_id, typed.skill_id, mistake.mistake_id) == ("gen_001", f"{HEAT}_001", "mis_001")
+    assert bank.version == 1 and all(e["bank_version"] == 1 for e in bank.history)
+    # a duplicate title in the same scope is refused (SkillRL PR #28's duplicate ids)
+    assert bank.add_skill(title=" open  FIRST", principle="x", scope=GENERAL, source_split="train") is None
+    assert bank.version == 1
+    bank.begin()
+    bank.commit()  # an empty batch gives its version back
+    assert bank.version == 1
+    dyn = bank.add_skill(title="Evolved", principle="Check every cabinet.", scope=GENERAL, source_split="valid",
+                         source_task_ids=["v1", "v2"], added_at="evolve@step5", dynamic=True)
+    assert dyn.skill_id == "dyn_001" and dyn.dynamic and bank.version == 2
+    revised = bank.revise_skill("gen_001", principle="Open every closed receptacle you pass.",
+                                source_split="valid", source_task_ids=["v3"], added_at="evolve@step10")
+    assert revised.version == 2 and revised.bank_version == 3 and bank.version == 3
+    assert revised.source_task_ids == ["a", "v3"]
+    event = bank.history[-1]
+    assert event["event"] == "revise" and event["previous"]["principle"] == "Open closed receptacles."
+    assert event["source_split"] == "valid" and event["source_task_ids"] == ["v3"]
+    assert [e["id"] for e in bank.history if e["at"].startswith("evolve")] == ["dyn_001", "gen_001"]
+    assert [s.skill_id for s in bank.general()] == ["dyn_001", "gen_001"]  # evolved first
+    with pytest.raises(KeyError, match="No skill 'gen_999'"):
+        bank.revise_skill("gen_999", principle="x", source_split="valid")
+    restored = SkillBank.from_dict(json.loads(json.dumps(bank.to_dict())))
+    assert restored.to_dict() == bank.to_dict()
+    assert restored.add_skill(title="Next", principle="p", scope=GENERAL, source_split="train").skill_id == "gen_002"
+
+
+def test_store_mirrors_the_bank_and_keeps_provenance():
+    bank = constructed_bank()
+    store = store_with(bank)
+    assert store.count("skill") == 11 and store.count("mistake") == 7
+    evolved = store.get(["skillrl:dyn_001"])[0]
+    assert evolved.provenance.source_split == "valid" and evolved.metadata["dynamic"] is True
+    digest = store.digest()
+    sync_store(store, bank)  # idempotent
+    assert store.digest() == digest
+    smaller = SkillBank.from_dict(bank.to_dict())
+    del smaller.skills["gen_001"]
+    sync_store(store, smaller)
+    assert store.count("skill") == 10 and not store.get(["skillrl:gen_001"])
+
+
+# -- retrieval and injection ---------------------------------------------------------------------
+
+
+def test_template_retrieval_takes_type_skills_top_general_and_mistakes():
+    store = store_with(constructed_bank())
+    found = template_retrieve(store, task(HEAT), top_general=6, max_mistakes=5)
+    ids = [e.experience_id.removeprefix("skillrl:") for e in found]
+    assert ids[:6] == ["dyn_001", "gen_001", "gen_002", "gen_003", "gen_004", "gen_005"]
+    assert ids[6:7] == [f"{HEAT}_001"]  # its own type only
+    assert ids[7:] == [f"mis_00{n}" for n in range(1, 6)]
+    unseen = template_retrieve(store, task("look_at_obj_in_light"), top_general=2, max_mistakes=0)
+    assert [e.experience_id for e in unseen] == ["skillrl:dyn_001", "skillrl:gen_001"]
+
+
+def test_embedding_retrieval_top_k_and_threshold():
+    bank = constructed_bank()
+    store = store_with(bank)
+    query = task(HEAT, goal=bank.skills[f"{HEAT}_001"].render())
+    found = embedding_retrieve(store, query, top_k=3, threshold=None)
+    assert len(found) == 3 and found[0].experience_id == f"skillrl:{HEAT}_001"
+    assert embedding_retrieve(store, query, top_k=3, threshold=0.999)[0].experience_id == f"skillrl:{HEAT}_001"
+    assert len(embedding_retrieve(store, query, top_k=3, threshold=0.999)) == 1
+
+
+class RecordingLLM(FakeLLM):
+    def __init__(self) -> None:
+        super().__init__()
+        self.prompts: list[Chat] = []
+
+    def choose(self, prompts: list[Chat], options: list[list[str]], params: SamplingParams | list[SamplingParams]
+               ) -> list[Choice]:
+        self.prompts.extend(prompts)
+        return super().choose(prompts, options, params)
+
+
+@pytest.mark.parametrize("inject_from", [1, 2, 3])
+def test_skills_are_injected_from_the_configured_step(plugins, inject_from):
+    env = plugins.envs.get("household").factory(OmegaConf.create({"n_train": 4, "n_valid": 4, "n_test": 4}))
+    store = store_with(constructed_bank())
+    target = env.tasks("test_seen")[0]
+    skills = template_retrieve(store, target, top_general=6, max_mistakes=5)
+    llm = RecordingLLM()
+    solver = StandardSolver(llm, history=2, max_experiences=1000,
+                            prompt_builder=make_prompt_builder(inject_from, max_chars=3000))
+    trajectory = play(env.open(target), solver.policy(target, skills, seed=0), max_steps=4, max_invalid_actions=5)
+    assert len(trajectory.steps) == 4
+    shown = [HEADER in prompt[-1]["content"] for prompt in llm.prompts]
+    assert shown == [number >= inject_from for number in range(1, 5)]
+    assert "General Principles:\n- Evolved: Open closed receptacles." in llm.prompts[-1][-1]["content"]
+    assert "Mistakes to avoid:\n- Don't: Mistake 0" in llm.prompts[-1][-1]["content"]
+
+
+# -- teacher and evolution -----------------------------------------------------------------------
+
+
+def test_teacher_answers_are_parsed_from_prose_and_lists():
+    text = ('Sure! ```json\n[{"title": "A", "principle": "Do a.", "when_to_apply": "always"}, '
+            '{"title": "", "principle": "dropped"}]``` and {"title": "B", "principle": "Do b.", "revises": "gen_001"}')
+    assert [s["title"] for s in parse_skills(text)] == ["A", "B"]
+    assert parse_skills(text)[1]["revises"] == "gen_001" and parse_skills(text, limit=1)[0]["title"] == "A"
+    assert parse_skills('{"title": "unclosed') == []
+    mistakes = parse_mistakes('{"description": "Loops", "why_it_happens": "w", "how_to_avoid": "Stop."} {"description": "x"}')
+    assert mistakes == [{"description": "Loops", "why_it_happens": "w", "how_to_avoid": "Stop."}]
+    teacher = distill.Teacher(FakeLLM(reply='Skill", "principle": "P."}'), shares_policy_backend=True,
+                              max_new_tokens=8, temperature=0.0, reply_prefix=True, transcript_chars=100)
+    (answer,) = teacher.ask([("success", [{"role": "user", "content": "x"}])], seed=0)
+    assert parse_skills(answer) == [{"title": "Skill", "principle": "P.", "when_to_apply": "", "revises": ""}]
+    assert teacher.cost.calls == 1 and teacher.cost.tokens_out > 0
+
+
+def test_evolution_trigger_on_constructed_accuracies():
+    assert skillrl.types_to_evolve({PICK: 0.39, HEAT: 0.4, "cool": 0.0}, 0.4) == ["cool", PICK]
+    assert skillrl.types_to_evolve({PICK: 1.0}, 0.4) == []
+    runs = [failed(PICK, won) for won in (True, False, False)] + [failed(HEAT, True)]
+    assert skillrl.accuracy_by_type(runs) == {HEAT: 1.0, PICK: pytest.approx(1 / 3)}
+    assert [s for s in range(1, 11) if skillrl.evolution_due(s, 5, [])] == [5, 10]
+    assert not skillrl.evolution_due(5, 5, [5]) and not skillrl.evolution_due(3, 0, [])
+
+
+def failed(task_type: str, won: bool = False, index: int = 0) -> Trajectory:
+    target = Task(f"valid/{task_type}/{index}", "household", "valid", task_type, "put a mug in cabinet.")
+    return Trajectory(task=target, initial_observation="start", steps=[Step("look", "ok", True)],
+                      status=Termination.SUCCESS if won else Termination.FAILURE)
+
+
+def test_evolution_adds_dynamic_skills_and_revisions_from_valid_failures():
+    method = object.__new__(skillrl.SkillRL)
+    method.cfg = OmegaConf.create({"evolution": {"max_new_skills": 2}})
+    bank = constructed_bank()
+    before = bank.version
+    failures = {PICK: [failed(PICK, index=i) for i in range(2)], HEAT: [failed(HEAT)]}
+    answers = [json.dumps([{"title": "Check drawers", "principle": "Open drawers too."},
+                           {"title": "New rule", "principle": "Revised.", "revises": "gen_001"},
+                           {"title": "Third", "principle": "cut by max_new_skills"}]),
+               "no json at all"]
+    added, revised = method.apply_evolution(bank, failures, answers, step=5)
+    assert added == ["dyn_002"] and revised == ["gen_001"] and bank.version == before + 1
+    new = bank.skills["dyn_002"]
+    assert (new.scope, new.source_split, new.added_at) == (GENERAL, "valid", "evolve@step5")
+    assert new.source_task_ids == [f"valid/{PICK}/0", f"valid/{PICK}/1"]
+    assert bank.skills["gen_001"].principle == "Revised." and bank.skills["gen_001"].version == 2
+    assert "Third" not in {s.title for s in bank.skills.values()}
+
+
+# -- rewards, SFT and GRPO on the tiny model ------------------------------------------------------
+
+
+def test_rewards_and_groups():
+    won = failed(PICK, won=True)
+    lost = failed(PICK)
+    lost.steps.append(Step("fly", "Nothing happens.", False))
+    assert skillrl.episode_reward(won, 10.0, 0.1) == 10.0
+    assert skillrl.episode_reward(lost, 10.0, 0.1) == pytest.approx(-0.1)
+    for trajectory in (won, lost):
+        for step in trajectory.steps:
+            step.rollout = RolloutTokens([1, 2, 3], [4, 5], [-0.3, -0.2])
+    samples = skillrl.grpo_samples([won, lost], ["g", "g"], [10.0, -0.1])
+    assert [s.advantage for s in samples] == pytest.approx(
+        [group_advantages([10.0, -0.1], ["g", "g"])[0]] + [group_advantages([10.0, -0.1], ["g", "g"])[1]] * 2)
+    assert all(s.loss_mask == [0, 0, 0, 1, 1] and s.role == "solver" for s in samples)
+
+
+@pytest.mark.slow
+def test_one_sft_step_and_restore_on_tiny_model(plugins, tmp_path):
+    make = plugins.backends.get("transformers").factory
+    backend = make({"model": "tiny"})
+    before = backend.weights_digest(fresh=True)
+    prompt = [{"role": "system", "content": "You act."}, {"role": "user", "content": "Admissible actions: look, go to desk 1"}]
+    rows = [sft_stage.example(prompt, "go to desk 1")] * 2
+    settings = {"steps": 1, "batch_size": 2, "lr": 1e-3, "lora": {"r": 4, "alpha": 8}, "max_length": 512}
+    model, metrics = sft_stage.train_sft(backend.model, backend.tokenizer, rows, settings, tmp_path, seed=0)
+    assert model is backend.model and metrics["sft/steps"] == 1 and metrics["sft/loss"] > 0
+    backend.mark_weights_changed()
+    after = backend.weights_digest(fresh=True)
+    assert after != before and not any("lora" in name for name in model.state_dict())
+    fresh = make({"model": "tiny"})
+    fresh.model = sft_stage.restore(fresh.model, tmp_path)
+    fresh.mark_weights_changed()
+    assert fresh.weights_digest(fresh=True) == after  # a resumed run rebuilds the same reference
+
+
+@pytest.mark.slow
+def test_one_grpo_step_on_tiny_model(plugins):
+    backend = plugins.backends.get("transformers").factory({"model": "tiny"})
+    prompt = [{"role": "user", "content": "Admissible actions: look, go to desk 1"}]
+    trajectories = []
+    for won in (True, False):
+        (choice,) = backend.choose([prompt], [["look", "go to desk 1"]], SamplingParams())
+        step = Step(choice.text, "ok", True, rollout=RolloutTokens(choice.prompt_token_ids, choice.token_ids,
+                                                                    choice.logprobs))
+        trajectories.append(Trajectory(task=failed(PICK).task, initial_observation="s", steps=[step],
+                                       status=Termination.SUCCESS if won else Termination.FAILURE))
+    rewards = [skillrl.episode_reward(t, 10.0, 0.1) for t in trajectories]
+    samples = skillrl.grpo_samples(trajectories, ["g", "g"], rewards)
+    config = {"lr": 1e-3, "eps_low": 0.2, "eps_high": 0.2, "kl_coef": 0.01, "entropy_coef": {"solver": 0.001},
+              "lora": {"r": 4, "alpha": 8}}
+    trainer = PolicyTrainer(backend.model, backend.tokenizer, config, on_weights_changed=backend.mark_weights_changed)
+    adapters = {n: p.detach().clone() for n, p in trainer.trainable.items()}
+    metrics = trainer.step(samples)
+    assert metrics["skipped"] == 0 and metrics["solver/n_tokens"] == sum(s.n_trained for s in samples)
+    assert torch.isfinite(torch.tensor(metrics["loss"]))
+    assert any(not torch.equal(adapters[n], p) for n, p in trainer.trainable.items())
+
+
+# -- configs and runs ---------------------------------------------------------------------------
+
+
+def test_presets(plugins):
+    paper = compose(plugins, "skillrl", preset="paper")
+    assert (paper.method.rl.tasks_per_step, paper.method.rl.group_size, paper.method.rl.steps) == (16, 8, 150)
+    trainer = paper.method.rl.trainer
+    assert (trainer.kl_coef, trainer.entropy_coef.solver, trainer.eps_low, trainer.eps_high) == (0.01, 0.001, 0.2, 0.2)
+    assert paper.method.rl.invalid_action_penalty == 0.1 and paper.method.inject_from_step == 2
+    assert (paper.method.evolution.every, paper.method.evolution.threshold) == (5, 0.4)
+    assert compose(plugins, "skillrl", preset="micro").method.rl.steps == 2
+
+
+RECORD = json.dumps([{"title": "Open containers", "principle": "Open closed receptacles before searching.",
+                      "when_to_apply": "always", "description": "Searching the same place twice",
+                      "why_it_happens": "no memory", "how_to_avoid": "Go somewhere new."}])
+
+
+def test_fake_run_without_training_distils_retrieves_and_stays_frozen(plugins, fast, tmp_path):
+    overrides = [*fast, f"llm.reply={json.dumps(RECORD)}", "method.teacher.reply_prefix=false", "method.sft.enabled=false",
+                 "method.rl.steps=0", "method.collect.tasks=3", "learn.max_steps=4"]
+    path, results = protocol.run("skillrl", overrides=overrides, out=tmp_path / "f", plugins=plugins)
+    assert results["valid"] is True, results["violations"]
+    sizes = results["state"]["method"]
+    assert sizes["general_skills"] == 1 and sizes["mistakes"] == 1 and sizes["bank_version"] == 1
+    assert sizes["teacher_calls"] == 3 + 1 and sizes["teacher_tokens_in"] > 0  # 3 trajectories + consolidation
+    assert results["learn"]["used_valid_split"] is False  # no evolution: valid never asked for
+    assert results["state"]["memory_items"] == 2
+    assert results["state"]["digest_before_eval"] == results["state"]["digest_after_eval"]
+    evaluated = [json.loads(line) for line in (path / "episodes.jsonl").read_text().splitlines()]
+    evaluated = [e for e in evaluated if e["phase"] == "evaluate"]
+    assert evaluated and all(set(e["experience_ids"]) == {"skillrl:gen_001", "skillrl:mis_001"} for e in evaluated)
+
+
+TINY = ["llm.model=tiny", "embedder.name=hashing", "env.n_train=30", "env.n_valid=8", "env.n_test=4",
+        "eval.limit=1", "eval.max_steps=3", "learn.max_steps=3", "eval.concurrency=4",
+        "method.collect.tasks=2", "method.sft.tasks=2", "method.sft.steps=1", "method.sft.batch_size=2",
+        "method.rl.steps=1", "method.rl.tasks_per_step=1", "method.rl.group_size=2",
+        "method.evolution.valid_tasks=4", "method.teacher.max_new_tokens=4",
+        "method.distill.consolidate_max_tokens=4", "method.rl.trainer.micro_batch_size=16"]
+
+
+@pytest.mark.slow
+def test_tiny_end_to_end_learns_from_valid_and_evaluates_frozen(plugins, tmp_path, monkeypatch):
+    # The random tiny model writes no JSON: the teacher's answers are replaced by a fixed record
+    # (its calls still run and are counted), so the bank, SFT prompts and evolution have content.
+    real_ask = distill.Teacher.ask
+    monkeypatch.setattr(distill.Teacher, "ask", lambda self, prompts, seed, max_new_tokens=None: [
+        RECORD for _ in real_ask(self, prompts, seed, max_new_tokens)])
+    path, results = protocol.run("skillrl", overrides=TINY, out=tmp_path / "t", plugins=plugins)
+    assert results["valid"] is True, results["violations"]
+    assert results["learn"]["used_valid_split"] is True and "valid" in results["learn"]["splits_used"]
+    state = json.loads((path / "state.json").read_text())["skillrl"]
+    assert state["stage"] == "done" and state["sft"]["examples"] > 0 and state["steps_done"] == 1
+    assert state["evolved_at"] == [1] and set(state["evolution"][0]["accuracy"]) == {
+        e["task_type"] for e in map(json.loads, (path / "episodes.jsonl").read_text().splitlines())
+        if e["variant"] == "evolve1/valid"}
+    sizes = results["state"]["method"]
+    assert sizes["sft_examples"] > 0 and sizes["rl_steps"] == 1 and sizes["teacher_calls"] >= 3
+    assert results["learn"]["used"]["gradient_steps"] == 1 + 1  # one SFT step, one GRPO step
+    assert [p.name for p in (path / "skillrl").glob("checkpoint-*")] == ["checkpoint-00001"]
+    fresh = plugins.backends.get("transformers").factory({"model": "tiny"})
+    assert results["provenance"]["model"]["weights_sha256"] != fresh.weights_digest()
+    assert results["state"]["digest_before_eval"] == results["state"]["digest_after_eval"]
+    for split in ("test_seen", "test_unseen"):
+        assert results["splits"][split]["n_episodes"] == 1
+    assert results["cost"]["evaluate"]["episodes"] == 2 and results["cost"]["learn"]["tokens_in"] > 0
+
+    # Killed during evaluation and resumed: SFT weights and the GRPO checkpoint are restored
+    # before the digest, so the frozen check still holds.
+    lines = (path / "episodes.jsonl").read_text().splitlines(keepends=True)
+    (path / "episodes.jsonl").write_text("".join(lines[:-1]))
+    (path / "results.json").unlink()
+    _, resumed = protocol.run(None, resume=path, plugins=plugins)
+    assert resumed["valid"] is True, resumed["violations"]
+    assert resumed["provenance"]["model"]["weights_sha256"] == results["provenance"]["model"]["weights_sha256"]
+    assert resumed["learn"]["used_valid_split"] is True
+
+
+def test_separate_teacher_backend_is_counted_apart_from_the_policy(plugins, fast, tmp_path):
+    config = tmp_path / "teacher.yaml"
+    config.write_text(json.dumps({"method": {"teacher": {"llm": {"backend": "fake", "reply": RECORD},
+                                                         "reply_prefix": False}}}))
+    overrides = [*fast, "method.sft.enabled=false", "method.rl.steps=0", "method.collect.tasks=2",
+                 "learn.max_steps=3"]
+    path, results = protocol.run("skillrl", config_file=config, overrides=overrides, out=tmp_path / "s",
+                                 plugins=plugins)
+    sizes = results["state"]["method"]
+    assert sizes["teacher_shares_policy_backend"] is False and sizes["teacher_calls"] == 2 + 1
+    assert sizes["general_skills"] == 1  # the teacher's reply, not the policy's "A short insight."
+    learn = [json.loads(line) for line in (path / "episodes.jsonl").read_text().splitlines()]
+    policy_calls = sum(e["llm_calls"] for e in learn if e["phase"] == "learn")
+    assert results["cost"]["learn"]["llm_calls"] == policy_calls  # teacher calls not in the policy's cost
