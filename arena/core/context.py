@@ -7,6 +7,7 @@ every cost, without trusting the method.
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Sequence
@@ -322,6 +323,40 @@ class RunContext:
             except Exception as exc:  # an observer's bug must not end the run; it is on record
                 self.violation(f"episode_end raised {type(exc).__name__}: {exc}")
         return result
+
+    def experience_loop(self) -> None:
+        """The default learning phase: passes over the learn split in a seeded order until a
+        budget ends. A method with its own ``learn`` may call it and add steps around it.
+
+        Each episode: ``retrieve -> solve -> extract -> update``, recorded (and so passed to
+        ``episode_end``) only after ``update``, so that a resumed run neither repeats nor loses
+        an update. With no episode budget it makes one pass over the split.
+        """
+        assert self.hook is not None, "the protocol sets run.hook before learning"
+        split = str(self.cfg.learn.split)
+        seed = int(self.cfg.learn.seed)
+        tasks = self.tasks(split)
+        if not tasks:
+            return
+        episodes = self.budget.limits.get("episodes")
+        passes = 1 if episodes is None else -(-int(episodes) // len(tasks))
+        for number in range(passes):
+            order = list(tasks)
+            random.Random(seed * 7919 + number).shuffle(order)
+            variant = f"pass{number}"
+            for task in order:
+                if self.budget_exhausted():
+                    return
+                if self.finished(task, seed, variant):
+                    continue
+                experiences = self.hook.retrieve(run=self, task=task) or []
+                try:
+                    trajectory = self.play(task, experiences, seed=seed, variant=variant, record=False)
+                except BudgetExhausted:
+                    return
+                new = self.hook.extract(run=self, trajectories=[trajectory]) or []
+                self.hook.update(run=self, trajectories=[trajectory], experiences=new)
+                self.record(trajectory, seed=seed, variant=variant)
 
     def start_learning(self, tokens_before: int = 0) -> None:
         """Enter the learning phase; token usage is measured from here (plus earlier sessions)."""

@@ -91,9 +91,10 @@ def learn(run: RunContext) -> bool | None:
     """Drive the whole learning phase on the train split.
 
     Override it for a method with its own training loop (e.g. RL over several roles). The default
-    runs an experience loop over train tasks within the learn budget:
-    ``retrieve -> solve -> episode_end -> extract -> update``. Use ``run.run_episode`` or
-    ``run.run_episodes`` so budgets, costs and resume records are kept. Return True when handled.
+    is ``run.experience_loop()``: train tasks within the learn budget, each
+    ``retrieve -> solve -> extract -> update``, then recorded (``episode_end``). Play episodes
+    with ``run.play`` or ``run.play_many`` so budgets, costs and resume records are kept.
+    Return True when handled.
     """
 
 
@@ -101,7 +102,8 @@ def learn(run: RunContext) -> bool | None:
 def extract(run: RunContext, trajectories: list[Trajectory]) -> list[Experience] | None:
     """Turn finished trajectories into experiences (insights, skills, memories).
 
-    Called in the learning phase only. The default extracts nothing.
+    Called while learning, and after each test episode on the ``online`` track (never on the
+    frozen track's test episodes). The default extracts nothing.
     """
 
 

@@ -32,7 +32,6 @@ from omegaconf import DictConfig
 
 import arena
 from arena.core.context import LEARN, RunContext
-from arena.core.defaults import HarnessDefaults
 from arena.core.llm import SamplingParams
 from arena.core.types import Experience, Provenance, Task, Termination, Trajectory
 from arena.plugins.memrl.prompts import (
@@ -118,7 +117,7 @@ class MemRL:
     @arena.hookimpl
     def learn(self, run: RunContext) -> bool:
         """The harness's experience loop, then (optionally) a snapshot of the learned memory."""
-        HarnessDefaults().learn(run)
+        run.experience_loop()
         if self.cfg.snapshot:
             run.store.snapshot(run.run_dir.path / "memrl" / SNAPSHOT_NAME)
         return True
