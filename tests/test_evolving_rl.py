@@ -141,6 +141,28 @@ def test_one_coevolution_iteration_end_to_end(plugins, tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+def test_paired_evaluation_copies_instead_of_replaying_when_no_card_is_usable(plugins, tmp_path):
+    # The random tiny model never writes a valid card: the primary episode would repeat the
+    # without-skill one, so it is recorded as its copy and not counted as played.
+    overrides = TINY + ["method.iterations=0", "learn.max_steps=2"]
+    path, results = protocol.run("evolving_rl", overrides=overrides, out=tmp_path / "c", plugins=plugins)
+    episodes = [json.loads(line) for line in (path / "episodes.jsonl").read_text().splitlines()]
+    primary = [e for e in episodes if e["variant"] == "default"]
+    without = {e["task_id"]: e for e in episodes if e["variant"] == "without_skill"}
+    sources = [e for e in episodes if e["variant"].startswith("eval_source/")]
+    assert len(primary) == 2 and all(e["copy_of"] == "without_skill" for e in primary)
+    for e in primary:
+        assert (e["success"], e["steps"], e["status"]) == (without[e["task_id"]]["success"],
+                                                           without[e["task_id"]]["steps"],
+                                                           without[e["task_id"]]["status"])
+        assert e["llm_calls"] == 0
+    assert all(e["steps"] <= 2 for e in sources)  # helper episodes capped at learn.max_steps
+    assert results["cost"]["evaluate"]["episodes"] == 2 * 2
+    assert results["cost"]["evaluate"]["copied_episodes"] == 2
+    assert results["valid"] is True
+
+
+@pytest.mark.slow
 def test_grpo_baseline_end_to_end(plugins, tmp_path):
     path, results = protocol.run("grpo", overrides=TINY, out=tmp_path / "g", plugins=plugins)
     episodes = [json.loads(line) for line in (path / "episodes.jsonl").read_text().splitlines()]

@@ -232,6 +232,7 @@ class RunContext:
         variant: str = "default",
         record: bool = True,
         standard: bool = False,
+        max_steps: int | None = None,
     ) -> Trajectory:
         """Play one episode through the method's ``solve`` hook and (by default) record it.
 
@@ -239,8 +240,11 @@ class RunContext:
         :class:`BudgetExhausted`. Pass ``record=False`` to record later with :meth:`record`
         (e.g. after ``update``, so a killed run never loses an update of a recorded episode).
         ``standard=True`` plays with the harness's standard solver instead of the ``solve`` hook
-        (for a method's own ``solve`` that plays helper episodes).
+        (for a method's own ``solve`` that plays helper episodes); only then may ``max_steps``
+        set a helper episode's own step limit.
         """
+        if max_steps is not None and not standard:
+            raise ValueError("max_steps applies to standard=True (helper) episodes only")
         if self.phase == LEARN:
             if task.split in TEST_SPLITS:
                 message = f"Method '{self.method_name}' played test task {task.task_id} while learning."
@@ -266,7 +270,7 @@ class RunContext:
         try:
             episode_seed_ = episode_seed(seed, task.task_id, variant)
             if standard:
-                trajectory = self.standard_solve(task, experiences, episode_seed_)
+                trajectory = self.standard_solve(task, experiences, episode_seed_, max_steps=max_steps)
             else:
                 trajectory = self.hook.solve(
                     run=self, task=task, experiences=experiences, seed=episode_seed_
@@ -392,8 +396,10 @@ class RunContext:
         configured = self.cfg.eval.get("max_steps")
         return int(configured) if configured is not None else int(self.env.max_steps)
 
-    def standard_solve(self, task: Task, experiences: list[Experience], seed: int) -> Trajectory:
-        """The harness's standard solver, for methods that wrap rather than replace it."""
+    def standard_solve(self, task: Task, experiences: list[Experience], seed: int,
+                       max_steps: int | None = None) -> Trajectory:
+        """The harness's standard solver, for methods that wrap rather than replace it.
+        ``max_steps`` (helper episodes only) overrides the phase's step limit."""
         sampling = self.sampling()
         policy = self.solver.policy(
             task, experiences, seed, temperature=float(sampling.temperature), top_p=float(sampling.top_p)
@@ -401,7 +407,7 @@ class RunContext:
         return play(
             self.env.open(task),
             policy,
-            max_steps=self.max_steps(),
+            max_steps=self.max_steps() if max_steps is None else int(max_steps),
             max_invalid_actions=int(self.cfg.eval.max_invalid_actions),
             experience_ids=[e.experience_id for e in experiences],
         )

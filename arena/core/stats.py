@@ -76,11 +76,14 @@ def _count_by(records: list[EpisodeResult], attribute: str) -> dict[str, int]:
 
 
 def cost(records: list[EpisodeResult]) -> dict[str, Any]:
-    """Episode-level cost totals (LLM calls made outside episodes are added by the caller)."""
+    """Episode-level cost totals (LLM calls made outside episodes are added by the caller).
+    Copies of an episode (``copy_of``) were not played: they count under ``copied_episodes``."""
+    played = [r for r in records if getattr(r, "copy_of", None) is None]
     return {
-        "episodes": len(records),
-        "env_steps": sum(r.steps for r in records),
-        "llm_calls": sum(r.llm_calls for r in records),
-        "tokens_in": sum(r.tokens_in for r in records),
-        "tokens_out": sum(r.tokens_out for r in records),
+        "episodes": len(played),
+        "copied_episodes": len(records) - len(played),
+        "env_steps": sum(r.steps for r in played),
+        "llm_calls": sum(r.llm_calls for r in played),
+        "tokens_in": sum(r.tokens_in for r in played),
+        "tokens_out": sum(r.tokens_out for r in played),
     }

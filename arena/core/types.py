@@ -108,6 +108,9 @@ class Trajectory:
     tokens_out: int = 0
     wall_s: float = 0.0
     error: str | None = None
+    #: The variant of the same task and seed whose episode this one repeats without playing it
+    #: (same prompts under greedy decoding, so the same episode); it then costs nothing.
+    copy_of: str | None = None
 
     @property
     def success(self) -> bool:
@@ -198,6 +201,7 @@ class EpisodeResult:
     experience_ids: list[str]
     variant: str = "default"  # e.g. "with_skill" / "without_skill" for paired evaluation
     error: str | None = None
+    copy_of: str | None = None  # see Trajectory.copy_of: not played, so not counted in cost
 
     @property
     def key(self) -> tuple[str, str, str, int, str]:
@@ -236,4 +240,5 @@ class EpisodeResult:
             experience_ids=list(trajectory.experience_ids),
             variant=variant,
             error=trajectory.error,
+            copy_of=trajectory.copy_of,
         )

@@ -18,6 +18,7 @@ result) and without it (variant ``without_skill``), so both are reported, paired
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import shutil
@@ -336,12 +337,20 @@ class EvolvingRL:
             return None  # the harness's standard solver
         run_seed = run.current_seed()
         (source_task,) = most_similar(run, [task], run.tasks("train"), 1)[0]
+        # The source episode is played as in learning (learn.max_steps), so the extractor reads
+        # the kind of trajectory it was trained on.
+        source_steps = self.cfg.get("eval_source_max_steps") or run.cfg.learn.get("max_steps")
         source = run.play(source_task, [], seed=run_seed, variant=f"eval_source/{task.task_id}",
-                          standard=True)
+                          standard=True, max_steps=None if source_steps is None else int(source_steps))
         params = SamplingParams(temperature=0.0, max_new_tokens=int(self.cfg.extractor_max_tokens),
                                 seed=seed)
         (candidate,) = self.extract(run, [source], 1, seed=seed, params=params)
-        run.play(task, [], seed=run_seed, variant="without_skill", standard=True)
+        without = run.play(task, [], seed=run_seed, variant="without_skill", standard=True)
+        if not candidate.usable and float(run.sampling().temperature) == 0.0:
+            # No usable card: the primary episode would see exactly the without-skill prompts,
+            # and greedy decoding would replay the same episode. Record a copy, not a replay.
+            return dataclasses.replace(without, copy_of="without_skill", llm_calls=0,
+                                       tokens_in=0, tokens_out=0, wall_s=0.0)
         skills = [skill_experience(candidate.card, source_task)] if candidate.usable else []  # type: ignore[arg-type]
         return run.standard_solve(task, skills, seed)
 
