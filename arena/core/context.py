@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 from arena.core.env import TEST_SPLITS, TRAIN_SPLIT, VALID_SPLIT, Environment
 from arena.core.llm import LLMBackend
 from arena.core.rundir import RunDir
-from arena.core.solver import StandardSolver, episode_seed, play
+from arena.core.solver import Policy, StandardSolver, episode_seed, play
 from arena.core.types import EpisodeResult, Experience, Task, Termination, Trajectory
 
 if TYPE_CHECKING:
@@ -404,6 +404,13 @@ class RunContext:
         policy = self.solver.policy(
             task, experiences, seed, temperature=float(sampling.temperature), top_p=float(sampling.top_p)
         )
+        return self.play_policy(task, policy, experiences, max_steps=max_steps)
+
+    def play_policy(self, task: Task, policy: Policy, experiences: list[Experience],
+                    max_steps: int | None = None) -> Trajectory:
+        """One episode of ``task`` driven by ``policy`` (observation + trajectory -> action) under
+        the harness's step, invalid-action and error rules: for a ``solve`` hook that changes how
+        the agent acts (its own prompt or decoding) rather than what it is shown."""
         return play(
             self.env.open(task),
             policy,

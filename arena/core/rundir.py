@@ -43,8 +43,9 @@ def new_run_dir(root: Path | str, method: str, env: str) -> Path:
     return path
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Every complete line; a torn last line (killed mid-write) is cut off the file."""
+def read_jsonl(path: Path, repair: bool = True) -> list[dict[str, Any]]:
+    """Every complete line; a torn last line (killed mid-write) is cut off the file, unless
+    ``repair`` is False (readers that must never change a run, e.g. reports)."""
     if not path.exists():
         return []
     records: list[dict[str, Any]] = []
@@ -58,7 +59,7 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
             except json.JSONDecodeError:
                 break
             good_bytes += len(raw)
-    if good_bytes != path.stat().st_size:
+    if repair and good_bytes != path.stat().st_size:
         with path.open("r+b") as handle:
             handle.truncate(good_bytes)
     return records
@@ -112,7 +113,7 @@ class RunDir:
 
     def load_episodes(self) -> list[EpisodeResult]:
         """Finished episodes recorded so far (used by --resume)."""
-        records = [EpisodeResult.from_dict(r) for r in _read_jsonl(self.path / EPISODES)]
+        records = [EpisodeResult.from_dict(r) for r in read_jsonl(self.path / EPISODES)]
         self._drop_orphan_trajectories({r.key for r in records})
         with self._lock:
             self._episodes = {r.key: r for r in records}
@@ -121,7 +122,7 @@ class RunDir:
     def _drop_orphan_trajectories(self, keys: set[tuple]) -> None:
         """Keep only trajectories of recorded episodes (one killed between the two writes)."""
         path = self.path / TRAJECTORIES
-        lines = _read_jsonl(path)
+        lines = read_jsonl(path)
         kept = [line for line in lines if tuple(line["key"]) in keys]
         if len(kept) != len(lines):
             tmp = path.with_suffix(".jsonl.tmp")

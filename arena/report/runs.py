@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from arena.core.rundir import CONFIG, EPISODES, RESULTS, STATE
+from arena.core.rundir import CONFIG, EPISODES, RESULTS, STATE, read_jsonl
 from arena.core.types import EpisodeResult
 
 PRIMARY_VARIANT = "default"  # the protocol's primary variant (arena.core.protocol.PRIMARY_VARIANT)
@@ -93,15 +93,7 @@ class Run:
 
 def read_episode_lines(path: Path) -> list[dict[str, Any]]:
     """Every complete line of a JSONL file; a torn last line is ignored, the file left as is."""
-    records = []
-    for raw in path.read_bytes().splitlines(keepends=True):
-        if not raw.endswith(b"\n"):
-            break
-        try:
-            records.append(json.loads(raw))
-        except json.JSONDecodeError:
-            break
-    return records
+    return read_jsonl(path, repair=False)
 
 
 def load_run(path: Path | str) -> Run:

@@ -5,7 +5,7 @@ groups, calls :func:`assign_advantages`, then :meth:`PolicyTrainer.step`.
 """
 
 from arena.core.rl.advantages import assign_advantages, group_advantages
-from arena.core.rl.data import Sample, Turn, concat_turns, sample_from_choice
+from arena.core.rl.data import Sample, Turn, concat_turns, decision_samples, sample_from_choice
 from arena.core.rl.loss import (
     LossOutput,
     RoleStats,
@@ -28,6 +28,7 @@ __all__ = [
     "assign_advantages",
     "clipped_surrogate",
     "concat_turns",
+    "decision_samples",
     "group_advantages",
     "low_var_kl",
     "policy_loss",

@@ -10,7 +10,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from arena.core.types import Trajectory
 
 
 @dataclass
@@ -103,3 +106,19 @@ def concat_turns(turns: Sequence[Turn | tuple], *, role: str, group: str, reward
         ids.extend(tokens)
         mask.extend([int(turn.generated)] * len(tokens))
     return Sample(ids, mask, logprobs, role=role, group=group, reward=float(reward))
+
+
+def decision_samples(trajectory: Trajectory, *, role: str, group: str, reward: float,
+                     advantage: float) -> list[Sample]:
+    """One sample per model decision of an episode (its exact rollout tokens), each carrying the
+    episode's advantage: how a multi-turn episode enters GRPO when turns are trained apart.
+    Steps without rollout tokens (scripted or reloaded without them) give none."""
+    samples = []
+    for step in trajectory.steps:
+        if step.rollout is None or not step.rollout.token_ids:
+            continue
+        sample = sample_from_choice(step.rollout.prompt_token_ids, step.rollout.token_ids,
+                                    step.rollout.logprobs, role=role, group=group, reward=reward)
+        sample.advantage = advantage
+        samples.append(sample)
+    return samples

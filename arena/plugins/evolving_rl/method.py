@@ -33,7 +33,14 @@ import arena
 from arena.core.context import EVALUATE, EpisodeRequest, RunContext
 from arena.core.llm import SamplingParams
 from arena.core.rundir import write_json_atomic
-from arena.core.rl import PolicyTrainer, Sample, TrainerConfig, group_advantages, sample_from_choice
+from arena.core.rl import (
+    PolicyTrainer,
+    Sample,
+    TrainerConfig,
+    decision_samples,
+    group_advantages,
+    sample_from_choice,
+)
 from arena.core.types import Experience, Provenance, Task, Trajectory
 from arena.plugins.evolving_rl.prompts import extractor_prompt
 from arena.plugins.evolving_rl.skills import SkillCard, SkillParseError, parse_skill
@@ -81,16 +88,8 @@ def most_similar(run: RunContext, queries: list[Task], pool: list[Task], k: int)
 
 
 def solver_samples(trajectory: Trajectory, group: str, reward: float, advantage: float) -> list[Sample]:
-    """One sample per model decision of an episode, all with the episode's advantage."""
-    samples = []
-    for step in trajectory.steps:
-        if step.rollout is None or not step.rollout.token_ids:
-            continue
-        sample = sample_from_choice(step.rollout.prompt_token_ids, step.rollout.token_ids,
-                                    step.rollout.logprobs, role=SOLVER, group=group, reward=reward)
-        sample.advantage = advantage
-        samples.append(sample)
-    return samples
+    """One solver sample per model decision of an episode, all with the episode's advantage."""
+    return decision_samples(trajectory, role=SOLVER, group=group, reward=reward, advantage=advantage)
 
 
 def build_samples(candidates: list[Candidate], owners: list[tuple[Candidate, int]],

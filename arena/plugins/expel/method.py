@@ -35,7 +35,7 @@ import arena
 from arena.core.context import BudgetExhausted, EpisodeRequest, RunContext
 from arena.core.llm import SamplingParams
 from arena.core.protocol import select_tasks
-from arena.core.solver import StandardSolver, play
+from arena.core.solver import StandardSolver
 from arena.core.types import Experience, Provenance, Task, Trajectory
 from arena.plugins.expel.insights import InsightBook, UpdateReport, Weights, parse_operations
 from arena.plugins.expel.prompts import (
@@ -422,9 +422,7 @@ class ExpeL:
         )
         policy = solver.policy(task, experiences, seed, temperature=float(sampling.temperature),
                                top_p=float(sampling.top_p))
-        return play(run.env.open(task), policy, max_steps=run.max_steps(),
-                    max_invalid_actions=int(run.cfg.eval.max_invalid_actions),
-                    experience_ids=[e.experience_id for e in experiences])
+        return run.play_policy(task, policy, experiences)
 
     @arena.hookimpl
     def state_size(self, run: RunContext) -> dict[str, Any]:

@@ -44,7 +44,7 @@ from omegaconf import DictConfig, OmegaConf
 import arena
 from arena.core.context import LEARN, EpisodeRequest, RunContext, run_in_threads
 from arena.core.protocol import select_tasks
-from arena.core.rl import PolicyTrainer, Sample, TrainerConfig, group_advantages, sample_from_choice
+from arena.core.rl import PolicyTrainer, Sample, TrainerConfig, decision_samples, group_advantages
 from arena.core.rundir import write_json_atomic
 from arena.core.solver import Action, StandardSolver, play
 from arena.core.types import Experience, Observation, Task, Trajectory
@@ -98,13 +98,8 @@ def grpo_samples(trajectories: list[Trajectory], groups: list[str], rewards: lis
     samples = []
     for trajectory, group, reward, advantage in zip(trajectories, groups, rewards,
                                                      group_advantages(rewards, groups)):
-        for step in trajectory.steps:
-            if step.rollout is None or not step.rollout.token_ids:
-                continue
-            sample = sample_from_choice(step.rollout.prompt_token_ids, step.rollout.token_ids,
-                                        step.rollout.logprobs, role=SOLVER, group=group, reward=reward)
-            sample.advantage = advantage
-            samples.append(sample)
+        samples.extend(decision_samples(trajectory, role=SOLVER, group=group, reward=reward,
+                                        advantage=advantage))
     return samples
 
 
@@ -531,9 +526,7 @@ class SkillRL:
         if mode is not None and run.phase == LEARN:
             return self._demonstration(run, task, experiences, seed, mode)
         policy = self._policy(run, run.llm, task, experiences, seed)
-        return play(run.env.open(task), policy, max_steps=run.max_steps(),
-                    max_invalid_actions=int(run.cfg.eval.max_invalid_actions),
-                    experience_ids=[e.experience_id for e in experiences])
+        return run.play_policy(task, policy, experiences)
 
     @arena.hookimpl
     def state_size(self, run: RunContext) -> dict[str, Any]:
