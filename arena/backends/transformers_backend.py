@@ -275,6 +275,18 @@ class TransformersBackend(LLMBackend):
         the highest summed log-prob, first on ties). ``token_ids``/``logprobs`` are the chosen
         option's tokens followed by the end-of-turn token, exactly what was scored.
         """
+        return self._count(self.choose_with(prompts, options, params, self._score_rows))
+
+    def choose_with(
+        self,
+        prompts: list[Chat],
+        options: list[list[str]],
+        params: SamplingParams | list[SamplingParams],
+        score: Callable[[list[list[int]], list[list[list[int]]]], Sequence[list[list[float]]]],
+    ) -> list[Choice]:
+        """:meth:`choose` with another scorer: ``score(prompt rows, option ids)`` gives each
+        option's per-token log-probs. The checks, this model's encoding and the pick are shared
+        with backends that score elsewhere (vLLM); usage is not counted here."""
         params_each = per_prompt(params, len(prompts))
         if len(prompts) != len(options):
             raise ValueError(f"{len(prompts)} prompts but {len(options)} option lists")
@@ -286,6 +298,30 @@ class TransformersBackend(LLMBackend):
             self._encode_prompt(chat, reply_tokens=max(map(len, opts)))
             for chat, opts in zip(prompts, option_ids)
         ]
+        scores = score(rows, option_ids)
+        results = []
+        for i, row in enumerate(rows):
+            totals = [sum(token_logprobs) for token_logprobs in scores[i]]
+            index = sample_option(totals, params_each[i])
+            results.append(
+                Choice(
+                    index=index,
+                    text=options[i][index],
+                    token_ids=option_ids[i][index],
+                    logprobs=scores[i][index],
+                    option_logprobs=totals,
+                    tokens_in=len(row),
+                    tokens_out=len(option_ids[i][index]),
+                    prompt_token_ids=list(row),
+                )
+            )
+        return results
+
+    def _score_rows(
+        self, rows: list[list[int]], option_ids: list[list[list[int]]]
+    ) -> list[list[list[float]]]:
+        """Per-token log-probs of every option: prompt by prompt from the prefix cache, or in
+        length-sorted batches."""
         scores: dict[int, list[list[float]]] = {}
         with self._inference():
             if self._prefix_cache is not None:
@@ -297,25 +333,7 @@ class TransformersBackend(LLMBackend):
                         [rows[i] for i in chunk], [option_ids[i] for i in chunk]
                     )
                     scores.update(zip(chunk, chunk_scores))
-
-        results = []
-        for i in range(len(rows)):
-            option_scores = scores[i]
-            totals = [sum(token_logprobs) for token_logprobs in option_scores]
-            index = sample_option(totals, params_each[i])
-            results.append(
-                Choice(
-                    index=index,
-                    text=options[i][index],
-                    token_ids=option_ids[i][index],
-                    logprobs=option_scores[index],
-                    option_logprobs=totals,
-                    tokens_in=len(rows[i]),
-                    tokens_out=len(option_ids[i][index]),
-                    prompt_token_ids=list(rows[i]),
-                )
-            )
-        return self._count(results)
+        return [scores[i] for i in range(len(rows))]
 
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer(text, add_special_tokens=False).input_ids)

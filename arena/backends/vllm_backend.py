@@ -46,8 +46,6 @@ from arena.core.llm import (
     Generation,
     LLMBackend,
     SamplingParams,
-    per_prompt,
-    sample_option,
 )
 
 INSTALL_HINT = (
@@ -212,36 +210,13 @@ class VLLMBackend(LLMBackend):
         the highest summed log-prob, first on ties). ``token_ids``/``logprobs`` are the chosen
         option's tokens followed by the end-of-turn token, exactly what was scored.
         """
-        params_each = per_prompt(params, len(prompts))
-        if len(prompts) != len(options):
-            raise ValueError(f"{len(prompts)} prompts but {len(options)} option lists")
-        for i, opts in enumerate(options):
-            if not opts:
-                raise ValueError(f"prompt {i} has no options to choose from")
-        option_ids = [[self.training._encode_option(text) for text in opts] for opts in options]
-        rows = [
-            self.training._encode_prompt(chat, reply_tokens=max(map(len, opts)))
-            for chat, opts in zip(prompts, option_ids)
-        ]
+        return self._count(self.training.choose_with(prompts, options, params, self._locked_score))
+
+    def _locked_score(
+        self, rows: list[list[int]], option_ids: list[list[list[int]]]
+    ) -> list[list[list[float]]]:
         with self._lock:
-            scores = self._score(rows, option_ids)
-        results = []
-        for i, row in enumerate(rows):
-            totals = [sum(token_logprobs) for token_logprobs in scores[i]]
-            index = sample_option(totals, params_each[i])
-            results.append(
-                Choice(
-                    index=index,
-                    text=options[i][index],
-                    token_ids=option_ids[i][index],
-                    logprobs=scores[i][index],
-                    option_logprobs=totals,
-                    tokens_in=len(row),
-                    tokens_out=len(option_ids[i][index]),
-                    prompt_token_ids=list(row),
-                )
-            )
-        return self._count(results)
+            return self._score(rows, option_ids)
 
     def count_tokens(self, text: str) -> int:
         return self.training.count_tokens(text)
