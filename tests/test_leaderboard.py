@@ -441,3 +441,29 @@ def test_html_page_renders_in_headless_chromium(runs, tmp_path):
     assert len(facts["images"]) == 3 and all(i["ok"] and i["src"] == "data:image/png;base64," for i in facts["images"])
     assert screenshot.read_bytes()[:4] == b"\x89PNG" and screenshot.stat().st_size > 10_000
     print(f"screenshot: {screenshot}")
+
+
+def test_plot_labels_of_equal_points_do_not_overlap():
+    """Every method at 0 % with similar costs is the common case; their labels must stay legible."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.text import Text
+
+    from arena.report.plots import _annotate_apart
+
+    figure = Figure(figsize=(7.5, 4.2))
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    points = [(name, x, 0.0) for name, x in
+              [("expel", 2.0e5), ("memrl", 2.1e5), ("skillrl", 2.0e5), ("rag", 1.9e5), ("grpo", 1.0e5),
+               ("evolving_rl", 4.2e4), ("base", 0.0)]]
+    axes.plot([p[1] for p in points], [p[2] for p in points], "o")
+    axes.set_xscale("symlog", linthresh=1000)
+    axes.set_ylim(-0.02, 1.02)
+    _annotate_apart(axes, points)
+    renderer = figure.canvas.get_renderer()
+    assert sorted(text.get_text() for text in axes.texts) == sorted(p[0] for p in points)
+    box = {text: Text.get_window_extent(text, renderer) for text in axes.texts}  # without leader lines
+    overlapping = [(a, b) for i, a in enumerate(axes.texts) for b in axes.texts[i + 1:]
+                   if box[a].overlaps(box[b])]
+    assert not overlapping, [(a.get_text(), b.get_text()) for a, b in overlapping]

@@ -60,32 +60,54 @@ def _worker_main(conn: Connection, factory: Callable[[], Environment]) -> None:
             break
         if op == "shutdown":
             break
+        reply = serve_request(env, episodes, op, episode_id, argument)
         try:
-            if op == "open":
-                episodes[episode_id] = env.open(argument)
-                result: Any = None
-            elif op == "close":
-                episode = episodes.pop(episode_id, None)
-                result = episode.close() if episode is not None else None
-            elif op in _EPISODE_CALLS:
-                method = getattr(episodes[episode_id], op)
-                result = method() if argument is None else method(argument)
-            else:
-                raise ValueError(f"unknown worker request {op!r}")
-        except BaseException as exc:
-            conn.send(("error", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
-            continue
-        try:
-            conn.send(("ok", result))
+            conn.send(reply)
         except Exception as exc:  # an unpicklable result: nothing was written, say why instead
             conn.send(("error", f"cannot send the result of {op}: {type(exc).__name__}: {exc}",
                        traceback.format_exc()))
+    close_all(env, episodes)
+
+
+def serve_request(env: Environment, episodes: dict[int, Episode], op: str, episode_id: int,
+                  argument: Any) -> tuple[Any, ...]:
+    """Run one request against a worker's environment: ``("ok", result)``, or
+    ``("error", message, traceback)`` so that the harness re-raises it with the worker's trace.
+    Shared by worker processes and Ray actors (:mod:`arena.core.executors`)."""
+    try:
+        if op == "open":
+            episodes[episode_id] = env.open(argument)
+            result: Any = None
+        elif op == "close":
+            episode = episodes.pop(episode_id, None)
+            result = episode.close() if episode is not None else None
+        elif op in _EPISODE_CALLS:
+            method = getattr(episodes[episode_id], op)
+            result = method() if argument is None else method(argument)
+        else:
+            raise ValueError(f"unknown worker request {op!r}")
+    except BaseException as exc:
+        return ("error", f"{type(exc).__name__}: {exc}", traceback.format_exc())
+    return ("ok", result)
+
+
+def close_all(env: Environment, episodes: dict[int, Episode]) -> None:
+    """A worker's last act: close its open episodes, then its environment."""
     for episode in episodes.values():
         try:
             episode.close()
         except Exception:
             pass
+    episodes.clear()
     env.close()
+
+
+def unwrap_reply(reply: tuple[Any, ...], worker_index: int) -> Any:
+    """The result of a :func:`serve_request` reply, or its error raised as :class:`EnvWorkerError`."""
+    if reply[0] == "ok":
+        return reply[1]
+    _, message, remote_traceback = reply
+    raise EnvWorkerError(f"{message}\n--- in environment worker {worker_index} ---\n{remote_traceback}")
 
 
 # -- the harness side -----------------------------------------------------------------------
@@ -148,10 +170,7 @@ class _Worker:
                 f"environment worker {self.index} died during '{op}' (exit code {code}); "
                 "its episodes end with an error and it will be replaced."
             ) from exc
-        if reply[0] == "ok":
-            return reply[1]
-        _, message, remote_traceback = reply
-        raise EnvWorkerError(f"{message}\n--- in environment worker {self.index} ---\n{remote_traceback}")
+        return unwrap_reply(reply, self.index)
 
     def stop(self, timeout_s: float = 5.0) -> None:
         with self.lock:
@@ -285,14 +304,15 @@ class ProcessEnvironment(Environment):
         """Processes of the workers that take new episodes."""
         return [worker.pid for worker in self._pool]
 
+    def _new_worker(self, index: int) -> _Worker:
+        """Start one worker (not yet ready); another executor overrides this alone."""
+        return _Worker(self._context, self.factory, index, self._start_timeout_s)
+
     def _start_missing(self) -> None:
         """Start workers until the pool is full, replacing dead ones; all start in parallel."""
         # A dead worker's episodes already fail on their next call; drop it from the pool.
         self._pool[:] = [w for w in self._pool if w.alive()]
-        new = [
-            _Worker(self._context, self.factory, next(self._started), self._start_timeout_s)
-            for _ in range(self.workers - len(self._pool))
-        ]
+        new = [self._new_worker(next(self._started)) for _ in range(self.workers - len(self._pool))]
         try:
             for worker in new:
                 worker.wait_ready()

@@ -36,6 +36,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "arena.envs.alfworld.plugin",
     "arena.backends.transformers_backend",
     "arena.backends.vllm_backend",
+    "arena.backends.openai_backend",
     "arena.plugins.base",
     "arena.plugins.evolving_rl",
     "arena.plugins.expel",

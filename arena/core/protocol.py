@@ -39,6 +39,7 @@ from arena.core.context import (
 from arena.core.defaults import HarnessDefaults
 from arena.core.embedder import make_embedder
 from arena.core.env import TEST_SPLITS, TRAIN_SPLIT, Environment
+from arena.core.executors import build_environment
 from arena.core.plugins import Plugins, get_plugins, new_plugin_manager
 from arena.core.rundir import RunDir, RunDirError, new_run_dir
 from arena.core.store import ExperienceStore
@@ -157,7 +158,7 @@ class Session:
         self.resumed = prepared.resumed
         self.reporter = reporter or NullReporter()
         cfg = self.cfg
-        self.env: Environment = self.plugins.envs.get(cfg.env.name).factory(cfg.env)
+        self.env: Environment = build_environment(self.plugins.envs, cfg)
         inner = self.plugins.backends.get(cfg.llm.backend).factory(cfg.llm)
         self.llm = BatchingBackend(inner, max_batch=max(1, int(cfg.eval.concurrency)))
         embedder_cfg = cfg.embedder

@@ -18,6 +18,12 @@ from arena.report.runs import PRIMARY_VARIANT, ReportError, Run
 
 #: Config keys that may differ between the runs pooled into one row (everything else must match).
 POOLABLE_CONFIG_KEYS = frozenset({"run.seeds", "run.root", "learn.seed", "eval.concurrency"})
+#: Config sections that may differ too: where episodes ran changes no result.
+POOLABLE_CONFIG_SECTIONS = ("executor.",)
+
+
+def _compared(key: str) -> bool:
+    return key not in POOLABLE_CONFIG_KEYS and not key.startswith(POOLABLE_CONFIG_SECTIONS)
 
 SORT_KEYS = ("success", "test_seen", "test_unseen", "progress", "learn_cost", "method")
 
@@ -150,9 +156,9 @@ class Row:
 def _check_poolable(runs: list[Run], name: str) -> None:
     """Runs pooled into one row must differ only in seeds, and never repeat a seed."""
     first = runs[0]
-    reference = {k: v for k, v in _flatten(first.config).items() if k not in POOLABLE_CONFIG_KEYS}
+    reference = {k: v for k, v in _flatten(first.config).items() if _compared(k)}
     for other in runs[1:]:
-        config = {k: v for k, v in _flatten(other.config).items() if k not in POOLABLE_CONFIG_KEYS}
+        config = {k: v for k, v in _flatten(other.config).items() if _compared(k)}
         for key in sorted(set(reference) | set(config)):
             if reference.get(key) != config.get(key):
                 raise ReportError(

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
+from typing import Any
 
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from arena.report.aggregate import Row, Table
@@ -36,6 +38,35 @@ def _error(summary: dict) -> tuple[float, float]:
     return (max(0.0, rate - low), max(0.0, high - rate))
 
 
+def _annotate_apart(axes: Any, points: list[tuple[str, float, float]], fontsize: int = 7) -> None:
+    """Label points without overlapping labels: left to right, each label goes to the first
+    height above its point where it clears the labels placed so far (a leader line joins a
+    lifted label to its point). Rows of equal cost and success are common (every method at 0 %)."""
+    figure = axes.get_figure()
+    if not hasattr(figure.canvas, "get_renderer"):
+        FigureCanvasAgg(figure)  # measure text as the PNG will draw it
+    renderer = figure.canvas.get_renderer()
+    axes.autoscale_view()
+    gap = 4.0
+    placed: list[Any] = []
+    for text, x, y in sorted(points, key=lambda p: (p[1], p[2], p[0])):
+        lift = gap
+        while True:
+            label = axes.annotate(text, (x, y), xytext=(gap, lift), textcoords="offset pixels",
+                                  fontsize=fontsize, va="bottom")
+            box = label.get_window_extent(renderer).expanded(1.0, 1.1)
+            if not any(box.overlaps(other) for other in placed):
+                break
+            label.remove()
+            lift += box.height
+        if lift > gap:  # redraw with a leader line to its point
+            label.remove()
+            label = axes.annotate(text, (x, y), xytext=(gap, lift), textcoords="offset pixels",
+                                  fontsize=fontsize, va="bottom",
+                                  arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "0.5"})
+        placed.append(box)
+
+
 def success_vs_cost(table: Table) -> Plot:
     figure = Figure(figsize=(7.5, 4.2))
     axes = figure.add_subplot()
@@ -52,16 +83,18 @@ def success_vs_cost(table: Table) -> Plot:
             high.append(above)
         axes.errorbar(xs, ys, yerr=[low, high], fmt=SPLIT_MARKERS.get(split, "^"), capsize=3,
                       label=split, alpha=0.85)
-    for row in table.rows:
-        axes.annotate(_label(row), (float(row.cost["learn_tokens"]), row.mean_over_splits("success_rate")),
-                      fontsize=7, xytext=(4, 4), textcoords="offset points")
     axes.set_xscale("symlog", linthresh=1000)  # base methods learn with 0 tokens
+    axes.set_ylim(-0.02, 1.02)
+    models = {row.model for row in table.rows}
+    names = {row.name: row.name if len(models) == 1 else _label(row) for row in table.rows}
+    _annotate_apart(axes, [(names[row.name], float(row.cost["learn_tokens"]),
+                            row.mean_over_splits("success_rate")) for row in table.rows])
     axes.set_xlabel("learning tokens per run (symlog)")
     axes.set_ylabel("test success (95 % CI)")
-    axes.set_ylim(-0.02, 1.02)
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8)
-    axes.set_title(f"{table.env}: success vs learning cost")
+    model = f" ({next(iter(models))})" if len(models) == 1 else ""
+    axes.set_title(f"{table.env}: success vs learning cost{model}", fontsize=10)
     return Plot(f"{table.env}-success-vs-cost", "Success vs learning cost", _png(figure))
 
 
