@@ -52,6 +52,10 @@ def test_episode_loop_statuses():
     assert invalid.status is Termination.INVALID_ACTION_LIMIT
     assert invalid.n_valid_actions == 0 and len(invalid.steps) == 3
     assert run_policy(["look", "look"], max_steps=2).progress == 0.5
+    # "stop" on the last allowed step: an environment ending its game at its own step limit
+    # (ALFWorld at 50) is a step limit, as when the harness ends it; before that it is a failure
+    assert run_policy(["look", "stop"], max_steps=2).status is Termination.STEP_LIMIT
+    assert run_policy(["look", "stop"], max_steps=3).status is Termination.FAILURE
 
 
 def test_episode_loop_records_errors():
