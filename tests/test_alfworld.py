@@ -8,6 +8,7 @@ that folder is absent; tests that play games also skip where ``alfworld`` is not
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import io
 import json
 import random
@@ -336,6 +337,7 @@ def test_max_steps_ends_the_episode_and_bad_commands_change_nothing(real_data):
     assert [r.text for r in replies] == ["Nothing happens."] * 3
     assert all(r.admissible_actions == start.admissible_actions for r in replies)
     assert [r.done for r in replies] == [False, False, True] and not replies[-1].won
+    assert [r.truncated for r in replies] == [False, False, True]  # ended by the limit, not lost
     with pytest.raises(RuntimeError, match="is over"):
         episode.step("look")
     episode.close()
@@ -411,3 +413,25 @@ def test_base_method_runs_on_alfworld_with_workers(real_data, plugins, tmp_path)
     episodes = [json.loads(line) for line in (path / "episodes.jsonl").read_text().splitlines()]
     assert len(episodes) == 4 and all(e["error"] is None for e in episodes)
     assert all(e["steps"] <= 4 and e["task_id"].startswith("alfworld/valid_unseen/") for e in episodes)
+
+
+@pytest.mark.slow
+@needs_engine
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="Ray is not installed: pip install 'arena[ray]'")
+def test_ray_executor_plays_alfworld_as_its_workers_do(real_data, plugins, tmp_path):
+    """The games in Ray actors (each plays in-process: env.workers=0 inside an actor) give the
+    same episodes as the environment's own worker processes."""
+    overrides = [
+        "llm.backend=fake", "embedder.name=hashing", f"env.data_dir={real_data}", "env.workers=2",
+        "eval.limit=2", "eval.max_steps=6", "eval.concurrency=2",
+    ]
+    runs = {}
+    for executor in ("local", "ray"):
+        path, results = protocol.run("base", env="alfworld", out=tmp_path / executor, plugins=plugins,
+                                     overrides=[*overrides, f"executor.name={executor}",
+                                                "executor.ray.num_cpus=2"])
+        episodes = [json.loads(line) for line in (path / "episodes.jsonl").read_text().splitlines()]
+        runs[executor] = {(e["split"], e["task_id"]): {k: v for k, v in e.items() if k != "wall_s"}
+                          for e in episodes}
+        assert results["valid"] and all(e["error"] is None for e in episodes)
+    assert len(runs["ray"]) == 4 and runs["ray"] == runs["local"]

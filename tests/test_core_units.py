@@ -19,7 +19,8 @@ from arena.testing import FakeLLM, random_chat
 
 
 class CountingEpisode(Episode):
-    """Wins when the action 'win' is taken; 'stop' ends the game without success."""
+    """Wins when the action 'win' is taken; 'stop' ends the game without success; 'timeout' ends
+    it at the environment's own step limit."""
 
     def __init__(self) -> None:
         self.task = Task("t1", "toy", "train", "toy", "win the game")
@@ -32,6 +33,8 @@ class CountingEpisode(Episode):
             return Observation("you won", (), reward=1.0, done=True, won=True, progress=1.0)
         if action == "stop":
             return Observation("game over", (), done=True)
+        if action == "timeout":
+            return Observation("out of time", (), done=True, truncated=True)
         if action == "look":
             return Observation("a room", ("look", "win", "stop"), progress=0.5)
         return Observation("Nothing happens.", ("look", "win", "stop"))
@@ -52,10 +55,9 @@ def test_episode_loop_statuses():
     assert invalid.status is Termination.INVALID_ACTION_LIMIT
     assert invalid.n_valid_actions == 0 and len(invalid.steps) == 3
     assert run_policy(["look", "look"], max_steps=2).progress == 0.5
-    # "stop" on the last allowed step: an environment ending its game at its own step limit
-    # (ALFWorld at 50) is a step limit, as when the harness ends it; before that it is a failure
-    assert run_policy(["look", "stop"], max_steps=2).status is Termination.STEP_LIMIT
-    assert run_policy(["look", "stop"], max_steps=3).status is Termination.FAILURE
+    # an environment that ends the game at its own step limit (ALFWorld's 50) says so: step_limit
+    assert run_policy(["look", "timeout"], max_steps=10).status is Termination.STEP_LIMIT
+    assert run_policy(["look", "stop"], max_steps=2).status is Termination.FAILURE
 
 
 def test_episode_loop_records_errors():

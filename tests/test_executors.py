@@ -43,6 +43,34 @@ def ray_env(local, factory, **options):
     return RayEnvironment(local, factory, **options)
 
 
+def comparable(run) -> dict[tuple, dict]:
+    """Each recorded episode by its key, without its wall time."""
+    return {record.key: {k: v for k, v in record.to_dict().items() if k != "wall_s"}
+            for record in run.episodes()}
+
+
+def test_a_run_under_ray_matches_the_local_executor(tmp_path):
+    """Same seeds, greedy tiny model: the same episodes, step counts, tokens and results. The run
+    starts its own local Ray of 2 CPUs (first test of the module: no Ray is running yet), fits
+    its 4 actors (eval.concurrency) to the 2 CPUs, and shuts Ray down at the end."""
+    import ray
+
+    own_ray = not ray.is_initialized()
+    settings = [*TINY_MODEL_OVERRIDES, "eval.limit=2", "learn.budget.episodes=2", "eval.concurrency=4"]
+    local = run_method("base", settings, out=tmp_path / "local")
+    with pytest.warns(UserWarning, match="room for 2 environment actors of 1 CPU each, not 4"):
+        ray_run = run_method("base", [*settings, "executor.name=ray", "executor.ray.num_cpus=2"],
+                             out=tmp_path / "ray")
+    if own_ray:
+        assert not ray.is_initialized()  # the run stopped the Ray it started
+    assert comparable(ray_run) == comparable(local)
+    assert len(local.episodes("evaluate")) == 4
+    for split in ("test_seen", "test_unseen"):
+        for field in ("success_rate", "ci95", "progress_rate", "valid_action_rate", "mean_steps"):
+            assert ray_run.results["splits"][split][field] == local.results["splits"][split][field]
+    assert ray_run.results["provenance"]["config"]["executor"]["name"] == "ray"
+
+
 def test_actors_give_the_same_observations_as_in_process(local_ray):
     local = HOUSEHOLD()
     tasks = local.tasks("train")[:2] + local.tasks("test_unseen")[:2]
@@ -112,26 +140,6 @@ def test_a_factory_that_fails_is_reported_on_open(local_ray):
     with pytest.raises(EnvWorkerError, match="failed to start: RuntimeError: cannot build on purpose"):
         env.open(env.tasks("train")[0])
     env.close()
-
-
-def comparable(run) -> dict[tuple, dict]:
-    """Each recorded episode by its key, without its wall time."""
-    return {record.key: {k: v for k, v in record.to_dict().items() if k != "wall_s"}
-            for record in run.episodes()}
-
-
-def test_a_run_under_ray_matches_the_local_executor(tmp_path, local_ray):
-    """Same seeds, greedy tiny model: the same episodes, step counts, tokens and results."""
-    settings = [*TINY_MODEL_OVERRIDES, "eval.limit=2", "learn.budget.episodes=2", "eval.concurrency=2"]
-    local = run_method("base", settings, out=tmp_path / "local")
-    ray_run = run_method("base", [*settings, "executor.name=ray", "executor.ray.num_cpus=2"],
-                         out=tmp_path / "ray")
-    assert comparable(ray_run) == comparable(local)
-    assert len(local.episodes("evaluate")) == 4
-    for split in ("test_seen", "test_unseen"):
-        for field in ("success_rate", "ci95", "progress_rate", "valid_action_rate", "mean_steps"):
-            assert ray_run.results["splits"][split][field] == local.results["splits"][split][field]
-    assert ray_run.results["provenance"]["config"]["executor"]["name"] == "ray"
 
 
 def test_an_unknown_executor_names_the_choices(tmp_path):

@@ -48,6 +48,8 @@ from arena.cli import cli
 from arena.core.llm import Chat, SamplingParams
 from arena.testing import assert_frozen_protocol, run_method
 
+pytest.importorskip("openai", reason="the openai client is not installed: pip install 'arena[openai]'")
+
 REPO = Path(__file__).resolve().parents[1]
 #: The key the real server requires; tests check it never shows up anywhere.
 SECRET = "sk-arena-test-" + secrets.token_hex(12)
@@ -284,11 +286,9 @@ def test_exhausted_retries_say_how_many_attempts(stub_server: Any) -> None:
 def test_404_fails_at_once_naming_server_model_and_fix(stub_server: Any) -> None:
     stub = stub_server([Reply(404, {"error": {"message": "The model `stub-model` does not exist."}})])
     llm = backend(stub.base_url, max_retries=5)
-    started = time.perf_counter()
     with pytest.raises(OpenAIBackendError) as raised:
         llm.choose([chat("hello")], [["look", "go to desk 1"]], GREEDY)
-    assert time.perf_counter() - started < 0.5  # no backoff sleep
-    assert len(stub.requests) == 1
+    assert len(stub.requests) == 1  # not retried
     message = str(raised.value)
     assert stub.base_url in message and "'stub-model'" in message
     assert "does not exist" in message and "llm.model" in message and "not retried" in message
@@ -404,7 +404,12 @@ def test_api_key_is_sent_but_never_shown(stub_server: Any, monkeypatch: pytest.M
 def server_python() -> Path | None:
     configured = os.environ.get("ARENA_VLLM_PYTHON")
     candidate = Path(configured) if configured else REPO / ".venv-vllm" / "bin" / "python"
-    return candidate if candidate.exists() else None
+    if not candidate.exists():
+        return None
+    has_vllm = subprocess.run(  # a venv whose vllm install failed is no server
+        [str(candidate), "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"],
+        capture_output=True, timeout=60)
+    return candidate if has_vllm.returncode == 0 else None
 
 
 def free_port() -> int:

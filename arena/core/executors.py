@@ -25,6 +25,7 @@ import logging
 import os
 import socket
 import threading
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -61,8 +62,9 @@ def build_environment(registry: Any, cfg: DictConfig) -> Environment:
         actors = ray_cfg.get("actors") or int(cfg.eval.concurrency)
         return RayEnvironment(
             entry.factory(env_cfg),
-            functools.partial(build_registered_environment, str(cfg.env.name),
-                              OmegaConf.to_container(env_cfg, resolve=True)),
+            # the plugin's own factory, pickled by reference: an actor imports the environment's
+            # module alone, not every plugin (and torch with them)
+            functools.partial(entry.factory, env_cfg),
             actors=int(actors),
             address=ray_cfg.get("address"),
             num_cpus=ray_cfg.get("num_cpus"),
@@ -81,13 +83,6 @@ def in_process_config(env_cfg: DictConfig) -> DictConfig:
     if "workers" in cfg:
         cfg.workers = 0
     return cfg
-
-
-def build_registered_environment(name: str, env_cfg: dict[str, Any]) -> Environment:
-    """Build a registered environment inside an actor (picklable: a name and a plain dict)."""
-    from arena.core.plugins import get_plugins
-
-    return get_plugins().envs.get(name).factory(OmegaConf.create(env_cfg))
 
 
 def _import_ray() -> Any:
@@ -160,16 +155,24 @@ class _RayWorker:
             reply = self._ray.get(ref, timeout=timeout_s)
         except exceptions.GetTimeoutError as exc:
             self.kill()
+            if op == "start":
+                raise EnvWorkerError(
+                    f"environment actor {self.index} did not start within {timeout_s:.0f} s: "
+                    "Ray may have no free CPUs for it (each takes executor.ray.actor_cpus; "
+                    "lower executor.ray.actors or add nodes), or building the environment is slow."
+                ) from exc
             raise EnvWorkerError(
                 f"environment actor {self.index} did not answer '{op}' within {timeout_s:.0f} s; "
                 "it was stopped (its episodes end with an error) and will be replaced. Raise "
                 "executor.ray.call_timeout_s if the environment is just slow."
             ) from exc
-        except exceptions.RayActorError as exc:
-            self._dead = True
+        except exceptions.RayError as exc:  # the actor died, or Ray lost the call
+            self.kill()
+            cause = str(exc).strip().splitlines()
             raise EnvWorkerError(
-                f"environment actor {self.index} died during '{op}' ({type(exc).__name__}); "
-                "its episodes end with an error and it will be replaced."
+                f"environment actor {self.index} died during '{op}' ({type(exc).__name__}: "
+                f"{cause[0][:300] if cause else 'no detail'}); its episodes end with an error "
+                "and it will be replaced."
             ) from exc
         return unwrap_reply(reply, self.index)
 
@@ -241,10 +244,26 @@ class RayEnvironment(ProcessEnvironment):
                 self._started_ray = True
             if self._actor_class is None:
                 self._actor_class = ray.remote(num_cpus=self.actor_cpus)(EnvironmentActor)
+                self._fit_to_cluster(ray)
         return ray
 
+    def _fit_to_cluster(self, ray: Any) -> None:
+        """Fewer actors when the cluster cannot place them all: an actor waiting for CPUs would
+        stall its episodes until the start timeout."""
+        cpus = float(ray.cluster_resources().get("CPU", 0))
+        room = int(cpus // self.actor_cpus) if self.actor_cpus > 0 else self.workers
+        if 1 <= room < self.workers:
+            warnings.warn(
+                f"Ray has {cpus:g} CPUs, room for {room} environment actors of "
+                f"{self.actor_cpus:g} CPU each, not {self.workers}: using {room}. Set "
+                "executor.ray.actors (or actor_cpus) to choose.", stacklevel=3)
+            self.workers = room
+
+    def _start_missing(self) -> None:
+        self._ensure_ray()  # first: it may lower the number of actors to start
+        super()._start_missing()
+
     def _new_worker(self, index: int) -> _RayWorker:  # type: ignore[override]
-        self._ensure_ray()
         return _RayWorker(self._actor_class, self.factory, index, self._start_timeout_s)
 
     def worker_nodes(self) -> list[str | None]:

@@ -76,10 +76,7 @@ def play(
                 trajectory.status = Termination.SUCCESS
                 break
             if observation.done:
-                # An environment that ends the game at its own step limit (ALFWorld) reports the
-                # same end as the harness's limit would.
-                limit_reached = len(trajectory.steps) >= max_steps
-                trajectory.status = Termination.STEP_LIMIT if limit_reached else Termination.FAILURE
+                trajectory.status = Termination.STEP_LIMIT if observation.truncated else Termination.FAILURE
                 break
             if len(trajectory.steps) >= max_steps:
                 trajectory.status = Termination.STEP_LIMIT

@@ -61,6 +61,9 @@ class Observation:
     done: bool = False
     won: bool = False
     progress: float = 0.0  # fraction of the task's subgoals met, in [0, 1]
+    #: ``done`` because the environment's own step limit ended the game (ALFWorld's 50), not
+    #: because the task failed: the episode ends as ``step_limit``, as at the harness's limit.
+    truncated: bool = False
 
 
 @dataclass

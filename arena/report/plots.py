@@ -86,8 +86,7 @@ def success_vs_cost(table: Table) -> Plot:
     axes.set_xscale("symlog", linthresh=1000)  # base methods learn with 0 tokens
     axes.set_ylim(-0.02, 1.02)
     models = {row.model for row in table.rows}
-    names = {row.name: row.name if len(models) == 1 else _label(row) for row in table.rows}
-    _annotate_apart(axes, [(names[row.name], float(row.cost["learn_tokens"]),
+    _annotate_apart(axes, [(row.name if len(models) == 1 else _label(row), float(row.cost["learn_tokens"]),
                             row.mean_over_splits("success_rate")) for row in table.rows])
     axes.set_xlabel("learning tokens per run (symlog)")
     axes.set_ylabel("test success (95 % CI)")

@@ -231,6 +231,7 @@ class AlfworldEpisode(Episode):
             done=self._won or len(self._taken) >= self.max_steps,
             won=self._won,
             progress=self._progress.update(state["_facts"], self._won),
+            truncated=not self._won and len(self._taken) >= self.max_steps,
         )
 
     def expert_action(self) -> str | None:
