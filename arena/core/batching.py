@@ -80,6 +80,9 @@ class BatchingBackend(LLMBackend):
     def describe(self) -> dict[str, Any]:
         return self.inner.describe()
 
+    def close(self) -> None:
+        self.inner.close()
+
     # -- the batching itself ------------------------------------------------------------------
 
     def _submit(self, request: _Request) -> Any:

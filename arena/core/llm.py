@@ -124,6 +124,10 @@ class LLMBackend(ABC):
         """What provenance records about the model (id, weights digest, dtype...)."""
         return {"id": self.model_id, "weights_sha256": self.weights_digest()}
 
+    def close(self) -> None:
+        """Release what the backend holds (request threads, connections, an engine); the harness
+        calls it when a run ends. Nothing to release by default."""
+
 
 def per_prompt(params: SamplingParams | list[SamplingParams], n: int) -> list[SamplingParams]:
     """One :class:`SamplingParams` per prompt."""

@@ -443,4 +443,5 @@ def run(
         results = session.run()
     finally:
         session.env.close()
+        session.llm.close()
     return prepared.run_dir.path, results
