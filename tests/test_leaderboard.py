@@ -467,3 +467,18 @@ def test_plot_labels_of_equal_points_do_not_overlap():
     overlapping = [(a, b) for i, a in enumerate(axes.texts) for b in axes.texts[i + 1:]
                    if box[a].overlaps(box[b])]
     assert not overlapping, [(a.get_text(), b.get_text()) for a, b in overlapping]
+
+
+def test_only_seeds_and_where_episodes_ran_may_differ_within_a_row():
+    from arena.report.aggregate import _check_poolable
+
+    local = _constructed_run("local", 0, {"a": True}, learn_tokens=10)
+    on_ray = _constructed_run("ray", 1, {"a": True}, learn_tokens=10)
+    local.results["provenance"]["config"] = {
+        "learn": {"seed": 0}, "executor": {"name": "local"}, "solver": {"history": 2}}
+    on_ray.results["provenance"]["config"] = {
+        "learn": {"seed": 1}, "executor": {"name": "ray", "ray": {"num_cpus": 2}}, "solver": {"history": 2}}
+    _check_poolable([local, on_ray], "m")  # executor.* changes no result: one row
+    on_ray.results["provenance"]["config"]["solver"]["history"] = 3
+    with pytest.raises(ReportError, match="differ in config solver.history"):
+        _check_poolable([local, on_ray], "m")

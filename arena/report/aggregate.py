@@ -25,6 +25,7 @@ POOLABLE_CONFIG_SECTIONS = ("executor.",)
 def _compared(key: str) -> bool:
     return key not in POOLABLE_CONFIG_KEYS and not key.startswith(POOLABLE_CONFIG_SECTIONS)
 
+
 SORT_KEYS = ("success", "test_seen", "test_unseen", "progress", "learn_cost", "method")
 
 
