@@ -500,11 +500,9 @@ def _version(package: str) -> str:
 
 def make_openai_backend(cfg: Mapping[str, Any]) -> OpenAIBackend:
     """Factory for the registry: ``cfg`` is the resolved ``llm`` section (DictConfig or dict)."""
-    from omegaconf import DictConfig, OmegaConf
+    from arena.core.config import to_plain
 
-    if isinstance(cfg, DictConfig):
-        cfg = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
-    return OpenAIBackend(cfg)
+    return OpenAIBackend(to_plain(cfg))
 
 
 @arena.hookimpl

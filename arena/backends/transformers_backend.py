@@ -681,11 +681,9 @@ def _sample(
 
 def make_transformers_backend(cfg: Mapping[str, Any]) -> TransformersBackend:
     """Factory for the registry: ``cfg`` is the resolved ``llm`` section (DictConfig or dict)."""
-    from omegaconf import DictConfig, OmegaConf
+    from arena.core.config import to_plain
 
-    if isinstance(cfg, DictConfig):
-        cfg = OmegaConf.to_container(cfg, resolve=True)
-    return TransformersBackend(cfg)
+    return TransformersBackend(to_plain(cfg))
 
 
 @arena.hookimpl

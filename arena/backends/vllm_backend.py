@@ -504,11 +504,9 @@ def _process_state_kept(threads: int | None) -> Iterator[None]:
 
 def make_vllm_backend(cfg: Mapping[str, Any]) -> VLLMBackend:
     """Factory for the registry: ``cfg`` is the resolved ``llm`` section (DictConfig or dict)."""
-    from omegaconf import DictConfig, OmegaConf
+    from arena.core.config import to_plain
 
-    if isinstance(cfg, DictConfig):
-        cfg = OmegaConf.to_container(cfg, resolve=True)
-    return VLLMBackend(cfg)
+    return VLLMBackend(to_plain(cfg))
 
 
 @arena.hookimpl

@@ -9,6 +9,7 @@ makes two results comparable.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -103,7 +104,10 @@ def compose(
     return cfg
 
 
-def to_plain(cfg: DictConfig) -> dict[str, Any]:
+def to_plain(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
+    """A config section as a plain, resolved dict (what registry factories hand to components)."""
+    if not isinstance(cfg, DictConfig):
+        return dict(cfg)
     plain = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(plain, dict)
     return plain  # type: ignore[return-value]
