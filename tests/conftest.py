@@ -25,6 +25,25 @@ FAST = [
 ]
 
 
+def require_offline_build_backend() -> None:
+    """Fail with the fix, not with pip's ``invalid command 'bdist_wheel'``, where this environment
+    cannot build a package without fetching setuptools (the plugin-install tests build offline)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        setuptools = tuple(int(part) for part in version("setuptools").split(".")[:2])
+    except (PackageNotFoundError, ValueError):
+        setuptools = (0, 0)
+    try:
+        version("wheel")
+        has_wheel = True
+    except PackageNotFoundError:
+        has_wheel = False
+    if setuptools < (70, 1) and not has_wheel:
+        pytest.fail("building a plugin offline needs setuptools >= 70.1 (or wheel) in this "
+                    "environment: run `bash scripts/install.sh --dev`", pytrace=False)
+
+
 @pytest.fixture
 def plugins() -> Plugins:
     """Built-in plugins only (no third-party entry points), fresh for each test."""

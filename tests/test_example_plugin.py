@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FAST
+from tests.conftest import FAST, require_offline_build_backend
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "arena-lessons"
 VERSION = "0.3.1"  # examples/arena-lessons/pyproject.toml
@@ -33,6 +33,7 @@ def installed_example() -> str:
     except PackageNotFoundError:
         already = False
     if not already:
+        require_offline_build_backend()
         run("-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index",
             "-e", str(EXAMPLE))
     return "lessons"

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 import venv
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from click.testing import CliRunner
 
 from arena.cli import cli
 from arena.templates import TemplateError, create_method_package, package_names
-from tests.conftest import FAST
+from tests.conftest import FAST, require_offline_build_backend
 
 #: A run of a few seconds: the fast overrides, 2 tasks per test split, a short learning phase.
 QUICK_RUN = [*FAST, "eval.limit=2", "learn.budget.episodes=3"]
@@ -25,7 +26,16 @@ def make_venv(root: Path) -> dict[str, str]:
     """A clean virtualenv that sees this environment's packages (Arena, pytest) but installs
     into itself, so nothing a test installs outlives it. Returns the environment to run it in:
     ``python``, ``pip`` and ``arena`` on PATH are the virtualenv's."""
-    venv.create(root, system_site_packages=True, with_pip=False)
+    require_offline_build_backend()
+    # Not system_site_packages: that would show the *base* interpreter's packages, which are not
+    # this environment's when the tests themselves run in a virtualenv (a fresh machine's usual
+    # setup). This environment's site directories are added instead, .pth files and all (the
+    # editable installs of Arena and the example plugin are .pth files).
+    venv.create(root, system_site_packages=False, with_pip=False)
+    inner = Path(sysconfig.get_path("purelib", vars={"base": str(root), "platbase": str(root)}))
+    outer = dict.fromkeys([sysconfig.get_path("purelib"), sysconfig.get_path("platlib")])
+    (inner / "_arena_test_outer_env.pth").write_text(
+        "".join(f"import site; site.addsitedir({path!r})\n" for path in outer))
     bin_dir = root / "bin"
     # Without its own pip the venv's python runs this environment's pip module, which installs
     # into the venv (its sys.prefix); likewise `arena` is Arena's CLI under the venv's python.
