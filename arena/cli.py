@@ -12,54 +12,26 @@ from typing import Any
 import click
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 from rich.table import Table
 
 from arena.core.config import ConfigError
 from arena.core.registry import RegistrationError, UnknownNameError
 from arena.core.rundir import RunDir, RunDirError
-from arena.core.types import EpisodeResult
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
 
-console = Console(stderr=True)
+def make_console(stderr: bool = False) -> Console:
+    """A rich console that does not squeeze tables to 80 columns when its output is a file or a
+    pipe (rich's default there): ``$COLUMNS`` if set, else 160."""
+    stream = sys.stderr if stderr else sys.stdout
+    width = None if stream.isatty() or os.environ.get("COLUMNS") else 160
+    return Console(stderr=stderr, width=width)
+
+
+console = make_console(stderr=True)
 USER_ERRORS = (ConfigError, UnknownNameError, RunDirError, RegistrationError, ValueError)
-
-
-class RichReporter:
-    """Progress bars: one per phase, with episode counts, success so far and ETA."""
-
-    def __init__(self, progress: Progress) -> None:
-        self.progress = progress
-        self.tasks: dict[str, Any] = {}
-        self.successes: dict[str, int] = {}
-        self.counts: dict[str, int] = {}
-
-    def phase(self, name: str, total: int | None, done: int) -> None:
-        self.successes[name] = 0
-        self.counts[name] = 0
-        self.tasks[name] = self.progress.add_task(
-            f"{name:<8}", total=total, completed=done, success=""
-        )
-
-    def episode(self, result: EpisodeResult) -> None:
-        task = self.tasks.get(result.phase)
-        if task is None:
-            return
-        self.counts[result.phase] += 1
-        self.successes[result.phase] += int(result.success)
-        rate = self.successes[result.phase] / self.counts[result.phase]
-        self.progress.update(task, advance=1, success=f"success {rate:5.1%}")
 
 
 @click.group()
@@ -86,22 +58,36 @@ def run(method: str | None, env_name: str | None, preset: str | None, config_fil
 
     if method is None and resume is None:
         raise click.UsageError("Name a method with --method NAME (see `arena plugins`), or --resume RUN_DIR.")
+    from arena.console import LineReporter, RichReporter, bars
+
     started = time.perf_counter()
     try:
-        with Progress(
-            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[success]}"), TimeElapsedColumn(), TextColumn("eta"),
-            TimeRemainingColumn(), console=console, transient=False,
-        ) as progress:
-            reporter = RichReporter(progress)
+        if console.is_terminal:
+            with bars(console) as progress:
+                path, results = protocol.run(
+                    method, env_name, config_file, list(overrides), out, resume,
+                    reporter=RichReporter(progress), preset=preset,
+                )
+        else:  # a log file or a pipe: timestamped lines, not bars drawn at the end
             path, results = protocol.run(
-                method, env_name, config_file, list(overrides), out, resume, reporter=reporter,
+                method, env_name, config_file, list(overrides), out, resume,
+                reporter=LineReporter(interval_s=float(os.environ.get("ARENA_PROGRESS_INTERVAL_S", 10))),
                 preset=preset,
             )
     except USER_ERRORS as exc:
         raise click.ClickException(str(exc)) from exc
     print_summary(results, path)
     console.print(f"Finished in {time.perf_counter() - started:.1f} s. Results: {path / 'results.json'}")
+    print_next_steps(path)
+
+
+def print_next_steps(path: Path) -> None:
+    """What a finished run is for: looking at it, ranking it, comparing it."""
+    console.print("Next:")
+    for command, why in ((f"arena show {path}", "this summary again"),
+                         (f"arena leaderboard {path} OTHER_RUN...", "a board with other runs"),
+                         (f"arena compare {path} OTHER_RUN", "a paired test against another run")):
+        console.print(escape(f"  {command}   ({why})"), soft_wrap=True)
 
 
 def print_summary(results: dict[str, Any], path: Path) -> None:
@@ -156,14 +142,18 @@ def plugins(as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(listing, indent=2))
         return
+    out = make_console()
     for kind in ("methods", "envs", "backends"):
         table = Table(title=kind)
-        for column in ("name", "package", "version", "hooks", "description"):
+        for column in ("name", "package", "version", "hooks", "presets", "description"):
             table.add_column(column)
-        for item in listing[kind]:
-            table.add_row(item["name"], item["package"], item["version"],
-                          ", ".join(item["hooks"]) or "-", item["description"])
-        Console().print(table)
+        for item in listing[kind]:  # escaped: "pip install 'arena[alfworld]'" is not markup
+            table.add_row(*(escape(cell) for cell in (
+                item["name"], item["package"], item["version"], ", ".join(item["hooks"]) or "-",
+                ", ".join(item["presets"]) or "-", item["description"])))
+        out.print(table)
+    for skipped in listing.get("skipped", []):
+        out.print(escape(f"skipped plugin {skipped['plugin']}: {skipped['reason']}"))
 
 
 @cli.command()
@@ -185,6 +175,7 @@ def show(run_dir: str, as_json: bool) -> None:
         click.echo(json.dumps(results, indent=2))
         return
     print_summary(results, Path(run_dir))
+    print_next_steps(Path(run_dir))
 
 
 @cli.command()

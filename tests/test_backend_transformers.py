@@ -20,11 +20,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from omegaconf import OmegaConf  # noqa: E402
 
 from arena.backends import embedded  # noqa: E402
+from arena.backends.plugin import register_backends  # noqa: E402
 from arena.backends.transformers_backend import (  # noqa: E402
     TransformersBackend,
     TransformersConfig,
-    make_transformers_backend,
-    register_backends,
 )
 from arena.core.llm import Chat, SamplingParams  # noqa: E402
 
@@ -316,11 +315,11 @@ def test_registration_and_config_defaults() -> None:
 
     register_backends(register)
     factory, config_path, description = registered["transformers"]
-    assert factory is make_transformers_backend and description
+    assert factory.__qualname__.endswith("transformers_backend.make_transformers_backend") and description
     defaults = OmegaConf.load(config_path)
     assert TransformersConfig.from_mapping(defaults) == TransformersConfig()
     cfg = OmegaConf.merge(defaults, {"model": "tiny", "backend": "transformers"})
-    backend = make_transformers_backend(cfg)
+    backend = factory(cfg)
     assert backend.model_id == "arena/tiny-llama-random"
     assert backend.config.batch_size == 16
 

@@ -203,9 +203,9 @@ def test_kill_mid_iteration_resumes_without_replaying_or_losing_rollouts(plugins
     monkeypatch.setattr(RunDir, "record", real_record)
     stepped, learn_extracts = [], []
 
-    def spy_step(self, samples):
+    def spy_step(self, samples, on_micro_batch=None):
         stepped.append(list(samples))
-        return real_step(self, samples)
+        return real_step(self, samples, on_micro_batch)
 
     def spy_extract(self, run, sources, n, seed, params=None):
         if run.phase == LEARN:

@@ -373,7 +373,9 @@ PAGE_FACTS = """JSON.stringify({
   firstCells: Array.from(document.querySelector('table').tBodies[0].rows).map(r => r.cells[1].textContent),
   details: document.querySelectorAll('details').length,
   images: Array.from(document.images).map(i => ({ok: i.complete && i.naturalWidth > 100, src: i.src.slice(0, 22)})),
-  width: document.documentElement.scrollWidth, height: document.documentElement.scrollHeight
+  width: document.documentElement.scrollWidth, height: document.documentElement.scrollHeight,
+  framed: Array.from(document.querySelectorAll('table')).every(
+    t => t.parentElement.classList.contains('scroll') && t.parentElement.clientWidth <= window.innerWidth)
 })"""
 
 
@@ -439,6 +441,8 @@ def test_html_page_renders_in_headless_chromium(runs, tmp_path):
     assert facts["headers"][5] == "test_seen success [95 % CI]"
     assert facts["details"] >= 3
     assert len(facts["images"]) == 3 and all(i["ok"] and i["src"] == "data:image/png;base64," for i in facts["images"])
+    # A wide table scrolls inside its frame; the page itself never needs a horizontal scrollbar.
+    assert facts["framed"] and facts["width"] <= 1400, facts["width"]
     assert screenshot.read_bytes()[:4] == b"\x89PNG" and screenshot.stat().st_size > 10_000
     print(f"screenshot: {screenshot}")
 
@@ -482,3 +486,19 @@ def test_only_seeds_and_where_episodes_ran_may_differ_within_a_row():
     on_ray.results["provenance"]["config"]["solver"]["history"] = 3
     with pytest.raises(ReportError, match="differ in config solver.history"):
         _check_poolable([local, on_ray], "m")
+
+
+def test_runs_of_different_solver_layouts_never_share_a_row():
+    from arena.report.aggregate import _check_poolable
+
+    old = _constructed_run("old", 0, {"a": True}, learn_tokens=10)
+    window = _constructed_run("window", 1, {"a": True}, learn_tokens=10)
+    transcript = _constructed_run("transcript", 2, {"a": True}, learn_tokens=10)
+    old.results["provenance"]["config"] = {"solver": {"history": 2}}  # made before layouts existed
+    window.results["provenance"]["config"] = {
+        "solver": {"history": 2, "layout": "window"}, "llm": {"prefix_cache": False}}
+    transcript.results["provenance"]["config"] = {
+        "solver": {"history": 2, "layout": "transcript"}, "llm": {"prefix_cache": True}}
+    _check_poolable([old, window], "m")  # the layout every earlier run had; the cache is exact
+    with pytest.raises(ReportError, match=r"differ in config solver.layout \('window' vs 'transcript'\)"):
+        _check_poolable([old, window, transcript], "m")

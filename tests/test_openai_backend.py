@@ -177,7 +177,7 @@ def backend(base_url: str, **settings: Any) -> OpenAIBackend:
 
 def test_registered_as_openai_with_its_config(plugins) -> None:  # noqa: ANN001 - conftest fixture
     entry = plugins.backends.get("openai")
-    assert entry.factory is openai_backend.make_openai_backend
+    assert entry.factory.__qualname__ == "arena.backends.openai_backend.make_openai_backend"  # imported when built
     assert [path.name for path in entry.configs] == ["openai_config.yaml"]
     listing = CliRunner().invoke(cli, ["plugins", "--json"])
     assert listing.exit_code == 0, listing.output

@@ -142,7 +142,7 @@ def test_missing_vllm_names_the_install_command(monkeypatch: pytest.MonkeyPatch)
 
 def test_registered_as_vllm_with_its_config(plugins) -> None:  # noqa: ANN001 - conftest fixture
     entry = plugins.backends.get("vllm")
-    assert entry.factory is vllm_backend.make_vllm_backend
+    assert entry.factory.__qualname__ == "arena.backends.vllm_backend.make_vllm_backend"  # imported when built
     assert [path.name for path in entry.configs] == ["vllm_config.yaml"]
 
 

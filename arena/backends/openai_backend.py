@@ -51,11 +51,9 @@ import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
-from pathlib import Path
 from typing import Any, Callable, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-import arena
 from arena.core.llm import (
     Chat,
     Choice,
@@ -503,13 +501,3 @@ def make_openai_backend(cfg: Mapping[str, Any]) -> OpenAIBackend:
     from arena.core.config import to_plain
 
     return OpenAIBackend(to_plain(cfg))
-
-
-@arena.hookimpl
-def register_backends(register: Callable[..., None]) -> None:
-    register(
-        "openai",
-        make_openai_backend,
-        config=Path(__file__).with_name("openai_config.yaml"),
-        description="Any OpenAI-compatible chat server (vLLM, llama.cpp, hosted APIs)",
-    )

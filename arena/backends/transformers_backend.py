@@ -36,9 +36,9 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
+import numpy as np
 import torch
 
-import arena
 from arena.backends.embedded import (
     EMBEDDED_MODEL_ID,
     TINY_MODEL_ID,
@@ -58,6 +58,11 @@ from arena.core.llm import (
 )
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+#: Messages dropped at a time when a long chat is cut to fit the context (an even number: whole
+#: exchanges of a transcript).
+TRUNCATION_BLOCK = 8
+#: Tokens kept free for the reply when a chat is cut to fit for ``choose``.
+CHOICE_RESERVE = 32
 _Result = TypeVar("_Result", Generation, Choice)
 
 
@@ -73,6 +78,7 @@ class TransformersConfig:
     device: str = "cpu"
     prefix_cache: bool | str = "auto"
     prefix_cache_entries: int = 32
+    prefix_cache_tokens: int = 65536
 
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, Any]) -> TransformersConfig:
@@ -111,57 +117,98 @@ class _OptionTree:
 class _PrefixCache:
     """The KV caches of recently scored prompts, to reuse for a prompt that starts the same way.
 
-    Entries hold per-layer key/value tensors of one prompt (batch 1). A lookup copies the part
-    shared with the new prompt, so one entry serves any number of later prompts (the system
-    message is shared by every episode; the task and experiences by every step of one). Least
-    recently used entries are dropped beyond ``capacity``. Cleared whenever the weights change.
+    Entries hold per-layer key/value tensors of one prompt (batch 1). A lookup hands out views of
+    the part shared with the new prompt: the model's cache layers concatenate new states onto
+    them into fresh tensors, never writing into them, so one entry serves any number of later
+    prompts (the system message is shared by every episode; in the transcript layout the whole
+    previous step by the next step of its episode). Least recently used entries are dropped
+    beyond ``capacity`` entries or ``max_tokens`` positions in all, so memory stays bounded
+    however many episodes are alive; a prompt longer than ``max_tokens`` is not kept (its next
+    step is recomputed). Cleared whenever the weights change.
     """
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, max_tokens: int) -> None:
         self.capacity = capacity
-        self._entries: OrderedDict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = (
-            OrderedDict()
-        )
+        self.max_tokens = max_tokens
+        self._entries: OrderedDict[tuple[int, ...], _CachedPrompt] = OrderedDict()
+        self._held = 0
         self.tokens_reused = 0
         self.tokens_computed = 0
 
     def clear(self) -> None:
         self._entries.clear()
+        self._held = 0
+
+    @property
+    def tokens_held(self) -> int:
+        return self._held
+
+    def bytes_held(self) -> int:
+        """Bytes of the key/value tensors the entries keep alive (views keep whole tensors)."""
+        seen: dict[int, int] = {}
+        for entry in self._entries.values():
+            for keys, values in entry.layers:
+                for tensor in (keys, values):
+                    storage = tensor.untyped_storage()
+                    seen[storage.data_ptr()] = storage.nbytes()
+        return sum(seen.values())
 
     def longest(self, row: list[int]) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]] | None]:
         """Length of the longest cached prefix of ``row`` (at most ``len(row) - 1``, since the
-        last prompt token must be fed to predict the reply) and copies of its key/values."""
+        last prompt token must be fed to predict the reply) and views of its key/values."""
+        limit = len(row) - 1
+        if limit <= 0 or not self._entries:
+            return 0, None
+        target = np.asarray(row, dtype=np.int64)
         best_len, best_key = 0, None
-        for key in self._entries:
-            shared = _shared_prefix(key, row, limit=len(row) - 1)
+        for key, entry in self._entries.items():
+            n = min(len(entry.tokens), limit)
+            if n <= best_len:
+                continue
+            differ = np.flatnonzero(entry.tokens[:n] != target[:n])
+            shared = int(differ[0]) if differ.size else n
             if shared > best_len:
                 best_len, best_key = shared, key
         if best_key is None:
             return 0, None
         self._entries.move_to_end(best_key)
-        layers = [
-            (keys[:, :, :best_len].clone(), values[:, :, :best_len].clone())
-            for keys, values in self._entries[best_key]
-        ]
+        layers = [(keys[:, :, :best_len], values[:, :, :best_len])
+                  for keys, values in self._entries[best_key].layers]
         return best_len, layers
 
     def store(self, row: list[int], cache: Any) -> None:
         """Keep the first ``len(row)`` positions of ``cache`` (later ones are option nodes)."""
-        length = len(row)
-        self._entries[tuple(row)] = [
-            (layer.keys[:, :, :length], layer.values[:, :, :length]) for layer in cache.layers
-        ]
-        self._entries.move_to_end(tuple(row))
-        while len(self._entries) > self.capacity:
-            self._entries.popitem(last=False)
+        length, key = len(row), tuple(row)
+        if length > self.max_tokens:
+            return
+        if key in self._entries:
+            self._held -= len(self._entries.pop(key).tokens)
+        layers = [(layer.keys[:, :, :length], layer.values[:, :, :length]) for layer in cache.layers]
+        self._entries[key] = _CachedPrompt(np.asarray(row, dtype=np.int64), layers)
+        self._held += length
+        while len(self._entries) > self.capacity or self._held > self.max_tokens:
+            _, dropped = self._entries.popitem(last=False)
+            self._held -= len(dropped.tokens)
 
 
-def _shared_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
-    n = min(len(a), len(b), limit)
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+@dataclass
+class _CachedPrompt:
+    tokens: np.ndarray
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def _reused_cache(layers: list[tuple[torch.Tensor, torch.Tensor]] | None, config: Any) -> Any:
+    """A DynamicCache that starts from ``layers`` as they are. Filling it through its constructor
+    would concatenate them onto empty tensors: one copy of the whole prefix per step."""
+    from transformers import DynamicCache
+
+    if not layers:
+        return None
+    cache = DynamicCache(config=config)
+    for layer, (keys, values) in zip(cache.layers, layers, strict=True):
+        layer.lazy_initialization(keys, values)
+        layer.keys, layer.values = keys, values
+    return cache
 
 
 def auto_dtype(device: torch.device) -> torch.dtype:
@@ -234,7 +281,11 @@ class TransformersBackend(LLMBackend):
             raise ValueError(f"llm.prefix_cache must be auto, true or false: {prefix_cache!r}")
         if prefix_cache == "auto":
             prefix_cache = self.device.type == "cpu"
-        self._prefix_cache = _PrefixCache(self.config.prefix_cache_entries) if prefix_cache else None
+        self._prefix_cache = (
+            _PrefixCache(self.config.prefix_cache_entries, self.config.prefix_cache_tokens)
+            if prefix_cache
+            else None
+        )
 
     # ------------------------------------------------------------------------------------------
     # LLMBackend
@@ -295,7 +346,10 @@ class TransformersBackend(LLMBackend):
                 raise ValueError(f"prompt {i} has no options to choose from")
         option_ids = [[self._encode_option(text) for text in opts] for opts in options]
         rows = [
-            self._encode_prompt(chat, reply_tokens=max(map(len, opts)))
+            # A fixed reserve (unless an option is longer): the cut of a long transcript must
+            # not move with each step's longest option, or consecutive prompts stop sharing
+            # their prefix.
+            self._encode_prompt(chat, reply_tokens=max(CHOICE_RESERVE, *map(len, opts)))
             for chat, opts in zip(prompts, option_ids)
         ]
         scores = score(rows, option_ids)
@@ -409,15 +463,25 @@ class TransformersBackend(LLMBackend):
         return ids if len(ids) <= budget else self._truncate(chat, budget)
 
     def _truncate(self, chat: Chat, budget: int) -> list[int]:
-        """Drop the oldest messages, then the start of the last one; never the system message.
+        """Drop the oldest turns after the first message, then that message, then the start of
+        the last one; never the system message.
 
         The end of a prompt (the current observation and admissible actions) matters most to
-        the next step, and the system message carries the rules, so both are kept.
+        the next step, the system message carries the rules and the first message the task, so
+        they are kept longest. Turns go in blocks of :data:`TRUNCATION_BLOCK` messages: the cut
+        then stays put for several steps of a growing transcript, whose prompts keep sharing
+        their prefix (a cut moved at every step would make every step compute its whole prompt).
         """
         head = list(chat[:1]) if chat and chat[0]["role"] == "system" else []
         # A reply prefix (a final assistant message) is kept whole, like the system message.
         tail = list(chat[-1:]) if len(chat) > len(head) + 1 and chat[-1]["role"] == "assistant" else []
         body = list(chat[len(head) : len(chat) - len(tail)])
+        middle = len(body) - 2  # the turns between the first message and the last
+        for end in range(TRUNCATION_BLOCK, middle + TRUNCATION_BLOCK, TRUNCATION_BLOCK):
+            ids = self._render(head + body[:1] + body[1 + min(end, middle) :] + tail)
+            if len(ids) <= budget:
+                return ids
+        body = body[:1] + body[-1:] if len(body) > 1 else body
         while len(body) > 1:
             body.pop(0)
             ids = self._render(head + body + tail)
@@ -548,26 +612,58 @@ class TransformersBackend(LLMBackend):
     def _score_cached(
         self, row: list[int], options: list[list[int]], prefix_cache: _PrefixCache
     ) -> list[list[float]]:
-        """:meth:`_score_chunk` for one prompt, starting from the longest cached prefix."""
-        reused, layers = prefix_cache.longest(row)
-        from transformers import DynamicCache
+        """:meth:`_score_chunk` for one prompt from the longest cached prefix, in one forward.
 
-        cache = DynamicCache(ddp_cache_data=layers, config=self.model.config) if layers else None
-        suffix = torch.tensor([row[reused:]], device=self.device)
-        out = self.model(
-            input_ids=suffix,
-            position_ids=torch.arange(reused, len(row), device=self.device)[None],
+        The prompt's uncached tokens and the option tree's nodes go in one segment: a prompt
+        token sees the cached prefix and the prompt tokens before it; a node sees the whole
+        prompt, its ancestors and itself. Those are the attention and positions of each
+        ``prompt + option`` run alone, so nothing but the new tokens is computed, and the model
+        is called once per step (its weights are read once, which dominates on a CPU for short
+        segments).
+        """
+        reused, layers = prefix_cache.longest(row)
+        cache = _reused_cache(layers, self.model.config)
+        tree = _OptionTree(options)
+        fresh, nodes = len(row) - reused, len(tree.tokens)
+        width = fresh + nodes
+        allowed = torch.zeros((width, reused + width), dtype=torch.bool)
+        allowed[:, :reused] = True
+        allowed[:fresh, reused : reused + fresh] = torch.ones(fresh, fresh, dtype=torch.bool).tril()
+        allowed[fresh:, reused : reused + fresh] = True
+        allowed[fresh:, reused + fresh :] = self._tree_visibility(tree, nodes)
+        additive = torch.zeros((1, 1, width, reused + width), dtype=self.dtype)
+        additive.masked_fill_(~allowed[None, None], torch.finfo(self.dtype).min)
+        positions = torch.cat(
+            [torch.arange(reused, len(row)), len(row) + torch.tensor(tree.depths, dtype=torch.long)]
+        )
+        out = self.model.get_decoder()(
+            input_ids=torch.tensor([row[reused:] + tree.tokens], device=self.device),
+            attention_mask=additive.to(self.device),
+            position_ids=positions[None].to(self.device),
             past_key_values=cache,
             use_cache=True,
-            logits_to_keep=1,
         )
-        first_logprobs = out.logits[:, -1].float().log_softmax(-1)
-        mask = torch.ones((1, len(row)), dtype=torch.long, device=self.device)
-        (scores,) = self._score_options([row], [options], mask, out.past_key_values, first_logprobs)
+        # Only the last prompt position and the nodes go through the 49k-wide output layer.
+        logprobs = (
+            self.model.get_output_embeddings()(out.last_hidden_state[0, fresh - 1 :])
+            .float()
+            .log_softmax(-1)
+        )
+        (scores,) = self._gather_scores([tree], [options], logprobs[:1], logprobs[1:])
         prefix_cache.store(row, out.past_key_values)
         prefix_cache.tokens_reused += reused
-        prefix_cache.tokens_computed += len(row) - reused
+        prefix_cache.tokens_computed += fresh
         return scores
+
+    @staticmethod
+    def _tree_visibility(tree: _OptionTree, width: int) -> torch.Tensor:
+        """[width, width]: node i sees node j when j is i or one of its ancestors (padding
+        nodes past the tree see themselves only, so no softmax row is empty)."""
+        visible = torch.eye(width, dtype=torch.bool)
+        for node, parent in enumerate(tree.parents):
+            if parent >= 0:  # parents precede children, so their rows are complete
+                visible[node] |= visible[parent]
+        return visible
 
     def _score_options(
         self,
@@ -583,9 +679,19 @@ class TransformersBackend(LLMBackend):
         node_logprobs = first_logprobs[:0]
         if width:
             node_logprobs = self._score_nodes(trees, rows, mask, cache, width)
+        return self._gather_scores(trees, options, first_logprobs, node_logprobs)
 
-        # One gather over [prompt rows; tree nodes]: predictor -1 is the prompt's last position.
-        node_offsets = [len(rows)]
+    @staticmethod
+    def _gather_scores(
+        trees: list[_OptionTree],
+        options: list[list[list[int]]],
+        first_logprobs: torch.Tensor,
+        node_logprobs: torch.Tensor,
+    ) -> list[list[list[float]]]:
+        """Each option's per-token log-probs out of one table: row b of ``first_logprobs``
+        predicts prompt b's first reply token, ``node_logprobs`` holds the trees' nodes in
+        order (predictor -1 is the prompt's last position)."""
+        node_offsets = [len(trees)]
         for tree in trees[:-1]:
             node_offsets.append(node_offsets[-1] + len(tree.tokens))
         table_rows, targets = [], []
@@ -618,15 +724,11 @@ class TransformersBackend(LLMBackend):
         batch = len(trees)
         node_ids = torch.full((batch, width), self._pad_id, dtype=torch.long)
         node_positions = torch.zeros((batch, width), dtype=torch.long)
-        # Padding nodes attend to themselves only, so no row of the softmax is empty (NaN).
-        visible = torch.eye(width, dtype=torch.bool).repeat(batch, 1, 1)
+        visible = torch.stack([self._tree_visibility(tree, width) for tree in trees])
         for b, (tree, row) in enumerate(zip(trees, rows)):
             count = len(tree.tokens)
             node_ids[b, :count] = torch.tensor(tree.tokens, dtype=torch.long)
             node_positions[b, :count] = len(row) + torch.tensor(tree.depths, dtype=torch.long)
-            for node, parent in enumerate(tree.parents):
-                if parent >= 0:  # parents precede children, so their rows are complete
-                    visible[b, node] |= visible[b, parent]
         prompt = mask.bool().cpu()[:, None, :].expand(batch, width, mask.shape[1])
         allowed = torch.cat([prompt, visible], dim=-1)[:, None].to(self.device)
         additive = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
@@ -684,13 +786,3 @@ def make_transformers_backend(cfg: Mapping[str, Any]) -> TransformersBackend:
     from arena.core.config import to_plain
 
     return TransformersBackend(to_plain(cfg))
-
-
-@arena.hookimpl
-def register_backends(register: Callable[..., None]) -> None:
-    register(
-        "transformers",
-        make_transformers_backend,
-        config=Path(__file__).with_name("config.yaml"),
-        description="Hugging Face transformers in-process (embedded SmolLM2-135M by default)",
-    )

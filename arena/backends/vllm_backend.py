@@ -34,11 +34,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 import torch
 
-import arena
 from arena.backends.transformers_backend import TransformersBackend
 from arena.core.llm import (
     Chat,
@@ -507,13 +506,3 @@ def make_vllm_backend(cfg: Mapping[str, Any]) -> VLLMBackend:
     from arena.core.config import to_plain
 
     return VLLMBackend(to_plain(cfg))
-
-
-@arena.hookimpl
-def register_backends(register: Callable[..., None]) -> None:
-    register(
-        "vllm",
-        make_vllm_backend,
-        config=Path(__file__).with_name("vllm_config.yaml"),
-        description="vLLM in-process engine for rollouts, weights synced from the trainer's copy",
-    )

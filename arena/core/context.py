@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 
 from arena.core.env import TEST_SPLITS, TRAIN_SPLIT, VALID_SPLIT, Environment
 from arena.core.llm import LLMBackend
+from arena.core.progress import NullReporter, ProgressTask, Reporter
 from arena.core.rundir import RunDir
 from arena.core.solver import Policy, StandardSolver, episode_seed, play
 from arena.core.types import EpisodeResult, Experience, Task, Termination, Trajectory
@@ -131,6 +132,7 @@ class RunContext:
         llm: LLMBackend,
         make_embedder: Callable[[], Embedder],
         make_store: Callable[[Embedder], ExperienceStore],
+        reporter: Reporter | None = None,
     ) -> None:
         self.cfg = cfg
         self.run_dir = run_dir
@@ -158,13 +160,8 @@ class RunContext:
         self._make_store = make_store
         self._embedder: Embedder | None = None
         self._store: GuardedStore | None = None
-        self.solver = StandardSolver(
-            llm,
-            history=cfg.solver.history,
-            show_admissible=cfg.solver.show_admissible,
-            max_experiences=cfg.solver.max_experiences,
-            max_experience_chars=cfg.solver.max_experience_chars,
-        )
+        self.solver = StandardSolver.from_config(llm, cfg.solver)
+        self._reporter: Reporter = reporter or NullReporter()
 
     # -- lazily built shared services -------------------------------------------------------
 
@@ -185,6 +182,11 @@ class RunContext:
 
     def has_store(self) -> bool:
         return self._store is not None
+
+    def progress(self, label: str, total: int | None = None) -> ProgressTask:
+        """Show a long step of the method while it lasts (a bar on a terminal, timestamped lines
+        in a log): ``with run.progress("skill extraction", total=8) as bar: ... bar.advance()``."""
+        return ProgressTask(self._reporter, label, total)
 
     def violation(self, message: str) -> None:
         """Record a protocol violation: kept in state.json at once, so a resume keeps it too."""
@@ -296,18 +298,21 @@ class RunContext:
             raise RuntimeError("current_seed() is only defined while an episode is being played")
         return int(seed)
 
-    def play_many(self, requests: Sequence[EpisodeRequest], *, standard: bool = False) -> list[Trajectory]:
+    def play_many(self, requests: Sequence[EpisodeRequest], *, standard: bool = False,
+                  on_done: Callable[[], object] | None = None) -> list[Trajectory]:
         """Play and record many episodes side by side (``eval.concurrency`` threads, their LLM
-        calls batched); results come back in request order."""
-        return run_in_threads(
-            lambda request: self.play(
-                request.task, request.experiences, seed=request.seed, variant=request.variant,
-                standard=standard,
-            ),
-            list(requests),
-            workers=int(self.cfg.eval.concurrency),
-            llm=self.llm,
-        )
+        calls batched); results come back in request order. ``on_done()`` after each episode
+        (a progress bar's ``advance``)."""
+
+        def play_one(request: EpisodeRequest) -> Trajectory:
+            trajectory = self.play(request.task, request.experiences, seed=request.seed,
+                                   variant=request.variant, standard=standard)
+            if on_done is not None:
+                on_done()
+            return trajectory
+
+        return run_in_threads(play_one, list(requests), workers=int(self.cfg.eval.concurrency),
+                              llm=self.llm)
 
     def record(self, trajectory: Trajectory, *, seed: int, variant: str = "default") -> EpisodeResult:
         """Write a finished episode to the run directory and charge it to the phase."""

@@ -15,6 +15,7 @@ Environment variables:
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
 import importlib.metadata
 import os
@@ -22,6 +23,7 @@ import sys
 import warnings
 from pathlib import Path
 from types import ModuleType
+from collections.abc import Mapping
 from typing import Any, Callable
 
 import pluggy
@@ -34,9 +36,7 @@ ENTRY_POINT_GROUP = "arena"
 DEFAULT_PLUGINS: tuple[str, ...] = (
     "arena.envs.household.plugin",
     "arena.envs.alfworld.plugin",
-    "arena.backends.transformers_backend",
-    "arena.backends.vllm_backend",
-    "arena.backends.openai_backend",
+    "arena.backends.plugin",
     "arena.plugins.base",
     "arena.plugins.evolving_rl",
     "arena.plugins.expel",
@@ -95,10 +95,25 @@ def validate_hook_names(plugin: object, plugin_name: str) -> None:
             )
 
 
-def _distribution_of(module_name: str) -> tuple[str, str]:
-    """(distribution name, version) that ships a module, or the module's top package."""
+@functools.lru_cache(maxsize=1)
+def _top_level_distributions() -> Mapping[str, list[str]]:
+    """Top-level module -> distributions; reads every installed distribution's file list (about
+    half a second with a few hundred installed), so once per process at most."""
+    return importlib.metadata.packages_distributions()
+
+
+def _distribution_of(
+    module_name: str, distribution: importlib.metadata.Distribution | None = None
+) -> tuple[str, str]:
+    """(distribution name, version) that ships a module, or the module's top package. An entry
+    point names its distribution, and Arena's own modules are Arena's, so only in-process
+    plugins need the scan of every installed distribution."""
+    if distribution is not None:
+        return distribution.metadata["Name"], distribution.version
     top = module_name.split(".")[0]
-    dists = importlib.metadata.packages_distributions().get(top, [])
+    if top == "arena":
+        return "arena", importlib.metadata.version("arena")
+    dists = _top_level_distributions().get(top, [])
     if dists:
         try:
             return dists[0], importlib.metadata.version(dists[0])
@@ -120,8 +135,14 @@ class Plugins:
 
     # -- registration -----------------------------------------------------------------------
 
-    def register_plugin(self, plugin: object, name: str | None = None) -> None:
-        """Register one plugin object or module and collect what it registers.
+    def register_plugin(
+        self,
+        plugin: object,
+        name: str | None = None,
+        distribution: importlib.metadata.Distribution | None = None,
+    ) -> None:
+        """Register one plugin object or module and collect what it registers (``distribution``:
+        the one that ships it, when known, as for an entry point).
 
         Raises ``pluggy.PluginValidationError`` for unknown hook names or bad signatures and
         :class:`RegistrationError` for name collisions; nothing of a failed plugin stays behind.
@@ -131,14 +152,16 @@ class Plugins:
         self.pm.register(plugin, name=plugin_name)
         try:
             self.pm.check_pending()
-            self._collect(plugin, plugin_name)
+            self._collect(plugin, plugin_name, distribution)
         except Exception:
             self.pm.unregister(plugin)
             raise
 
-    def _collect(self, plugin: object, plugin_name: str) -> None:
+    def _collect(
+        self, plugin: object, plugin_name: str, distribution: importlib.metadata.Distribution | None
+    ) -> None:
         module_name = plugin.__name__ if isinstance(plugin, ModuleType) else type(plugin).__module__
-        package, version = _distribution_of(module_name)
+        package, version = _distribution_of(module_name, distribution)
         staged: list[tuple[Registry, Entry]] = []
 
         def registrar(registry: Registry) -> Callable[..., None]:
@@ -199,7 +222,8 @@ class Plugins:
                 continue
             label = f"{entry_point.name} ({dist or entry_point.value})"
             try:
-                self.register_plugin(entry_point.load(), name=entry_point.name)
+                self.register_plugin(entry_point.load(), name=entry_point.name,
+                                     distribution=entry_point.dist)
             except Exception as exc:  # a third-party plugin must not take Arena down
                 reason = f"{type(exc).__name__}: {exc}"
                 if strict:

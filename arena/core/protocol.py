@@ -21,7 +21,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -37,11 +37,12 @@ from arena.core.context import (
     run_in_threads,
 )
 from arena.core.defaults import HarnessDefaults
+from arena.core.progress import NullReporter, Reporter
 from arena.core.embedder import make_embedder
 from arena.core.env import TEST_SPLITS, TRAIN_SPLIT, Environment
 from arena.core.executors import build_environment
 from arena.core.plugins import Plugins, get_plugins, new_plugin_manager
-from arena.core.rundir import RunDir, RunDirError, new_run_dir
+from arena.core.rundir import RunDir, RunDirError, RunLock, new_run_dir
 from arena.core.store import ExperienceStore
 from arena.core.types import EpisodeResult, Experience, Task, Termination, Trajectory
 
@@ -49,27 +50,17 @@ SCHEMA_VERSION = 1
 PRIMARY_VARIANT = "default"
 
 
-class Reporter(Protocol):
-    """Progress callbacks (the CLI draws rich progress bars with them)."""
-
-    def phase(self, name: str, total: int | None, done: int) -> None: ...
-
-    def episode(self, result: EpisodeResult) -> None: ...
-
-
-class NullReporter:
-    def phase(self, name: str, total: int | None, done: int) -> None:
-        pass
-
-    def episode(self, result: EpisodeResult) -> None:
-        pass
-
-
 @dataclass
 class PreparedRun:
     cfg: DictConfig
     run_dir: RunDir
     resumed: bool
+    #: Held from here until the run ends: no second process writes the same directory.
+    lock: RunLock | None = None
+
+    def release(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
 
 
 def prepare(
@@ -86,28 +77,48 @@ def prepare(
     plugins = plugins or get_plugins()
     if resume is not None:
         run_dir = RunDir(resume)
-        cfg = run_dir.load_config()
-        if method is not None and method != cfg.method.name:
-            raise RunDirError(
-                f"{resume} is a run of method '{cfg.method.name}', not '{method}'. "
-                "Drop --method when resuming, or pass the right run directory."
-            )
-        if overrides or config_file or preset or env:
-            raise RunDirError(
-                "A resumed run keeps its saved config; drop --env, --preset, --config and "
-                "key=value overrides, or start a new run."
-            )
-        plugins.methods.get(cfg.method.name)  # still installed?
-        if (run_dir.path / "results.json").exists():
-            raise RunDirError(f"{resume} already finished; see `arena show {resume}`.")
-        return PreparedRun(cfg, run_dir, resumed=True)
+        run_dir.load_config()  # is it a run directory at all?
+        lock = run_dir.lock().acquire()  # a second process on this folder stops here
+        try:
+            return _resumed(run_dir, lock, method, env, config_file, overrides, plugins, preset)
+        except BaseException:
+            lock.release()
+            raise
     if method is None:
         raise ValueError("Name a method with --method (see `arena plugins`).")
     cfg = compose(plugins, method, env, config_file, overrides, preset)
     path = Path(out) if out else new_run_dir(cfg.run.root, method, cfg.env.name)
     run_dir = RunDir(path)
-    run_dir.create(cfg)
-    return PreparedRun(cfg, run_dir, resumed=False)
+    run_dir.path.mkdir(parents=True, exist_ok=True)
+    lock = run_dir.lock().acquire()
+    try:
+        run_dir.create(cfg)
+    except BaseException:
+        lock.release()
+        raise
+    return PreparedRun(cfg, run_dir, resumed=False, lock=lock)
+
+
+def _resumed(run_dir: RunDir, lock: RunLock, method: str | None, env: str | None,
+             config_file: Path | str | None, overrides: list[str] | None, plugins: Plugins,
+             preset: str | None) -> PreparedRun:
+    """The checks of ``--resume`` (made while holding the run's lock)."""
+    resume = run_dir.path
+    cfg = run_dir.load_config()
+    if method is not None and method != cfg.method.name:
+        raise RunDirError(
+            f"{resume} is a run of method '{cfg.method.name}', not '{method}'. "
+            "Drop --method when resuming, or pass the right run directory."
+        )
+    if overrides or config_file or preset or env:
+        raise RunDirError(
+            "A resumed run keeps its saved config; drop --env, --preset, --config and "
+            "key=value overrides, or start a new run."
+        )
+    plugins.methods.get(cfg.method.name)  # still installed?
+    if (run_dir.path / "results.json").exists():
+        raise RunDirError(f"{resume} already finished; see `arena show {resume}`.")
+    return PreparedRun(cfg, run_dir, resumed=True, lock=lock)
 
 
 def select_tasks(tasks: list[Task], limit: int | None) -> list[Task]:
@@ -171,6 +182,7 @@ class Session:
             make_store=lambda embedder: ExperienceStore(
                 self.run_dir.path / "store", embedder, name=str(cfg.store.collection)
             ),
+            reporter=self.reporter,
         )
         method_entry = self.plugins.methods.get(cfg.method.name)
         self.pm = new_plugin_manager()
@@ -395,6 +407,10 @@ class Session:
                 "limit": cfg.eval.limit,
                 "splits": list(cfg.eval.splits),
             },
+            # How the standard solver laid out its prompts (a method's choice, so not a protocol
+            # field; runs of different layouts never pool into one leaderboard row).
+            "solver": {"layout": str(cfg.solver.layout),
+                       "admissible_turns": str(cfg.solver.admissible_turns)},
             "splits": splits,
             "learn": {
                 "split": str(cfg.learn.split),
@@ -438,10 +454,13 @@ def run(
     """Prepare and run; returns the run directory and its results."""
     plugins = plugins or get_plugins()
     prepared = prepare(method, env, config_file, overrides, out, resume, plugins, preset)
-    session = Session(prepared, plugins, reporter)
     try:
-        results = session.run()
+        session = Session(prepared, plugins, reporter)
+        try:
+            results = session.run()
+        finally:
+            session.env.close()
+            session.llm.close()
     finally:
-        session.env.close()
-        session.llm.close()
+        prepared.release()
     return prepared.run_dir.path, results

@@ -6,6 +6,7 @@ at most the episode in flight; ``--resume`` reads them back and skips every fini
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import io
 import json
@@ -72,6 +73,87 @@ def write_json_atomic(path: Path, data: Any) -> None:
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, path)
+
+
+#: The lock file ``arena run`` holds (an OS lock, released when its process ends however it ends).
+LOCK = "run.lock"
+
+
+class RunLock:
+    """An exclusive ``flock`` on ``run.lock`` for the life of one ``arena run``, with the holder's
+    PID written inside, so that a second process on the same directory is refused by name and
+    ``arena show`` can tell a running run from an interrupted one."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def acquire(self) -> RunLock:
+        if not self.path.parent.is_dir():
+            raise RunDirError(f"{self.path.parent} is not a folder: nothing to lock.")
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            holder = running_pid(self.path.parent)
+            raise RunDirError(
+                f"{self.path.parent} is in use by another arena run (PID {holder or 'unknown'}). "
+                "Wait for it to finish, or stop that process first."
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        os.fsync(fd)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.ftruncate(self._fd, 0)
+            os.close(self._fd)  # closing releases the lock
+            self._fd = None
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def running_pid(path: Path | str) -> int | None:
+    """The PID of the ``arena run`` holding this run directory now, or None if none does."""
+    lock = Path(path) / LOCK
+    if not lock.is_file():
+        return None
+    fd = os.open(lock, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            text = lock.read_text().strip()
+            return int(text) if text.isdigit() else -1
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def unfinished_message(path: Path | str) -> str:
+    """What to tell a user who asks for the results of a run that has none yet."""
+    pid = running_pid(path)
+    if pid is not None:
+        return (f"{path} is still running (arena run, PID {pid}): it has no {RESULTS} yet. Its "
+                f"progress is in that process's output; look again when it has finished.")
+    return (f"{path} was interrupted before it finished (no {RESULTS}). Finish it with "
+            f"`arena run --resume {path}`.")
+
+
+def run_status(path: Path | str) -> str:
+    """``finished``, ``running`` (a process holds it) or ``interrupted`` (resumable)."""
+    path = Path(path)
+    if (path / RESULTS).is_file():
+        return "finished"
+    return "running" if running_pid(path) is not None else "interrupted"
 
 
 class RunDir:
@@ -235,11 +317,12 @@ class RunDir:
         write_json_atomic(path, results)
         return path
 
+    def lock(self) -> RunLock:
+        """The run's lock, to hold while this process writes the directory."""
+        return RunLock(self.path / LOCK)
+
     def read_results(self) -> dict[str, Any]:
         path = self.path / RESULTS
         if not path.exists():
-            raise RunDirError(
-                f"{self.path} has no {RESULTS} yet: the run has not finished. "
-                f"Finish it with `arena run --resume {self.path}`."
-            )
+            raise RunDirError(unfinished_message(self.path))
         return json.loads(path.read_text())

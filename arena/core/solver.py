@@ -11,7 +11,8 @@ import time
 import traceback
 import zlib
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from collections.abc import Mapping
+from typing import Any, Callable, Protocol
 
 from arena.core.env import Episode
 from arena.core.llm import Chat, LLMBackend, SamplingParams
@@ -129,6 +130,22 @@ def render_experiences(experiences: list[Experience], max_items: int, max_chars:
     return "\n".join(blocks)
 
 
+#: Prompt layouts of the standard solver (``solver.layout``).
+#: ``window``: one user message rebuilt each step (task, the last ``history`` steps, the current
+#: observation): short prompts whose middle changes every step, so little is reused from a cache.
+#: ``transcript``: the episode as chat turns (task; then per step the action as the assistant's
+#: turn and the reply as the user's), appended and never rewritten, so every step's prompt
+#: extends the previous one and a prefix cache computes only the new turn. Evolving-RL's authors
+#: keep one growing context the same way.
+LAYOUTS = ("window", "transcript")
+
+
+def check_layout(layout: str) -> str:
+    if layout not in LAYOUTS:
+        raise ValueError(f"Unknown solver.layout {layout!r}. Layouts: {', '.join(LAYOUTS)}")
+    return layout
+
+
 def build_prompt(
     task: Task,
     observation: Observation,
@@ -139,12 +156,27 @@ def build_prompt(
     show_admissible: bool,
     max_experiences: int,
     max_experience_chars: int,
+    layout: str = "window",
+    admissible_shown: list[list[str]] | None = None,
+    admissible_turns: str = "full",
 ) -> Chat:
-    """The standard solver's prompt: experiences, recent history, observation, actions."""
-    parts = [trajectory.initial_observation.strip()]
+    """The standard solver's prompt in ``layout``; its first user message states the task (what
+    methods add to, see :func:`with_task_message`).
+
+    ``admissible_shown`` (transcript layout with ``show_admissible``): the admissible actions of
+    each turn so far, the current one last, as the policy saw them; past turns keep theirs, so
+    the transcript stays exactly as it was shown.
+    """
+    task_parts = [trajectory.initial_observation.strip()]
     if experiences:
         rendered = render_experiences(experiences, max_experiences, max_experience_chars)
-        parts.append(f"Relevant experience from earlier tasks:\n{rendered}")
+        task_parts.append(f"Relevant experience from earlier tasks:\n{rendered}")
+    if check_layout(layout) == "transcript":
+        if admissible_turns not in ADMISSIBLE_TURNS:
+            raise ValueError(f"Unknown solver.admissible_turns {admissible_turns!r}. "
+                             f"Choices: {', '.join(ADMISSIBLE_TURNS)}")
+        return _transcript(task_parts, trajectory, show_admissible, admissible_shown, admissible_turns)
+    parts = task_parts
     recent = trajectory.steps[-history:] if history > 0 else []
     if recent:
         first = len(trajectory.steps) - len(recent) + 1
@@ -155,12 +187,72 @@ def build_prompt(
     if trajectory.steps:
         parts.append(f"Current observation: {observation.text}")
     if show_admissible:
-        parts.append("Admissible actions: " + ", ".join(observation.admissible_actions))
+        parts.append(_admissible_line(observation.admissible_actions))
     parts.append("Your next action:")
     return [
         {"role": "system", "content": SYSTEM_PROMPT},
         {"role": "user", "content": "\n\n".join(parts)},
     ]
+
+
+def _admissible_line(actions: list[str] | tuple[str, ...]) -> str:
+    return "Admissible actions: " + ", ".join(actions)
+
+
+#: How later turns of the transcript list the admissible actions (``solver.admissible_turns``):
+#: ``full`` repeats the whole list in every turn, as Evolving-RL's authors do (about 140 tokens a
+#: turn in the household world); ``changes`` gives the whole list in the first turn, then only the
+#: actions that became admissible or stopped being so (about 35).
+ADMISSIBLE_TURNS = ("full", "changes")
+
+
+def _admissible_changes(before: list[str], now: list[str]) -> str:
+    added = [action for action in now if action not in set(before)]
+    removed = [action for action in before if action not in set(now)]
+    if not added and not removed:
+        return "Admissible actions: unchanged."
+    lines = []
+    if added:
+        lines.append("Now admissible: " + ", ".join(added))
+    if removed:
+        lines.append("No longer admissible: " + ", ".join(removed))
+    return "\n".join(lines)
+
+
+def _transcript(
+    task_parts: list[str],
+    trajectory: Trajectory,
+    show_admissible: bool,
+    admissible_shown: list[list[str]] | None,
+    admissible_turns: str,
+) -> Chat:
+    turns = len(trajectory.steps) + 1
+    if show_admissible and (admissible_shown is None or len(admissible_shown) != turns):
+        raise ValueError(
+            "The transcript layout shows each turn's admissible actions: pass admissible_shown, "
+            f"one list per turn ({turns} here), as StandardSolver.policy does"
+        )
+    contents = ["\n\n".join(task_parts)] + [step.observation for step in trajectory.steps]
+    chat: Chat = [{"role": "system", "content": SYSTEM_PROMPT}]
+    for turn, content in enumerate(contents):
+        if turn > 0:
+            chat.append({"role": "assistant", "content": trajectory.steps[turn - 1].action})
+        if show_admissible:
+            shown: list[list[str]] = admissible_shown  # type: ignore[assignment]
+            if turn == 0 or admissible_turns == "full":
+                listed = _admissible_line(shown[turn])
+            else:
+                listed = _admissible_changes(shown[turn - 1], shown[turn])
+            content = f"{content}\n\n{listed}"
+        chat.append({"role": "user", "content": content})
+    return chat
+
+
+def with_task_message(chat: Chat, edit: Callable[[str], str]) -> Chat:
+    """``chat`` with its first user message (the task, in every layout) replaced by
+    ``edit(content)``: how a method puts its own sections beside the task."""
+    index = next(i for i, message in enumerate(chat) if message["role"] == "user")
+    return [*chat[:index], {**chat[index], "content": edit(chat[index]["content"])}, *chat[index + 1 :]]
 
 
 class StandardSolver:
@@ -181,8 +273,15 @@ class StandardSolver:
         temperature: float = 0.0,
         top_p: float = 1.0,
         prompt_builder: Callable[..., Chat] = build_prompt,
+        layout: str = "window",
+        admissible_turns: str = "full",
     ) -> None:
         self.llm = llm
+        self.layout = check_layout(layout)
+        if admissible_turns not in ADMISSIBLE_TURNS:
+            raise ValueError(f"Unknown solver.admissible_turns {admissible_turns!r}. "
+                             f"Choices: {', '.join(ADMISSIBLE_TURNS)}")
+        self.admissible_turns = admissible_turns
         self.history = history
         self.show_admissible = show_admissible
         self.max_experiences = max_experiences
@@ -190,6 +289,44 @@ class StandardSolver:
         self.temperature = temperature
         self.top_p = top_p
         self.prompt_builder = prompt_builder
+
+    @classmethod
+    def from_config(cls, llm: LLMBackend, solver: Mapping[str, Any], **overrides: Any) -> StandardSolver:
+        """The solver the ``solver`` config section describes; ``overrides`` win (a method's
+        own prompt builder, say)."""
+        settings: dict[str, Any] = {
+            "history": int(solver["history"]),
+            "show_admissible": bool(solver["show_admissible"]),
+            "max_experiences": int(solver["max_experiences"]),
+            "max_experience_chars": int(solver["max_experience_chars"]),
+            "layout": str(solver.get("layout", "window")),
+            "admissible_turns": str(solver.get("admissible_turns", "full")),
+        }
+        return cls(llm, **{**settings, **overrides})
+
+    def prompts(self, task: Task, experiences: list[Experience]) -> Callable[[Observation, Trajectory], Chat]:
+        """The prompt of each step of one episode. It remembers each turn's admissible actions,
+        which the transcript layout keeps showing in later turns."""
+        admissible_shown: list[list[str]] = []
+
+        def prompt_of(observation: Observation, trajectory: Trajectory) -> Chat:
+            del admissible_shown[len(trajectory.steps) :]  # one list per turn, the current last
+            admissible_shown.append(list(observation.admissible_actions))
+            return self.prompt_builder(
+                task,
+                observation,
+                trajectory,
+                experiences,
+                history=self.history,
+                show_admissible=self.show_admissible,
+                max_experiences=self.max_experiences,
+                max_experience_chars=self.max_experience_chars,
+                layout=self.layout,
+                admissible_shown=admissible_shown,
+                admissible_turns=self.admissible_turns,
+            )
+
+        return prompt_of
 
     def policy(
         self,
@@ -204,17 +341,10 @@ class StandardSolver:
         temperature = self.temperature if temperature is None else temperature
         top_p = self.top_p if top_p is None else top_p
 
+        prompt_of = self.prompts(task, experiences)
+
         def act(observation: Observation, trajectory: Trajectory) -> Action:
-            prompt = self.prompt_builder(
-                task,
-                observation,
-                trajectory,
-                experiences,
-                history=self.history,
-                show_admissible=self.show_admissible,
-                max_experiences=self.max_experiences,
-                max_experience_chars=self.max_experience_chars,
-            )
+            prompt = prompt_of(observation, trajectory)
             params = SamplingParams(
                 temperature=temperature,
                 top_p=top_p,

@@ -30,9 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import chromadb
 import numpy as np
-from chromadb.config import Settings
 
 from arena.core.embedder import Embedder
 from arena.core.types import Experience, Provenance
@@ -62,8 +60,10 @@ class WriteViolation:
     ids: tuple[str, ...]
 
 
-def _settings() -> Settings:
+def _settings() -> Any:
     # A fresh object each time: chromadb clients mutate the Settings they are given.
+    from chromadb.config import Settings
+
     return Settings(anonymized_telemetry=False, allow_reset=False)
 
 
@@ -212,6 +212,8 @@ class ExperienceStore:
         self.path = Path(path) if path is not None else None
         self.embedder = embedder
         self.name = name
+        import chromadb  # here: a second to import, and only runs that store anything need it
+
         if self.path is None:
             # Ephemeral clients share one in-process system; a private database per store keeps
             # two in-memory stores (e.g. in tests) from seeing each other's experiences.

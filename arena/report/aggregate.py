@@ -16,14 +16,27 @@ from typing import Any, Iterable
 from arena.core import stats
 from arena.report.runs import PRIMARY_VARIANT, ReportError, Run
 
-#: Config keys that may differ between the runs pooled into one row (everything else must match).
-POOLABLE_CONFIG_KEYS = frozenset({"run.seeds", "run.root", "learn.seed", "eval.concurrency"})
+#: Config keys that may differ between the runs pooled into one row (everything else must match):
+#: seeds, and what changes how fast a run goes but not what it computes (how many episodes share
+#: a batch, whether prompt states are reused: both exact up to float rounding).
+POOLABLE_CONFIG_KEYS = frozenset({"run.seeds", "run.root", "learn.seed", "eval.concurrency",
+                                  "llm.prefix_cache", "llm.prefix_cache_entries",
+                                  "llm.prefix_cache_tokens"})
 #: Config sections that may differ too: where episodes ran changes no result.
 POOLABLE_CONFIG_SECTIONS = ("executor.",)
+#: Keys added after runs were made, with the value those runs had in effect: a run from before
+#: ``solver.layout`` existed laid its prompts out as ``window``.
+CONFIG_KEYS_ADDED = {"solver.layout": "window", "solver.admissible_turns": "full"}
 
 
 def _compared(key: str) -> bool:
     return key not in POOLABLE_CONFIG_KEYS and not key.startswith(POOLABLE_CONFIG_SECTIONS)
+
+
+def compared_config(run: Run) -> dict[str, Any]:
+    """A run's config as dotted keys, without the poolable ones, keys added since filled in."""
+    config = {**CONFIG_KEYS_ADDED, **_flatten(run.config)}
+    return {key: value for key, value in config.items() if _compared(key)}
 
 
 SORT_KEYS = ("success", "test_seen", "test_unseen", "progress", "learn_cost", "method")
@@ -157,9 +170,9 @@ class Row:
 def _check_poolable(runs: list[Run], name: str) -> None:
     """Runs pooled into one row must differ only in seeds, and never repeat a seed."""
     first = runs[0]
-    reference = {k: v for k, v in _flatten(first.config).items() if _compared(k)}
+    reference = compared_config(first)
     for other in runs[1:]:
-        config = {k: v for k, v in _flatten(other.config).items() if _compared(k)}
+        config = compared_config(other)
         for key in sorted(set(reference) | set(config)):
             if reference.get(key) != config.get(key):
                 raise ReportError(

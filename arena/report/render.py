@@ -190,6 +190,7 @@ def markdown(tables: list[Table], plots: dict[str, list[Plot]]) -> str:
 CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:1.5rem;color:#1b1b1b;max-width:110rem}
 h1{font-size:1.5rem}h2{font-size:1.25rem;margin-top:2rem;border-bottom:1px solid #ccc}
+.scroll{overflow-x:auto;max-width:100%}
 table{border-collapse:collapse;margin:.5rem 0;font-size:.85rem}
 th,td{border:1px solid #d0d0d0;padding:.25rem .45rem;text-align:left;vertical-align:top}
 th{background:#f2f4f7;cursor:pointer;user-select:none}
@@ -239,7 +240,9 @@ def _html_table(columns: list[str], rows: list[list[str]], classes: list[str] | 
         tds = "".join(f'<td class="num">{_h(c)}</td>' if c[:1].isdigit() else f"<td>{_h(c)}</td>"
                       for c in cells)
         body.append(f"<tr{row_class}>{tds}</tr>")
-    return f'<table class="sortable"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+    # In its own scrolling frame: a wide table scrolls instead of running off the page.
+    return (f'<div class="scroll"><table class="sortable"><thead><tr>{head}</tr></thead>'
+            f'<tbody>{"".join(body)}</tbody></table></div>')
 
 
 def html_page(tables: list[Table], plots: dict[str, list[Plot]]) -> str:

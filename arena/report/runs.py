@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from arena.core.rundir import CONFIG, EPISODES, RESULTS, STATE, read_jsonl
+from arena.core.rundir import CONFIG, EPISODES, RESULTS, STATE, read_jsonl, unfinished_message
 from arena.core.types import EpisodeResult
 
 PRIMARY_VARIANT = "default"  # the protocol's primary variant (arena.core.protocol.PRIMARY_VARIANT)
@@ -103,9 +103,10 @@ def load_run(path: Path | str) -> Run:
         path = path.parent
     results_file = path / RESULTS
     if not results_file.is_file():
-        hint = (f"finish it with `arena run --resume {path}`" if (path / CONFIG).exists()
-                else "pass a folder that `arena run` wrote (it holds results.json)")
-        raise ReportError(f"{path} has no {RESULTS}: {hint}.")
+        if (path / CONFIG).exists():
+            raise ReportError(unfinished_message(path))
+        raise ReportError(f"{path} has no {RESULTS}: pass a folder that `arena run` wrote "
+                          "(it holds results.json).")
     results = json.loads(results_file.read_text())
     for key in ("method", "env", "splits", "provenance"):
         if key not in results:

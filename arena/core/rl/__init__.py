@@ -4,18 +4,40 @@ Core knows no method: a method turns its episodes into :class:`Sample` sequences
 groups, calls :func:`assign_advantages`, then :meth:`PolicyTrainer.step`.
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from arena.core.rl.advantages import assign_advantages, group_advantages
 from arena.core.rl.data import Sample, Turn, concat_turns, decision_samples, sample_from_choice
-from arena.core.rl.loss import (
-    LossOutput,
-    RoleStats,
-    clipped_surrogate,
-    low_var_kl,
-    policy_loss,
-    token_entropy,
-    token_logprobs,
-)
-from arena.core.rl.trainer import LoraSettings, PolicyTrainer, TrainerConfig
+
+if TYPE_CHECKING:
+    from arena.core.rl.loss import (
+        LossOutput,
+        RoleStats,
+        clipped_surrogate,
+        low_var_kl,
+        policy_loss,
+        token_entropy,
+        token_logprobs,
+    )
+    from arena.core.rl.trainer import LoraSettings, PolicyTrainer, TrainerConfig
+
+#: Names whose modules import torch: loaded on first use, so that a method module can import
+#: this package at its top without costing ``arena plugins`` or a name check a torch import.
+_LAZY = {
+    **dict.fromkeys(("LossOutput", "RoleStats", "clipped_surrogate", "low_var_kl", "policy_loss",
+                     "token_entropy", "token_logprobs"), "loss"),
+    **dict.fromkeys(("LoraSettings", "PolicyTrainer", "TrainerConfig"), "trainer"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'arena.core.rl' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"arena.core.rl.{_LAZY[name]}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "LoraSettings",

@@ -208,8 +208,11 @@ class PolicyTrainer:
     # Training
     # ------------------------------------------------------------------------------------------
 
-    def step(self, samples: Sequence[Sample]) -> dict[str, float]:
-        """One optimizer step on all ``samples`` (gradients accumulated over micro-batches).
+    def step(
+        self, samples: Sequence[Sample], on_micro_batch: Callable[[int, int], object] | None = None
+    ) -> dict[str, float]:
+        """One optimizer step on all ``samples`` (gradients accumulated over micro-batches);
+        ``on_micro_batch(done, total)`` after each micro-batch (a progress bar's ``update``).
 
         Uses each sample's ``advantage`` as set by the caller. Returns the loss, the gradient
         norm before clipping, and per role ``{role}/loss`` (its share of the loss), ``pg_loss``,
@@ -247,6 +250,8 @@ class PolicyTrainer:
                 total += float(out.loss.detach())
                 for role, role_stats in out.roles.items():
                     stats[role] += role_stats
+                if on_micro_batch is not None:
+                    on_micro_batch(index + 1, len(batches))
             params = list(self.trainable.values())
             clip = self.config.max_grad_norm if self.config.max_grad_norm > 0 else float("inf")
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))

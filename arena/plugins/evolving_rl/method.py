@@ -33,14 +33,8 @@ import arena
 from arena.core.context import EVALUATE, EpisodeRequest, RunContext
 from arena.core.llm import SamplingParams
 from arena.core.rundir import write_json_atomic
-from arena.core.rl import (
-    PolicyTrainer,
-    Sample,
-    TrainerConfig,
-    decision_samples,
-    group_advantages,
-    sample_from_choice,
-)
+from arena.core import rl
+from arena.core.rl import Sample, decision_samples, group_advantages, sample_from_choice
 from arena.core.types import Experience, Provenance, Task, Trajectory
 from arena.plugins.evolving_rl.prompts import extractor_prompt
 from arena.plugins.evolving_rl.skills import SkillCard, SkillParseError, parse_skill
@@ -136,7 +130,7 @@ class EvolvingRL:
         self.cfg: DictConfig = run.cfg.method
         if self.cfg.mode not in MODES:
             raise ValueError(f"method.mode must be one of {MODES}, got '{self.cfg.mode}'")
-        self.trainer: PolicyTrainer | None = None
+        self.trainer: rl.PolicyTrainer | None = None
         self.checkpoints = run.run_dir.path / "evolving_rl"
         run.keep_rollouts = True  # a kill mid-iteration must not lose the rollouts played
         self.iterations_done = self._latest_checkpoint()
@@ -165,7 +159,7 @@ class EvolvingRL:
     def _state(run: RunContext) -> dict[str, Any]:
         return run.run_dir.state().get("evolving_rl", {"iterations_done": 0, "attempts": {}})
 
-    def _trainer(self, run: RunContext) -> PolicyTrainer:
+    def _trainer(self, run: RunContext) -> rl.PolicyTrainer:
         """The trainer on the served model (LoRA adapters are injected into it in place)."""
         if self.trainer is None:
             backend = getattr(run.llm, "inner", run.llm)
@@ -175,8 +169,8 @@ class EvolvingRL:
                     "has no trainable model. Use llm.backend=transformers or llm.backend=vllm."
                 )
             trainer_cfg = OmegaConf.to_container(self.cfg.trainer, resolve=True)
-            self.trainer = PolicyTrainer(backend.model, backend.tokenizer,
-                                         TrainerConfig.from_mapping(trainer_cfg),  # type: ignore[arg-type]
+            self.trainer = rl.PolicyTrainer(backend.model, backend.tokenizer,
+                                         rl.TrainerConfig.from_mapping(trainer_cfg),  # type: ignore[arg-type]
                                          on_weights_changed=backend.mark_weights_changed)
         return self.trainer
 
@@ -188,6 +182,15 @@ class EvolvingRL:
         state = self._state(run)
         state["iterations_done"] = self.iterations_done
         train = run.tasks("train")
+        iterations = run.progress("evolving_rl iterations", total=int(self.cfg.iterations))
+        iterations.update(self.iterations_done)
+        with iterations:
+            self._iterate(run, trainer, state, train, iterations)
+        self._serve_for_evaluation(run)
+        return True
+
+    def _iterate(self, run: RunContext, trainer: rl.PolicyTrainer, state: dict[str, Any],
+                 train: list[Task], iterations: Any) -> None:
         for iteration in range(self.iterations_done, int(self.cfg.iterations)):
             if run.budget_exhausted():
                 break
@@ -204,7 +207,8 @@ class EvolvingRL:
                 samples, metrics = self._coevolution_iteration(run, train, rng, tag)
             if samples:
                 clock = time.perf_counter()
-                metrics.update(trainer.step(samples))
+                with run.progress(f"{tag}: update") as update:
+                    metrics.update(trainer.step(samples, on_micro_batch=update.update))
                 metrics["time/update_s"] = time.perf_counter() - clock
                 run.charge(gradient_steps=1)
             trainer.save(self._checkpoint(iteration + 1))
@@ -215,8 +219,7 @@ class EvolvingRL:
             run.run_dir.update_state(evolving_rl=state, gradient_steps=run.budget.used["gradient_steps"])
             for older in range(iteration + 1):
                 shutil.rmtree(self._checkpoint(older), ignore_errors=True)
-        self._serve_for_evaluation(run)
-        return True
+            iterations.update(iteration + 1, note=_progress_note(metrics))
 
     def _serve_for_evaluation(self, run: RunContext) -> None:
         """Learning is over: fold the LoRA adapters into the served weights, since unmerged
@@ -271,15 +274,19 @@ class EvolvingRL:
         seed = int(run.cfg.learn.seed)
         clock = time.perf_counter()
         sources = rng.sample(train, min(int(cfg.n_sources), len(train)))
-        source_runs = run.play_many(
-            [EpisodeRequest(task, [], seed, f"{tag}/source{i}") for i, task in enumerate(sources)],
-            standard=True,
-        )
+        with run.progress(f"{tag}: source episodes", total=len(sources)) as shown:
+            source_runs = run.play_many(
+                [EpisodeRequest(task, [], seed, f"{tag}/source{i}") for i, task in enumerate(sources)],
+                standard=True, on_done=shown.advance,
+            )
         source_s, clock = time.perf_counter() - clock, time.perf_counter()
         extract_seed = rng.randrange(2**31)
         candidates = self._load_candidates(tag)
         if candidates is None:
-            candidates = self.extract(run, source_runs, int(cfg.n_skills), seed=extract_seed)
+            cards = len(source_runs) * int(cfg.n_skills)
+            with run.progress(f"{tag}: skill extraction ({cards} cards, one batch)", total=cards) as shown:
+                candidates = self.extract(run, source_runs, int(cfg.n_skills), seed=extract_seed)
+                shown.update(cards, note=f"{sum(c.usable for c in candidates)} usable")
             self._save_candidates(tag, candidates)
         extract_s, clock = time.perf_counter() - clock, time.perf_counter()
         downstream = most_similar(run, sources, train, int(cfg.k_downstream))
@@ -293,7 +300,8 @@ class EvolvingRL:
                     task, [experience], seed,
                     f"{tag}/source{candidate.source_index}/skill{candidate.skill_index}/down{k}"))
                 owners.append((candidate, k))
-        episodes = run.play_many(requests, standard=True)
+        with run.progress(f"{tag}: downstream episodes", total=len(requests)) as shown:
+            episodes = run.play_many(requests, standard=True, on_done=shown.advance)
         downstream_s = time.perf_counter() - clock
 
         samples = build_samples(candidates, owners, episodes, cfg)
@@ -317,7 +325,8 @@ class EvolvingRL:
         tasks = rng.sample(train, min(int(cfg.n_sources), len(train)))
         requests = [EpisodeRequest(task, [], seed, f"{tag}/task{i}/rollout{g}")
                     for i, task in enumerate(tasks) for g in range(int(cfg.group_size))]
-        episodes = run.play_many(requests, standard=True)
+        with run.progress(f"{tag}: rollouts", total=len(requests)) as shown:
+            episodes = run.play_many(requests, standard=True, on_done=shown.advance)
         rewards = [float(cfg.solver_win_reward) * t.success for t in episodes]
         groups = [r.variant.rsplit("/", 1)[0] for r in requests]
         samples: list[Sample] = []
@@ -376,4 +385,8 @@ def _rounded(metrics: dict[str, Any]) -> dict[str, Any]:
     return {k: round(v, 5) if isinstance(v, float) else v for k, v in metrics.items()}
 
 
-
+def _progress_note(metrics: dict[str, Any]) -> str:
+    """The figures of an iteration worth a glance while it runs."""
+    shown = {"source_success": "source", "downstream_success": "downstream", "success": "success",
+             "skills_usable": "usable cards"}
+    return ", ".join(f"{label} {metrics[key]:.0%}" for key, label in shown.items() if key in metrics)

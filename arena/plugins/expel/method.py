@@ -331,6 +331,12 @@ class ExpeL:
         """Run the remaining critique jobs; each one's update is saved before the next starts."""
         book = self._book(state)
         jobs = state["jobs"]
+        with run.progress("expel: insight critiques", total=len(jobs)) as shown:
+            shown.update(int(state["jobs_done"]))
+            self._critiques(run, state, book, jobs, shown)
+
+    def _critiques(self, run: RunContext, state: dict[str, Any], book: Any, jobs: list[dict[str, Any]],
+                   shown: Any) -> None:
         max_chars = int(self.cfg.critique_chars)
         max_operations = int(self.cfg.max_operations or 4)
         for index in range(int(state["jobs_done"]), len(jobs)):
@@ -362,6 +368,7 @@ class ExpeL:
             self._save(run, state)  # one atomic write: the update and its job are never apart
             self._sync_insights(run, book)
             self._log(run, index, job, generation.text, parsed.malformed, report)
+            shown.update(index + 1, note=f"{len(book.texts())} insights")
 
     @staticmethod
     def _count(counts: dict[str, Any], malformed: int, parsed: int, report: UpdateReport) -> None:
@@ -412,14 +419,7 @@ class ExpeL:
     def solve(self, run: RunContext, task: Task, experiences: list[Experience], seed: int) -> Trajectory:
         """The standard solver's constrained choice, with ExpeL's prompt sections."""
         solver_cfg, sampling = run.cfg.solver, run.sampling()
-        solver = StandardSolver(
-            run.llm,
-            history=int(solver_cfg.history),
-            show_admissible=bool(solver_cfg.show_admissible),
-            max_experiences=int(solver_cfg.max_experiences),
-            max_experience_chars=int(solver_cfg.max_experience_chars),
-            prompt_builder=solver_prompt,
-        )
+        solver = StandardSolver.from_config(run.llm, solver_cfg, prompt_builder=solver_prompt)
         policy = solver.policy(task, experiences, seed, temperature=float(sampling.temperature),
                                top_p=float(sampling.top_p))
         return run.play_policy(task, policy, experiences)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from arena.core.llm import Chat
-from arena.core.solver import build_prompt
+from arena.core.solver import build_prompt, with_task_message
 from arena.core.types import Experience, Observation, Task, Trajectory
 
 REFLECTION_SYSTEM = (
@@ -147,5 +147,4 @@ def solver_prompt(task: Task, observation: Observation, trajectory: Trajectory,
     sections = experience_sections(experiences)
     if not sections:
         return chat
-    system, user = chat
-    return [system, {"role": "user", "content": "\n\n".join([*sections, user["content"]])}]
+    return with_task_message(chat, lambda task: "\n\n".join([*sections, task]))

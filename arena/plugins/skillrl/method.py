@@ -44,7 +44,8 @@ from omegaconf import DictConfig, OmegaConf
 import arena
 from arena.core.context import LEARN, EpisodeRequest, RunContext, run_in_threads
 from arena.core.protocol import select_tasks
-from arena.core.rl import PolicyTrainer, Sample, TrainerConfig, decision_samples, group_advantages
+from arena.core import rl
+from arena.core.rl import Sample, decision_samples, group_advantages
 from arena.core.rundir import write_json_atomic
 from arena.core.solver import Action, StandardSolver, play
 from arena.core.types import Experience, Observation, Task, Trajectory
@@ -120,7 +121,7 @@ class SkillRL:
             raise ValueError(f"method.sft.demonstrations must be one of {DEMONSTRATIONS}, "
                              f"got '{self.cfg.sft.demonstrations}'")
         self.work = run.run_dir.path / "skillrl"
-        self.trainer: PolicyTrainer | None = None
+        self.trainer: rl.PolicyTrainer | None = None
         self._teacher: Teacher | None = None
         self._local = threading.local()  # per-episode mode: expert / teacher demos, temperature
         self.prompt_builder = make_prompt_builder(int(self.cfg.inject_from_step),
@@ -176,13 +177,13 @@ class SkillRL:
                 "method.sft.enabled=false method.rl.steps=0.")
         return backend
 
-    def _trainer(self, run: RunContext) -> PolicyTrainer:
+    def _trainer(self, run: RunContext) -> rl.PolicyTrainer:
         """GRPO on the served model, built after SFT so its reference is the SFT policy."""
         if self.trainer is None:
             backend = self._backend(run)
             settings = OmegaConf.to_container(self.cfg.rl.trainer, resolve=True)
-            self.trainer = PolicyTrainer(backend.model, backend.tokenizer,
-                                         TrainerConfig.from_mapping(settings),  # type: ignore[arg-type]
+            self.trainer = rl.PolicyTrainer(backend.model, backend.tokenizer,
+                                         rl.TrainerConfig.from_mapping(settings),  # type: ignore[arg-type]
                                          on_weights_changed=backend.mark_weights_changed)
         return self.trainer
 
@@ -339,8 +340,9 @@ class SkillRL:
         backend = self._backend(run)
         settings = OmegaConf.to_container(cfg, resolve=True)
         settings["max_length"] = cfg.get("max_length")
-        model, metrics = sft_stage.train_sft(backend.model, backend.tokenizer, rows, settings,  # type: ignore[arg-type]
-                                             self.work, seed)
+        with run.progress("skillrl: SFT steps", total=int(cfg.steps)) as shown:
+            model, metrics = sft_stage.train_sft(backend.model, backend.tokenizer, rows,  # type: ignore[arg-type]
+                                                 settings, self.work, seed, on_step=shown.update)
         backend.model = model
         backend.mark_weights_changed()
         run.charge(gradient_steps=int(metrics["sft/steps"]))
@@ -350,7 +352,7 @@ class SkillRL:
     def _demonstration(self, run: RunContext, task: Task, experiences: list[Experience], seed: int,
                        mode: str) -> Trajectory:
         """One demonstration episode; its (prompt, action) rows are kept in ``skillrl/demos``."""
-        settings = self._prompt_settings(run)
+        prompt_of = self._solver(run, run.llm).prompts(task, experiences)
         rows: list[dict[str, Any]] = []
         episode = run.env.open(task)
         if mode == "expert":
@@ -366,7 +368,7 @@ class SkillRL:
 
         def recorded(observation: Observation, trajectory: Trajectory) -> Action:
             action = policy(observation, trajectory)
-            prompt = self.prompt_builder(task, observation, trajectory, experiences, **settings)
+            prompt = prompt_of(observation, trajectory)
             rows.append(sft_stage.example(prompt, action.text))
             return action
 
@@ -386,9 +388,20 @@ class SkillRL:
         cfg = self.cfg.rl
         steps = int(cfg.steps)
         every = int(self.cfg.evolution.every)
-        seed = int(run.cfg.learn.seed)
         train = list(run.tasks(str(run.cfg.learn.split)))
         trainer = self._trainer(run) if steps > 0 else None
+        with run.progress("skillrl: RL steps", total=steps) as shown:
+            shown.update(int(state["steps_done"]))
+            self._rl_steps(run, state, train, trainer, shown)
+        if evolution_due(int(state["steps_done"]), every, state["evolved_at"]):
+            self._evolve(run, state, int(state["steps_done"]))
+
+    def _rl_steps(self, run: RunContext, state: dict[str, Any], train: list[Task],
+                  trainer: rl.PolicyTrainer | None, shown: Any) -> None:
+        cfg = self.cfg.rl
+        steps = int(cfg.steps)
+        every = int(self.cfg.evolution.every)
+        seed = int(run.cfg.learn.seed)
         for step in range(int(state["steps_done"]), steps):
             if evolution_due(int(state["steps_done"]), every, state["evolved_at"]):
                 self._evolve(run, state, int(state["steps_done"]))
@@ -409,7 +422,8 @@ class SkillRL:
                                        "reward": _mean(rewards), "samples": len(samples),
                                        "time/rollout_s": rollout_s}
             if samples and any(s.n_trained for s in samples):
-                metrics.update(trainer.step(samples))
+                with run.progress(f"step{step}: update") as update:
+                    metrics.update(trainer.step(samples, on_micro_batch=update.update))
                 metrics["time/update_s"] = time.perf_counter() - clock
                 run.charge(gradient_steps=1)
             trainer.save(self._checkpoint(step + 1))
@@ -420,8 +434,7 @@ class SkillRL:
             run.run_dir.update_state(gradient_steps=run.budget.used["gradient_steps"])
             for older in range(step + 1):
                 shutil.rmtree(self._checkpoint(older), ignore_errors=True)
-        if evolution_due(int(state["steps_done"]), every, state["evolved_at"]):
-            self._evolve(run, state, int(state["steps_done"]))
+            shown.update(step + 1, note=f"success {metrics['success']:.0%}")
 
     def _evolve(self, run: RunContext, state: dict[str, Any], step: int) -> None:
         """Validate on the valid split; the teacher grows the bank for the weak task types."""
@@ -501,20 +514,16 @@ class SkillRL:
         return template_retrieve(run.store, task, top_general=int(cfg.top_general),
                                  max_mistakes=int(cfg.max_mistakes))
 
-    def _prompt_settings(self, run: RunContext) -> dict[str, Any]:
-        solver = run.cfg.solver
-        return {"history": int(solver.history), "show_admissible": bool(solver.show_admissible),
-                "max_experiences": 1_000, "max_experience_chars": int(solver.max_experience_chars)}
+    def _solver(self, run: RunContext, backend: Any) -> StandardSolver:
+        """The standard solver with SkillRL's prompt (every retrieved skill shown)."""
+        return StandardSolver.from_config(backend, run.cfg.solver, max_experiences=1_000,
+                                          prompt_builder=self.prompt_builder)
 
     def _policy(self, run: RunContext, backend: Any, task: Task, experiences: list[Experience],
                 seed: int) -> Callable[[Observation, Trajectory], Action]:
         sampling = run.sampling()
         temperature = getattr(self._local, "temperature", None)
-        settings = self._prompt_settings(run)
-        solver = StandardSolver(backend, history=settings["history"], show_admissible=settings["show_admissible"],
-                                max_experiences=settings["max_experiences"],
-                                max_experience_chars=settings["max_experience_chars"],
-                                prompt_builder=self.prompt_builder)
+        solver = self._solver(run, backend)
         return solver.policy(task, experiences, seed,
                              temperature=float(sampling.temperature if temperature is None else temperature),
                              top_p=float(sampling.top_p))

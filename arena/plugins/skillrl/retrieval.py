@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from arena.core.llm import Chat
-from arena.core.solver import build_prompt
+from arena.core.solver import build_prompt, with_task_message
 from arena.core.types import Experience, Observation, Task, Trajectory
 from arena.plugins.skillrl.skillbank import GENERAL, MISTAKE, SKILL
 
@@ -78,12 +78,13 @@ def make_prompt_builder(inject_from_step: int, max_chars: int) -> Any:
         if not experiences or not skills_visible(len(trajectory.steps) + 1, inject_from_step):
             return chat
         first = trajectory.initial_observation.strip()
-        user = chat[-1]["content"]
         section = render_skills(experiences, task.task_type, max_chars)
-        if user.startswith(first):
-            user = f"{first}\n\n{section}{user[len(first):]}"
-        else:  # pragma: no cover - build_prompt always starts with the task
-            user = f"{section}\n\n{user}"
-        return [*chat[:-1], {"role": "user", "content": user}]
+
+        def insert(user: str) -> str:
+            if user.startswith(first):
+                return f"{first}\n\n{section}{user[len(first):]}"
+            return f"{section}\n\n{user}"  # pragma: no cover - the task message starts with it
+
+        return with_task_message(chat, insert)
 
     return builder

@@ -18,11 +18,13 @@ import logging
 import shutil
 import time
 from pathlib import Path
-from typing import Any
-
-import torch
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from arena.core.llm import Chat
+
+if TYPE_CHECKING:
+    import torch
 
 ADAPTER_DIR = "sft-adapter"
 FULL_WEIGHTS = "sft-weights.safetensors"
@@ -44,14 +46,16 @@ def _lora_config(settings: dict[str, Any]) -> Any:
 
 
 def train_sft(model: torch.nn.Module, tokenizer: Any, rows: list[dict[str, Any]], settings: dict[str, Any],
-              work_dir: Path, seed: int) -> tuple[torch.nn.Module, dict[str, float]]:
+              work_dir: Path, seed: int, on_step: Callable[[int, int], object] | None = None
+              ) -> tuple[torch.nn.Module, dict[str, float]]:
     """Fine-tune ``model`` on ``rows`` and return the model with the update folded in (the
     same module object with LoRA, so a backend serving it serves the result) and metrics.
+    ``on_step(done, total)`` after each optimizer step (a progress bar's ``update``).
 
     The adapter (LoRA) or the weights (full) are saved under ``work_dir`` for :func:`restore`.
     """
     import datasets
-    from transformers import PrinterCallback
+    from transformers import PrinterCallback, TrainerCallback
     from trl import SFTConfig, SFTTrainer
 
     if not rows:
@@ -61,6 +65,8 @@ def train_sft(model: torch.nn.Module, tokenizer: Any, rows: list[dict[str, Any]]
     work_dir.mkdir(parents=True, exist_ok=True)
     lora = settings.get("lora")
     on_cpu = next(model.parameters()).device.type == "cpu"
+    import torch  # here, not at the top: listing the plugin must not import torch
+
     low_precision = next(model.parameters()).dtype == torch.bfloat16
     if lora is None and low_precision:
         raise ValueError("Full-weight SFT of a bfloat16 model loses the update; set llm.dtype=float32 "
@@ -91,6 +97,13 @@ def train_sft(model: torch.nn.Module, tokenizer: Any, rows: list[dict[str, Any]]
                          processing_class=tokenizer,
                          peft_config=_lora_config(dict(lora)) if lora is not None else None)
     trainer.remove_callback(PrinterCallback)  # no loss dicts on stdout
+    if on_step is not None:
+
+        class Reported(TrainerCallback):
+            def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+                on_step(int(state.global_step), int(state.max_steps))
+
+        trainer.add_callback(Reported())
     started = time.perf_counter()
     output = trainer.train()
     trained = trainer.model

@@ -1,0 +1,186 @@
+"""What a rollout step costs against what it must cost: prompt tokens computed against the tokens a
+step adds, the harness's step latency against a bare forward over the same tokens, and a full-split
+``base`` evaluation's wall time. Embedded SmolLM2-135M, household world, 2 threads.
+
+Run, all three (the full split takes several minutes per layout):
+``python -m pytest benchmarks/bench_kv_reuse.py --benchmark-only -q -s``
+or one: ``-k tokens``, ``-k latency``, ``-k full_split``. ``ARENA_BENCH_LAYOUTS=transcript:changes``
+picks the layouts (``layout[:admissible_turns]``, comma-separated).
+
+Definitions (per ``choose`` call, i.e. per step):
+- *appended*: tokens of the step's prompt after its longest common prefix with the previous step's
+  prompt of the same episode (what a perfect cache would have to compute);
+- *new information*: the previous action and the observation it got, tokenised alone (the issue's
+  22.4 tokens a step; admissible-action lists and chat markup are not counted);
+- *computed*: prompt tokens the backend ran through the model (the prefix cache's count).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import arena
+from arena.core import protocol
+from arena.core.plugins import Plugins
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+LAYOUTS = os.environ.get("ARENA_BENCH_LAYOUTS", "window,transcript:full,transcript:changes").split(",")
+COMMON = ["embedder.name=hashing", "eval.concurrency=8", "llm.threads=2"]
+
+
+def layout_overrides(spec: str) -> list[str]:
+    layout, _, turns = spec.partition(":")
+    return [f"solver.layout={layout}"] + ([f"solver.admissible_turns={turns}"] if turns else [])
+
+
+class Recorder:
+    """A backend plugin that wraps the transformers backend and keeps every choose call."""
+
+    def __init__(self, plugins: Plugins) -> None:
+        self.entry = plugins.backends.get("transformers")
+        self.calls: list[dict[str, Any]] = []
+        self.backends: list[Any] = []
+
+    def factory(self, cfg: Any) -> Any:
+        backend = self.entry.factory(cfg)
+        inner = backend.choose
+
+        def choose(prompts, options, params):
+            started = time.perf_counter()
+            choices = inner(prompts, options, params)
+            elapsed = time.perf_counter() - started
+            for prompt, opts, choice in zip(prompts, options, choices):
+                self.calls.append({"prompt": prompt, "options": opts, "ids": choice.prompt_token_ids,
+                                   "seconds": elapsed / len(prompts)})
+            return choices
+
+        backend.choose = choose
+        self.backends.append(backend)
+        return backend
+
+    @arena.hookimpl
+    def register_backends(self, register):
+        register("recording", self.factory, config=list(self.entry.configs))
+
+
+def recorded_run(tmp_path: Path, spec: str, extra: list[str]) -> tuple[Recorder, dict[str, Any], Path]:
+    plugins = Plugins()
+    plugins.load_defaults()
+    recorder = Recorder(plugins)
+    plugins.register_plugin(recorder, name="recorder")
+    overrides = [*COMMON, "llm.backend=recording", *layout_overrides(spec), *extra]
+    out = tmp_path / f"{spec.replace(':', '-')}-{time.time_ns()}"
+    _, results = protocol.run("base", overrides=overrides, out=out, plugins=plugins)
+    return recorder, results, out
+
+
+def shared_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
+
+
+def step_figures(recorder: Recorder, run_dir: Path) -> dict[str, float]:
+    """Mean appended, new-information and computed tokens per step (episodes told apart by their
+    task message; ``base`` shows no experiences, so that is the first observation)."""
+    import json
+
+    backend = recorder.backends[-1]
+    by_episode: dict[str, list[dict[str, Any]]] = {}
+    for call in recorder.calls:
+        first_user = next(m["content"] for m in call["prompt"] if m["role"] == "user")
+        for marker in ("\n\nRecent steps:", "\n\nCurrent observation:", "\n\nAdmissible actions"):
+            first_user = first_user.split(marker)[0]  # the task alone, in either layout
+        by_episode.setdefault(first_user, []).append(call)
+    appended = [len(later["ids"]) - shared_prefix(earlier["ids"], later["ids"])
+                for calls in by_episode.values() for earlier, later in zip(calls, calls[1:])]
+    information = [
+        len(backend.tokenizer(step["action"] + "\n" + step["observation"]).input_ids)
+        for line in (run_dir / "trajectories.jsonl").read_text().splitlines()
+        for step in json.loads(line)["steps"]
+    ]
+    steps = len(recorder.calls)
+    return {"steps": steps, "appended": statistics.mean(appended), "information": statistics.mean(information),
+            "computed": backend.prefix_cache_stats["tokens_computed"] / steps,
+            "prompt": statistics.mean(len(c["ids"]) for c in recorder.calls)}
+
+
+def test_tokens_computed_per_step_against_tokens_appended(benchmark, tmp_path):
+    """Goal: computed <= 1.3 x appended in the transcript layout."""
+    figures = {}
+
+    def measure() -> None:
+        for spec in LAYOUTS:
+            recorder, _, out = recorded_run(tmp_path, spec, ["eval.limit=4"])
+            figures[spec] = step_figures(recorder, out)
+
+    benchmark.pedantic(measure, rounds=1, iterations=1)
+    for spec, f in figures.items():
+        benchmark.extra_info[spec] = f
+        print(f"\n{spec:20s} {f['steps']} steps: prompt {f['prompt']:.0f} tokens, computed "
+              f"{f['computed']:.1f}/step, appended {f['appended']:.1f}/step, new information "
+              f"{f['information']:.1f}/step; computed/appended {f['computed'] / f['appended']:.2f}, "
+              f"computed/information {f['computed'] / f['information']:.2f}")
+
+
+def test_step_latency_against_a_bare_forward(benchmark, tmp_path):
+    """Goal: bare / harness >= 0.8. The bare forward is one ``model(...)`` call over exactly the
+    tokens the harness computes for that step (the prompt's uncached tokens, then the option
+    tree's nodes as a plain sequence) on the same cached prefix; the harness adds the cache
+    lookup, the tree mask, the option log-probs and the choice."""
+    from transformers import DynamicCache
+
+    from arena.backends.transformers_backend import _OptionTree
+
+    results = {}
+
+    def measure() -> None:
+        for spec in LAYOUTS:
+            recorder, _, _ = recorded_run(tmp_path, spec, ["eval.limit=2", "eval.concurrency=1"])
+            backend = recorder.backends[-1]
+            harness_s = sum(c["seconds"] for c in recorder.calls[1:])
+            bare_s, previous = 0.0, recorder.calls[0]
+            for call in recorder.calls[1:]:
+                reused = shared_prefix(previous["ids"], call["ids"])
+                reused = min(reused, len(call["ids"]) - 1)
+                tree = _OptionTree([backend._encode_option(o) for o in call["options"]])
+                with torch.inference_mode():
+                    cache = DynamicCache(config=backend.model.config)
+                    backend.model(input_ids=torch.tensor([call["ids"][:reused]]), past_key_values=cache,
+                                  use_cache=True, logits_to_keep=1)
+                    tokens = torch.tensor([call["ids"][reused:] + tree.tokens])
+                    started = time.perf_counter()
+                    backend.model(input_ids=tokens, past_key_values=cache, use_cache=True,
+                                  logits_to_keep=1 + len(tree.tokens))
+                    bare_s += time.perf_counter() - started
+                previous = call
+            results[spec] = (bare_s, harness_s, len(recorder.calls) - 1)
+
+    benchmark.pedantic(measure, rounds=1, iterations=1)
+    for spec, (bare_s, harness_s, steps) in results.items():
+        benchmark.extra_info[spec] = {"bare_s": bare_s, "harness_s": harness_s, "ratio": bare_s / harness_s}
+        print(f"\n{spec:20s} {steps} steps: harness {1000 * harness_s / steps:.1f} ms/step, bare forward "
+              f"{1000 * bare_s / steps:.1f} ms/step: bare/harness {bare_s / harness_s:.2f}")
+
+
+def test_full_split_base_evaluation(benchmark, tmp_path):
+    """Goal: all 240 household test tasks, one seed, in 10 minutes or less on 2 cores."""
+    spec = LAYOUTS[-1] if len(LAYOUTS) == 1 else os.environ.get("ARENA_BENCH_FULL", "transcript:changes")
+    results: dict[str, Any] = {}
+
+    def measure() -> None:
+        _, results["r"], _ = recorded_run(tmp_path, spec, ["eval.limit=null"])
+
+    benchmark.pedantic(measure, rounds=1, iterations=1)
+    evaluate = results["r"]["cost"]["evaluate"]
+    splits = results["r"]["splits"]
+    episodes = sum(s["n_episodes"] for s in splits.values())
+    benchmark.extra_info.update(layout=spec, evaluate_wall_s=evaluate["wall_s"], episodes=episodes)
+    print(f"\nfull split ({spec}): {episodes} episodes in {evaluate['wall_s']:.0f} s of evaluation "
+          f"({evaluate['wall_s'] / 60:.1f} min); success " +
+          ", ".join(f"{name} {s['success_rate']:.3f}" for name, s in splits.items()))

@@ -1,0 +1,153 @@
+"""KV reuse across the steps of an episode is exact, and the transcript layout only ever appends.
+
+Whole evaluations with the tiny model (float32) are played twice, with ``llm.prefix_cache`` on
+(each step computes only what its prompt adds to a cached one) and off (every prompt computed from
+scratch, left-padded in batches of concurrent episodes): every ``choose`` must return the same
+choice, the same log-probs within 1e-4 and the same RL token records.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import arena
+from arena.core import protocol
+from arena.core.plugins import Plugins
+from arena.core.solver import StandardSolver, build_prompt
+from arena.core.types import Observation, Step, Task, Trajectory
+
+#: Episodes side by side (their calls batched when the cache is off), long enough to matter.
+EVAL = ["llm.model=tiny", "llm.dtype=float32", "embedder.name=hashing", "env.n_train=8",
+        "env.n_valid=4", "env.n_test=6", "eval.limit=null", "eval.max_steps=9", "eval.concurrency=3",
+        "llm.batch_size=3"]
+
+
+def recorded_choices(tmp_path: Path, layout: str, prefix_cache: bool) -> tuple[dict, dict[str, Any]]:
+    """Every choose call of a base evaluation: prompt token ids -> (choice, logprobs, tokens)."""
+    plugins = Plugins()
+    plugins.load_defaults()
+    entry = plugins.backends.get("transformers")
+    calls: dict[tuple[int, ...], tuple] = {}
+    backends: list[Any] = []
+
+    def recording(cfg: Any) -> Any:
+        backend = entry.factory(cfg)
+        inner = backend.choose
+
+        def choose(prompts, options, params):
+            choices = inner(prompts, options, params)
+            for choice in choices:
+                calls[tuple(choice.prompt_token_ids)] = (
+                    choice.text, choice.option_logprobs, choice.token_ids, choice.logprobs)
+            return choices
+
+        backend.choose = choose
+        backends.append(backend)
+        return backend
+
+    class Recorder:
+        @arena.hookimpl
+        def register_backends(self, register):
+            register("recording", recording, config=list(entry.configs))
+
+    plugins.register_plugin(Recorder(), name="recorder")
+    out = tmp_path / f"{layout}-{prefix_cache}"
+    _, results = protocol.run(
+        "base", overrides=[*EVAL, "llm.backend=recording", f"solver.layout={layout}",
+                           f"llm.prefix_cache={str(prefix_cache).lower()}"],
+        out=out, plugins=plugins)
+    stats = backends[-1].prefix_cache_stats
+    return calls, {"results": results, "stats": stats, "out": out}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["transcript", "window"])
+def test_cache_on_and_off_choose_the_same_with_the_same_logprobs(tmp_path: Path, layout: str) -> None:
+    cached, on = recorded_choices(tmp_path, layout, prefix_cache=True)
+    plain, off = recorded_choices(tmp_path, layout, prefix_cache=False)
+    assert len(cached) >= 6 * 2 * 5, "too few distinct steps to compare"
+    # Same prompts seen means every earlier step chose the same action.
+    assert set(cached) == set(plain)
+    for prompt, (text, option_logprobs, token_ids, logprobs) in cached.items():
+        ref_text, ref_options, ref_ids, ref_logprobs = plain[prompt]
+        assert text == ref_text
+        assert token_ids == ref_ids  # the RL token records are unchanged
+        assert option_logprobs == pytest.approx(ref_options, abs=1e-4)
+        assert logprobs == pytest.approx(ref_logprobs, abs=1e-4)
+    assert off["stats"] == {}
+    assert on["stats"]["tokens_reused"] > 0
+    for run in (on, off):
+        assert run["results"]["solver"]["layout"] == layout
+    steps_on = [json.loads(line) for line in (on["out"] / "episodes.jsonl").read_text().splitlines()]
+    steps_off = [json.loads(line) for line in (off["out"] / "episodes.jsonl").read_text().splitlines()]
+    key = lambda e: (e["task_id"], e["seed"], e.get("variant"))  # noqa: E731
+    assert sorted((key(e), e["success"], e["steps"]) for e in steps_on) == sorted(
+        (key(e), e["success"], e["steps"]) for e in steps_off)
+
+
+@pytest.mark.slow
+def test_transcript_steps_compute_only_what_they_append(tmp_path: Path) -> None:
+    """In the transcript layout each step's prompt extends the previous step's, so the cache
+    computes each step's new turn and little more (the first step of each episode shares only
+    the system message)."""
+    _, run = recorded_choices(tmp_path, "transcript", prefix_cache=True)
+    stats = run["stats"]
+    assert stats["tokens_reused"] > 3 * stats["tokens_computed"], stats
+
+
+def test_transcript_layout_only_appends() -> None:
+    task = Task(task_id="t1", env="household", split="test_seen", task_type="pick", goal="put a mug")
+    trajectory = Trajectory(task=task, initial_observation="You are in a room. Your task is to: x.")
+    admissible: list[list[str]] = []
+    previous = None
+    for k in range(4):
+        observation = Observation(text=f"obs {k}", admissible_actions=(f"a{k}", "look"))
+        admissible.append(list(observation.admissible_actions))
+        chat = build_prompt(task, observation, trajectory, [], history=2, show_admissible=True,
+                            max_experiences=4, max_experience_chars=800, layout="transcript",
+                            admissible_shown=admissible)
+        if previous is not None:
+            assert chat[: len(previous)] == previous  # every earlier message kept verbatim
+            assert [m["role"] for m in chat[len(previous):]] == ["assistant", "user"]
+        assert chat[-1]["content"].endswith("Admissible actions: " + f"a{k}, look")
+        previous = chat
+        trajectory.steps.append(Step(action=f"a{k}", observation=f"obs {k + 1}", valid=True))
+    assert [m["role"] for m in previous] == ["system", "user"] + ["assistant", "user"] * 3
+
+
+def test_transcript_layout_needs_each_turns_admissible_actions() -> None:
+    task = Task(task_id="t1", env="household", split="test_seen", task_type="pick", goal="g")
+    trajectory = Trajectory(task=task, initial_observation="start")
+    trajectory.steps.append(Step(action="look", observation="nothing", valid=True))
+    observation = Observation(text="nothing", admissible_actions=("look",))
+    with pytest.raises(ValueError, match="admissible_shown"):
+        build_prompt(task, observation, trajectory, [], history=2, show_admissible=True,
+                     max_experiences=4, max_experience_chars=800, layout="transcript",
+                     admissible_shown=[["look"]])
+    with pytest.raises(ValueError, match="Unknown solver.layout 'scroll'. Layouts: window, transcript"):
+        StandardSolver(object(), layout="scroll")  # type: ignore[arg-type]
+
+
+def test_a_transcript_past_the_context_keeps_its_task_and_cuts_in_blocks() -> None:
+    """A transcript longer than ``llm.max_context`` loses its oldest exchanges, never the task,
+    a block at a time: most steps still extend the previous step's prompt."""
+    from arena.backends.transformers_backend import TransformersBackend
+
+    llm = TransformersBackend({"model": "tiny", "dtype": "float32", "max_context": 400})
+    chat = [{"role": "system", "content": "RULES."}, {"role": "user", "content": "TASK: cool a mug."}]
+    rows = []
+    for k in range(40):
+        chat = [*chat, {"role": "assistant", "content": f"go to shelf {k}"},
+                {"role": "user", "content": f"You arrive at shelf {k}. On it you see nothing."}]
+        rows.append(llm._encode_prompt(chat, reply_tokens=8))
+    for row in rows:
+        text = llm.tokenizer.decode(row)
+        assert len(row) <= 392 and "RULES." in text and "TASK: cool a mug." in text
+    assert llm.tokenizer.decode(rows[-1]).endswith("shelf 39. On it you see nothing.<|im_end|>\n"
+                                                   "<|im_start|>assistant\n")
+    extends = sum(later[: len(earlier)] == earlier for earlier, later in zip(rows, rows[1:]))
+    assert extends >= 0.6 * (len(rows) - 1), extends
