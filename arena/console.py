@@ -105,6 +105,25 @@ class LineReporter:
         self.successes: dict[str, int] = {}
         self.counts: dict[str, int] = {}
         self._lock = threading.Lock()
+        self._heartbeat: threading.Thread | None = None
+
+    def _beat(self) -> None:
+        """A step that reports nothing for a while (one long generate call, a trainer update)
+        still gets a line every ``interval_s``: a silent log looks like a hung job."""
+        period = max(self.interval_s, 1.0)
+        while True:
+            time.sleep(period)
+            with self._lock:
+                now = time.monotonic()
+                for label, line in list(self.lines.items()):
+                    if now - line.printed >= period:
+                        line.printed = now
+                        self._write(label, self._status(line) + " (running)")
+
+    def _ensure_heartbeat(self) -> None:
+        if self._heartbeat is None:
+            self._heartbeat = threading.Thread(target=self._beat, name="arena-progress", daemon=True)
+            self._heartbeat.start()
 
     def _write(self, label: str, text: str) -> None:
         stamp = datetime.now().strftime("%H:%M:%S")
@@ -135,6 +154,7 @@ class LineReporter:
             self.successes[name] = self.counts[name] = 0
             self.lines[name] = line = _Line(total, done)
             line.printed = time.monotonic()
+            self._ensure_heartbeat()
             self._write(name, f"started: {done}/{total} episodes done" if total else "started")
 
     def episode(self, result: EpisodeResult) -> None:
@@ -152,6 +172,7 @@ class LineReporter:
         with self._lock:
             self.lines[label] = line = _Line(total, 0)
             line.printed = time.monotonic()
+            self._ensure_heartbeat()
             self._write(label, f"started ({total} to do)" if total else "started")
 
     def task_update(self, label: str, done: int, total: int | None, note: str) -> None:

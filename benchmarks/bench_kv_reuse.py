@@ -5,7 +5,8 @@ step adds, the harness's step latency against a bare forward over the same token
 Run, all three (the full split takes several minutes per layout):
 ``python -m pytest benchmarks/bench_kv_reuse.py --benchmark-only -q -s``
 or one: ``-k tokens``, ``-k latency``, ``-k full_split``. ``ARENA_BENCH_LAYOUTS=transcript:changes``
-picks the layouts (``layout[:admissible_turns]``, comma-separated).
+picks the layouts of the first two (``layout[:admissible_turns]``, comma-separated),
+``ARENA_BENCH_FULL`` the full split's (default ``window``, the default layout).
 
 Definitions (per ``choose`` call, i.e. per step):
 - *appended*: tokens of the step's prompt after its longest common prefix with the previous step's
@@ -107,7 +108,8 @@ def step_figures(recorder: Recorder, run_dir: Path) -> dict[str, float]:
     steps = len(recorder.calls)
     return {"steps": steps, "appended": statistics.mean(appended), "information": statistics.mean(information),
             "computed": backend.prefix_cache_stats["tokens_computed"] / steps,
-            "prompt": statistics.mean(len(c["ids"]) for c in recorder.calls)}
+            "prompt": statistics.mean(len(c["ids"]) for c in recorder.calls),
+            "cache_mb": backend.prefix_cache_memory()["bytes"] / 2**20}
 
 
 def test_tokens_computed_per_step_against_tokens_appended(benchmark, tmp_path):
@@ -125,7 +127,8 @@ def test_tokens_computed_per_step_against_tokens_appended(benchmark, tmp_path):
         print(f"\n{spec:20s} {f['steps']} steps: prompt {f['prompt']:.0f} tokens, computed "
               f"{f['computed']:.1f}/step, appended {f['appended']:.1f}/step, new information "
               f"{f['information']:.1f}/step; computed/appended {f['computed'] / f['appended']:.2f}, "
-              f"computed/information {f['computed'] / f['information']:.2f}")
+              f"computed/information {f['computed'] / f['information']:.2f}; cache holds "
+              f"{f['cache_mb']:.0f} MB at the end (8 episodes side by side)")
 
 
 def test_step_latency_against_a_bare_forward(benchmark, tmp_path):
@@ -170,7 +173,7 @@ def test_step_latency_against_a_bare_forward(benchmark, tmp_path):
 
 def test_full_split_base_evaluation(benchmark, tmp_path):
     """Goal: all 240 household test tasks, one seed, in 10 minutes or less on 2 cores."""
-    spec = LAYOUTS[-1] if len(LAYOUTS) == 1 else os.environ.get("ARENA_BENCH_FULL", "transcript:changes")
+    spec = os.environ.get("ARENA_BENCH_FULL", "window")  # the default layout
     results: dict[str, Any] = {}
 
     def measure() -> None:

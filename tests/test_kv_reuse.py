@@ -151,3 +151,26 @@ def test_a_transcript_past_the_context_keeps_its_task_and_cuts_in_blocks() -> No
                                                    "<|im_start|>assistant\n")
     extends = sum(later[: len(earlier)] == earlier for earlier, later in zip(rows, rows[1:]))
     assert extends >= 0.6 * (len(rows) - 1), extends
+
+
+def test_the_cache_stays_within_its_token_bound_with_many_episodes_alive() -> None:
+    """Twelve interleaved 'episodes' against a bound of 600 positions: the cache drops its
+    least recently used prompts instead of growing, and scores stay exact."""
+    from arena.backends.transformers_backend import TransformersBackend
+    from arena.core.llm import SamplingParams
+
+    llm = TransformersBackend({"model": "tiny", "dtype": "float32", "prefix_cache": True,
+                               "prefix_cache_tokens": 600})
+    reference = TransformersBackend({"model": "tiny", "dtype": "float32", "prefix_cache": False})
+    chats = {k: [{"role": "system", "content": "Play."},
+                 {"role": "user", "content": f"Episode {k}: find the mug {k}."}] for k in range(12)}
+    for step in range(3):
+        for k, chat in chats.items():
+            chat += [{"role": "assistant", "content": f"go to shelf {step}"},
+                     {"role": "user", "content": f"You arrive at shelf {step} of room {k}."}]
+            [cached] = llm.choose([chat], [["look", "go to desk 1"]], SamplingParams())
+            [plain] = reference.choose([chat], [["look", "go to desk 1"]], SamplingParams())
+            assert cached.option_logprobs == pytest.approx(plain.option_logprobs, abs=1e-4)
+            memory = llm.prefix_cache_memory()
+            assert memory["tokens"] <= 600 and memory["bytes"] > 0
+    assert llm.prefix_cache_stats["tokens_reused"] > 0

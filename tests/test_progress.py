@@ -103,3 +103,15 @@ def test_piped_tables_are_not_squeezed_to_80_columns() -> None:
                           text=True, env={k: v for k, v in os.environ.items() if k != "COLUMNS"})
     assert done.returncode == 0, done.stderr
     assert max(len(line) for line in done.stdout.splitlines()) > 100
+
+
+def test_a_long_silent_step_still_writes_a_line_every_interval() -> None:
+    """One long call (a batched generate, a trainer update) advances nothing for minutes; the log
+    must not look hung meanwhile."""
+    import time
+
+    stream = io.StringIO()
+    with ProgressTask(LineReporter(stream, interval_s=1.0), "it0: skill extraction", total=8):
+        time.sleep(2.3)
+    beats = [line for line in stream.getvalue().splitlines() if line.endswith("(running)")]
+    assert 1 <= len(beats) <= 3 and all("it0: skill extraction 0/8 (0%)" in b for b in beats), beats

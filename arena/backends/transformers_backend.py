@@ -426,6 +426,13 @@ class TransformersBackend(LLMBackend):
             "tokens_computed": self._prefix_cache.tokens_computed,
         }
 
+    def prefix_cache_memory(self) -> dict[str, int]:
+        """Prompt positions and bytes of key/value tensors the prefix cache holds now."""
+        if self._prefix_cache is None:
+            return {"tokens": 0, "bytes": 0}
+        with self._lock:
+            return {"tokens": self._prefix_cache.tokens_held, "bytes": self._prefix_cache.bytes_held()}
+
     def describe(self) -> dict[str, Any]:
         description = {
             "id": self.model_id,
