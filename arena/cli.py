@@ -6,6 +6,7 @@ import json
 import os
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -62,18 +63,12 @@ def run(method: str | None, env_name: str | None, preset: str | None, config_fil
 
     started = time.perf_counter()
     try:
-        if console.is_terminal:
-            with bars(console) as progress:
-                path, results = protocol.run(
-                    method, env_name, config_file, list(overrides), out, resume,
-                    reporter=RichReporter(progress), preset=preset,
-                )
-        else:  # a log file or a pipe: timestamped lines, not bars drawn at the end
-            path, results = protocol.run(
-                method, env_name, config_file, list(overrides), out, resume,
-                reporter=LineReporter(interval_s=float(os.environ.get("ARENA_PROGRESS_INTERVAL_S", 10))),
-                preset=preset,
-            )
+        # Bars on a terminal; in a log file or a pipe, timestamped lines (bars draw nothing there).
+        with bars(console) if console.is_terminal else nullcontext() as progress:
+            reporter = (RichReporter(progress) if progress is not None else
+                        LineReporter(interval_s=float(os.environ.get("ARENA_PROGRESS_INTERVAL_S", 10))))
+            path, results = protocol.run(method, env_name, config_file, list(overrides), out, resume,
+                                         reporter=reporter, preset=preset)
     except USER_ERRORS as exc:
         raise click.ClickException(str(exc)) from exc
     print_summary(results, path)

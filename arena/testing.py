@@ -10,6 +10,8 @@
   has them): the fixtures ``arena_overrides``, ``arena_plugins``, ``household_env``, ``fake_llm``,
   ``tiny_llm``, ``experience_store``, ``learn_run`` and ``run_method``.
 * :func:`learning_context` and :func:`expert_trajectory` help test hooks one at a time.
+* :class:`ChoiceRecorder` registers a ``recording`` backend that keeps every ``choose`` prompt of
+  a run with its choice (what the model was asked, step by step).
 
 pytest is imported only where it is installed: Arena itself loads this module for the ``fake``
 backend, and a plain install has no pytest.
@@ -21,6 +23,7 @@ import hashlib
 import json
 import random
 import re
+import time
 import types
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -104,6 +107,78 @@ def make_fake_llm(cfg: Any) -> FakeLLM:
 def register_backends(register: Callable[..., None]) -> None:
     register("fake", make_fake_llm, config=Path(__file__).parent / "core" / "configs" / "fake_llm.yaml",
              description="Deterministic model-free backend for tests and plugin development.")
+
+
+@dataclass
+class RecordedChoice:
+    """One prompt of a ``choose`` call, as a :class:`ChoiceRecorder` kept it."""
+
+    prompt: Chat
+    options: list[str]
+    params: SamplingParams
+    choice: Choice
+    seconds: float  # the call's wall time divided by its prompts
+
+
+class RecordingBackend(LLMBackend):
+    """A backend that passes every call to ``inner`` and keeps each ``choose`` prompt with its
+    choice; anything else (``tokenizer``, ``prefix_cache_stats``, ...) is ``inner``'s."""
+
+    def __init__(self, inner: LLMBackend, calls: list[RecordedChoice]) -> None:
+        super().__init__()
+        self.inner = inner
+        self.usage = inner.usage
+        self.model_id = inner.model_id
+        self.calls = calls
+
+    def generate(self, prompts: list[Chat], params: SamplingParams) -> list[Generation]:
+        return self.inner.generate(prompts, params)
+
+    def choose(self, prompts: list[Chat], options: list[list[str]],
+               params: SamplingParams | list[SamplingParams]) -> list[Choice]:
+        started = time.perf_counter()
+        choices = self.inner.choose(prompts, options, params)
+        seconds = (time.perf_counter() - started) / max(1, len(prompts))
+        self.calls.extend(RecordedChoice(prompt, list(opts), each, choice, seconds) for prompt, opts, each, choice
+                          in zip(prompts, options, per_prompt(params, len(prompts)), choices))
+        return choices
+
+    def count_tokens(self, text: str) -> int:
+        return self.inner.count_tokens(text)
+
+    def weights_digest(self, fresh: bool = False) -> str:
+        return self.inner.weights_digest(fresh)
+
+    def describe(self) -> dict[str, Any]:
+        return self.inner.describe()
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class ChoiceRecorder:
+    """Registers the backend ``recording`` on ``plugins``: the backend ``inner`` (with its config),
+    every ``choose`` prompt of which lands in :attr:`calls`. For tests and benchmarks that look at
+    what the model was asked during a whole run (``llm.backend=recording``)."""
+
+    def __init__(self, plugins: Any, inner: str = "transformers") -> None:
+        self.entry = plugins.backends.get(inner)
+        self.calls: list[RecordedChoice] = []
+        self.backends: list[RecordingBackend] = []
+        plugins.register_plugin(self, name="arena.testing.recorder")
+
+    def build(self, cfg: Any) -> RecordingBackend:
+        backend = RecordingBackend(self.entry.factory(cfg), self.calls)
+        self.backends.append(backend)
+        return backend
+
+    @arena.hookimpl
+    def register_backends(self, register: Callable[..., None]) -> None:
+        register("recording", self.build, config=list(self.entry.configs),
+                 description=f"{self.entry.name}, every choose call recorded (tests, benchmarks)")
 
 
 def random_chat(rng: random.Random) -> Chat:

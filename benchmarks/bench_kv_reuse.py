@@ -26,9 +26,9 @@ from typing import Any
 
 import torch
 
-import arena
 from arena.core import protocol
 from arena.core.plugins import Plugins
+from arena.testing import ChoiceRecorder, RecordedChoice
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 LAYOUTS = os.environ.get("ARENA_BENCH_LAYOUTS", "window,transcript:full,transcript:changes").split(",")
@@ -40,45 +40,18 @@ def layout_overrides(spec: str) -> list[str]:
     return [f"solver.layout={layout}"] + ([f"solver.admissible_turns={turns}"] if turns else [])
 
 
-class Recorder:
-    """A backend plugin that wraps the transformers backend and keeps every choose call."""
-
-    def __init__(self, plugins: Plugins) -> None:
-        self.entry = plugins.backends.get("transformers")
-        self.calls: list[dict[str, Any]] = []
-        self.backends: list[Any] = []
-
-    def factory(self, cfg: Any) -> Any:
-        backend = self.entry.factory(cfg)
-        inner = backend.choose
-
-        def choose(prompts, options, params):
-            started = time.perf_counter()
-            choices = inner(prompts, options, params)
-            elapsed = time.perf_counter() - started
-            for prompt, opts, choice in zip(prompts, options, choices):
-                self.calls.append({"prompt": prompt, "options": opts, "ids": choice.prompt_token_ids,
-                                   "seconds": elapsed / len(prompts)})
-            return choices
-
-        backend.choose = choose
-        self.backends.append(backend)
-        return backend
-
-    @arena.hookimpl
-    def register_backends(self, register):
-        register("recording", self.factory, config=list(self.entry.configs))
-
-
-def recorded_run(tmp_path: Path, spec: str, extra: list[str]) -> tuple[Recorder, dict[str, Any], Path]:
+def recorded_run(tmp_path: Path, spec: str, extra: list[str]) -> tuple[ChoiceRecorder, dict[str, Any], Path]:
     plugins = Plugins()
     plugins.load_defaults()
-    recorder = Recorder(plugins)
-    plugins.register_plugin(recorder, name="recorder")
+    recorder = ChoiceRecorder(plugins)
     overrides = [*COMMON, "llm.backend=recording", *layout_overrides(spec), *extra]
     out = tmp_path / f"{spec.replace(':', '-')}-{time.time_ns()}"
     _, results = protocol.run("base", overrides=overrides, out=out, plugins=plugins)
     return recorder, results, out
+
+
+def ids(call: RecordedChoice) -> list[int]:
+    return call.choice.prompt_token_ids
 
 
 def shared_prefix(a: list[int], b: list[int]) -> int:
@@ -86,19 +59,19 @@ def shared_prefix(a: list[int], b: list[int]) -> int:
     return next((i for i in range(n) if a[i] != b[i]), n)
 
 
-def step_figures(recorder: Recorder, run_dir: Path) -> dict[str, float]:
+def step_figures(recorder: ChoiceRecorder, run_dir: Path) -> dict[str, float]:
     """Mean appended, new-information and computed tokens per step (episodes told apart by their
     task message; ``base`` shows no experiences, so that is the first observation)."""
     import json
 
     backend = recorder.backends[-1]
-    by_episode: dict[str, list[dict[str, Any]]] = {}
+    by_episode: dict[str, list[RecordedChoice]] = {}
     for call in recorder.calls:
-        first_user = next(m["content"] for m in call["prompt"] if m["role"] == "user")
+        first_user = next(m["content"] for m in call.prompt if m["role"] == "user")
         for marker in ("\n\nRecent steps:", "\n\nCurrent observation:", "\n\nAdmissible actions"):
             first_user = first_user.split(marker)[0]  # the task alone, in either layout
         by_episode.setdefault(first_user, []).append(call)
-    appended = [len(later["ids"]) - shared_prefix(earlier["ids"], later["ids"])
+    appended = [len(ids(later)) - shared_prefix(ids(earlier), ids(later))
                 for calls in by_episode.values() for earlier, later in zip(calls, calls[1:])]
     information = [
         len(backend.tokenizer(step["action"] + "\n" + step["observation"]).input_ids)
@@ -108,7 +81,7 @@ def step_figures(recorder: Recorder, run_dir: Path) -> dict[str, float]:
     steps = len(recorder.calls)
     return {"steps": steps, "appended": statistics.mean(appended), "information": statistics.mean(information),
             "computed": backend.prefix_cache_stats["tokens_computed"] / steps,
-            "prompt": statistics.mean(len(c["ids"]) for c in recorder.calls),
+            "prompt": statistics.mean(len(ids(c)) for c in recorder.calls),
             "cache_mb": backend.prefix_cache_memory()["bytes"] / 2**20}
 
 
@@ -146,17 +119,16 @@ def test_step_latency_against_a_bare_forward(benchmark, tmp_path):
         for spec in LAYOUTS:
             recorder, _, _ = recorded_run(tmp_path, spec, ["eval.limit=2", "eval.concurrency=1"])
             backend = recorder.backends[-1]
-            harness_s = sum(c["seconds"] for c in recorder.calls[1:])
+            harness_s = sum(c.seconds for c in recorder.calls[1:])
             bare_s, previous = 0.0, recorder.calls[0]
             for call in recorder.calls[1:]:
-                reused = shared_prefix(previous["ids"], call["ids"])
-                reused = min(reused, len(call["ids"]) - 1)
-                tree = _OptionTree([backend._encode_option(o) for o in call["options"]])
+                reused = min(shared_prefix(ids(previous), ids(call)), len(ids(call)) - 1)
+                tree = _OptionTree([backend._encode_option(o) for o in call.options])
                 with torch.inference_mode():
                     cache = DynamicCache(config=backend.model.config)
-                    backend.model(input_ids=torch.tensor([call["ids"][:reused]]), past_key_values=cache,
+                    backend.model(input_ids=torch.tensor([ids(call)[:reused]]), past_key_values=cache,
                                   use_cache=True, logits_to_keep=1)
-                    tokens = torch.tensor([call["ids"][reused:] + tree.tokens])
+                    tokens = torch.tensor([ids(call)[reused:] + tree.tokens])
                     started = time.perf_counter()
                     backend.model(input_ids=tokens, past_key_values=cache, use_cache=True,
                                   logits_to_keep=1 + len(tree.tokens))

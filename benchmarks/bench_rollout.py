@@ -13,10 +13,9 @@ from __future__ import annotations
 import os
 import time
 
-import arena
 from arena.core import protocol
-from arena.core.llm import per_prompt
 from arena.core.plugins import Plugins
+from arena.testing import ChoiceRecorder
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 BATCH = 8
@@ -25,28 +24,7 @@ BATCH = 8
 def test_rollout_tokens_per_second_against_raw(benchmark, tmp_path):
     plugins = Plugins()
     plugins.load_defaults()
-    entry = plugins.backends.get("transformers")
-    calls: list[tuple] = []
-    backends = []
-
-    def recording_factory(cfg):
-        backend = entry.factory(cfg)
-        inner_choose = backend.choose
-
-        def choose(prompts, options, params):
-            calls.append((prompts, options, params))
-            return inner_choose(prompts, options, params)
-
-        backend.choose = choose
-        backends.append(backend)
-        return backend
-
-    class Recorder:
-        @arena.hookimpl
-        def register_backends(self, register):
-            register("recording", recording_factory, config=list(entry.configs))
-
-    plugins.register_plugin(Recorder(), name="recorder")
+    recorder = ChoiceRecorder(plugins)
     overrides = ["llm.backend=recording", "embedder.name=hashing", "eval.limit=4", "eval.max_steps=8",
                  f"eval.concurrency={BATCH}"]
 
@@ -57,11 +35,11 @@ def test_rollout_tokens_per_second_against_raw(benchmark, tmp_path):
         return float(results["cost"]["evaluate"]["wall_s"])
 
     harness_s = benchmark.pedantic(harness, rounds=1, iterations=1)
-    backend = backends[-1]
+    backend = recorder.backends[-1].inner  # replayed straight into the backend, unrecorded
     tokens = backend.usage.tokens_in + backend.usage.tokens_out
-    prompts = [p for call in calls for p in call[0]]
-    options = [o for call in calls for o in call[1]]
-    params = [p for call in calls for p in per_prompt(call[2], len(call[0]))]
+    prompts = [call.prompt for call in recorder.calls]
+    options = [call.options for call in recorder.calls]
+    params = [call.params for call in recorder.calls]
     started = time.perf_counter()
     for i in range(0, len(prompts), BATCH):
         backend.choose(prompts[i : i + BATCH], options[i : i + BATCH], params[i : i + BATCH])

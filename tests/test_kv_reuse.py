@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-import arena
 from arena.core import protocol
 from arena.core.plugins import Plugins
 from arena.core.solver import StandardSolver, build_prompt
 from arena.core.types import Observation, Step, Task, Trajectory
+from arena.testing import ChoiceRecorder
 
 #: Episodes side by side (their calls batched when the cache is off), long enough to matter.
 EVAL = ["llm.model=tiny", "llm.dtype=float32", "embedder.name=hashing", "env.n_train=8",
@@ -30,37 +30,16 @@ def recorded_choices(tmp_path: Path, layout: str, prefix_cache: bool) -> tuple[d
     """Every choose call of a base evaluation: prompt token ids -> (choice, logprobs, tokens)."""
     plugins = Plugins()
     plugins.load_defaults()
-    entry = plugins.backends.get("transformers")
-    calls: dict[tuple[int, ...], tuple] = {}
-    backends: list[Any] = []
-
-    def recording(cfg: Any) -> Any:
-        backend = entry.factory(cfg)
-        inner = backend.choose
-
-        def choose(prompts, options, params):
-            choices = inner(prompts, options, params)
-            for choice in choices:
-                calls[tuple(choice.prompt_token_ids)] = (
-                    choice.text, choice.option_logprobs, choice.token_ids, choice.logprobs)
-            return choices
-
-        backend.choose = choose
-        backends.append(backend)
-        return backend
-
-    class Recorder:
-        @arena.hookimpl
-        def register_backends(self, register):
-            register("recording", recording, config=list(entry.configs))
-
-    plugins.register_plugin(Recorder(), name="recorder")
+    recorder = ChoiceRecorder(plugins)
     out = tmp_path / f"{layout}-{prefix_cache}"
     _, results = protocol.run(
         "base", overrides=[*EVAL, "llm.backend=recording", f"solver.layout={layout}",
                            f"llm.prefix_cache={str(prefix_cache).lower()}"],
         out=out, plugins=plugins)
-    stats = backends[-1].prefix_cache_stats
+    calls = {tuple(c.choice.prompt_token_ids): (c.choice.text, c.choice.option_logprobs,
+                                                c.choice.token_ids, c.choice.logprobs)
+             for c in recorder.calls}
+    stats = recorder.backends[-1].prefix_cache_stats
     return calls, {"results": results, "stats": stats, "out": out}
 
 
@@ -174,3 +153,22 @@ def test_the_cache_stays_within_its_token_bound_with_many_episodes_alive() -> No
             memory = llm.prefix_cache_memory()
             assert memory["tokens"] <= 600 and memory["bytes"] > 0
     assert llm.prefix_cache_stats["tokens_reused"] > 0
+
+
+def test_changes_list_the_admissible_actions_once_then_what_changed() -> None:
+    task = Task(task_id="t1", env="household", split="test_seen", task_type="pick", goal="g")
+    trajectory = Trajectory(task=task, initial_observation="start")
+    shown = [["go to desk 1", "look"], ["go to desk 1", "look", "take mug 1 from desk 1"],
+             ["go to desk 1", "look", "take mug 1 from desk 1"], ["look"]]
+    for action in ("go to desk 1", "look", "take mug 1 from desk 1"):
+        trajectory.steps.append(Step(action=action, observation=f"after {action}", valid=True))
+    chat = build_prompt(task, Observation(text="", admissible_actions=tuple(shown[-1])), trajectory, [],
+                        history=2, show_admissible=True, max_experiences=4, max_experience_chars=800,
+                        layout="transcript", admissible_shown=shown, admissible_turns="changes")
+    users = [m["content"] for m in chat if m["role"] == "user"]
+    assert users[0].endswith("Admissible actions: go to desk 1, look")
+    assert users[1].endswith("Now admissible: take mug 1 from desk 1")
+    assert users[2].endswith("Admissible actions: unchanged.")
+    assert users[3].endswith("No longer admissible: go to desk 1, take mug 1 from desk 1")
+    with pytest.raises(ValueError, match="Unknown solver.admissible_turns 'some'. Choices: full, changes"):
+        StandardSolver(object(), admissible_turns="some")  # type: ignore[arg-type]

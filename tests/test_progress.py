@@ -115,3 +115,14 @@ def test_a_long_silent_step_still_writes_a_line_every_interval() -> None:
         time.sleep(2.3)
     beats = [line for line in stream.getvalue().splitlines() if line.endswith("(running)")]
     assert 1 <= len(beats) <= 3 and all("it0: skill extraction 0/8 (0%)" in b for b in beats), beats
+
+
+def test_a_reporter_with_only_phase_and_episode_callbacks_still_works() -> None:
+    class Old:
+        def phase(self, name, total, done): ...
+
+        def episode(self, result): ...
+
+    with ProgressTask(Old(), "update", total=2) as task:  # type: ignore[arg-type]
+        task.advance()
+    assert task.done == 1

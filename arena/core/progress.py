@@ -59,14 +59,15 @@ class ProgressTask:
     """
 
     def __init__(self, reporter: Reporter, label: str, total: int | None = None) -> None:
-        self.reporter = reporter
+        # A reporter written for the phase/episode callbacks alone still works: it shows no steps.
+        self.reporter = reporter if hasattr(reporter, "task_start") else NullReporter()
         self.label = label
         self.total = total
         self.done = 0
         self.started = time.monotonic()
         self._lock = threading.Lock()
         self._ended = False
-        reporter.task_start(label, total)
+        self.reporter.task_start(label, total)
 
     def advance(self, amount: int = 1, note: str = "") -> None:
         with self._lock:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import time
 import traceback
 import zlib
-from dataclasses import dataclass
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from arena.core.env import Episode
@@ -146,6 +146,13 @@ def check_layout(layout: str) -> str:
     return layout
 
 
+def check_admissible_turns(admissible_turns: str) -> str:
+    if admissible_turns not in ADMISSIBLE_TURNS:
+        raise ValueError(f"Unknown solver.admissible_turns {admissible_turns!r}. "
+                         f"Choices: {', '.join(ADMISSIBLE_TURNS)}")
+    return admissible_turns
+
+
 def build_prompt(
     task: Task,
     observation: Observation,
@@ -172,10 +179,8 @@ def build_prompt(
         rendered = render_experiences(experiences, max_experiences, max_experience_chars)
         task_parts.append(f"Relevant experience from earlier tasks:\n{rendered}")
     if check_layout(layout) == "transcript":
-        if admissible_turns not in ADMISSIBLE_TURNS:
-            raise ValueError(f"Unknown solver.admissible_turns {admissible_turns!r}. "
-                             f"Choices: {', '.join(ADMISSIBLE_TURNS)}")
-        return _transcript(task_parts, trajectory, show_admissible, admissible_shown, admissible_turns)
+        return _transcript(task_parts, trajectory, show_admissible, admissible_shown,
+                           check_admissible_turns(admissible_turns))
     parts = task_parts
     recent = trajectory.steps[-history:] if history > 0 else []
     if recent:
@@ -207,8 +212,9 @@ ADMISSIBLE_TURNS = ("full", "changes")
 
 
 def _admissible_changes(before: list[str], now: list[str]) -> str:
-    added = [action for action in now if action not in set(before)]
-    removed = [action for action in before if action not in set(now)]
+    was, now_set = set(before), set(now)
+    added = [action for action in now if action not in was]
+    removed = [action for action in before if action not in now_set]
     if not added and not removed:
         return "Admissible actions: unchanged."
     lines = []
@@ -278,10 +284,7 @@ class StandardSolver:
     ) -> None:
         self.llm = llm
         self.layout = check_layout(layout)
-        if admissible_turns not in ADMISSIBLE_TURNS:
-            raise ValueError(f"Unknown solver.admissible_turns {admissible_turns!r}. "
-                             f"Choices: {', '.join(ADMISSIBLE_TURNS)}")
-        self.admissible_turns = admissible_turns
+        self.admissible_turns = check_admissible_turns(admissible_turns)
         self.history = history
         self.show_admissible = show_admissible
         self.max_experiences = max_experiences
