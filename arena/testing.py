@@ -38,6 +38,7 @@ from arena.core.llm import (
     Generation,
     LLMBackend,
     SamplingParams,
+    WrappingBackend,
     per_prompt,
     sample_option,
 )
@@ -120,19 +121,13 @@ class RecordedChoice:
     seconds: float  # the call's wall time divided by its prompts
 
 
-class RecordingBackend(LLMBackend):
+class RecordingBackend(WrappingBackend):
     """A backend that passes every call to ``inner`` and keeps each ``choose`` prompt with its
     choice; anything else (``tokenizer``, ``prefix_cache_stats``, ...) is ``inner``'s."""
 
     def __init__(self, inner: LLMBackend, calls: list[RecordedChoice]) -> None:
-        super().__init__()
-        self.inner = inner
-        self.usage = inner.usage
-        self.model_id = inner.model_id
+        super().__init__(inner)
         self.calls = calls
-
-    def generate(self, prompts: list[Chat], params: SamplingParams) -> list[Generation]:
-        return self.inner.generate(prompts, params)
 
     def choose(self, prompts: list[Chat], options: list[list[str]],
                params: SamplingParams | list[SamplingParams]) -> list[Choice]:
@@ -143,19 +138,9 @@ class RecordingBackend(LLMBackend):
                           in zip(prompts, options, per_prompt(params, len(prompts)), choices))
         return choices
 
-    def count_tokens(self, text: str) -> int:
-        return self.inner.count_tokens(text)
-
-    def weights_digest(self, fresh: bool = False) -> str:
-        return self.inner.weights_digest(fresh)
-
-    def describe(self) -> dict[str, Any]:
-        return self.inner.describe()
-
-    def close(self) -> None:
-        self.inner.close()
-
     def __getattr__(self, name: str) -> Any:
+        if name == "inner":  # not set yet (during construction or unpickling): no recursion
+            raise AttributeError(name)
         return getattr(self.inner, name)
 
 

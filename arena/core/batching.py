@@ -14,7 +14,15 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from arena.core.llm import Chat, Choice, Generation, LLMBackend, SamplingParams, per_prompt
+from arena.core.llm import (
+    Chat,
+    Choice,
+    Generation,
+    LLMBackend,
+    SamplingParams,
+    WrappingBackend,
+    per_prompt,
+)
 
 
 @dataclass
@@ -27,7 +35,7 @@ class _Request:
     since: float = field(default_factory=time.monotonic)
 
 
-class BatchingBackend(LLMBackend):
+class BatchingBackend(WrappingBackend):
     """Wraps a backend; concurrent callers' requests are served in batches of ``max_batch``.
 
     A batch is dispatched as soon as every registered caller (``enter``/``leave``) is waiting, the
@@ -36,10 +44,7 @@ class BatchingBackend(LLMBackend):
     """
 
     def __init__(self, inner: LLMBackend, max_batch: int = 8, max_wait_s: float = 0.02) -> None:
-        super().__init__()
-        self.inner = inner
-        self.usage = inner.usage
-        self.model_id = inner.model_id
+        super().__init__(inner)
         self.max_batch = max(1, max_batch)
         self.max_wait_s = max_wait_s
         self._cond = threading.Condition()
@@ -70,18 +75,6 @@ class BatchingBackend(LLMBackend):
         params: SamplingParams | list[SamplingParams],
     ) -> list[Choice]:
         return self._submit(_Request("choose", prompts, options, params))
-
-    def count_tokens(self, text: str) -> int:
-        return self.inner.count_tokens(text)
-
-    def weights_digest(self, fresh: bool = False) -> str:
-        return self.inner.weights_digest(fresh)
-
-    def describe(self) -> dict[str, Any]:
-        return self.inner.describe()
-
-    def close(self) -> None:
-        self.inner.close()
 
     # -- the batching itself ------------------------------------------------------------------
 

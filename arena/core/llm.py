@@ -129,6 +129,40 @@ class LLMBackend(ABC):
         calls it when a run ends. Nothing to release by default."""
 
 
+class WrappingBackend(LLMBackend):
+    """A backend in front of another (``inner``): every call and the usage counters are
+    ``inner``'s unless a subclass changes a call (batching, recording)."""
+
+    def __init__(self, inner: LLMBackend) -> None:
+        super().__init__()
+        self.inner = inner
+        self.usage = inner.usage
+        self.model_id = inner.model_id
+
+    def generate(self, prompts: list[Chat], params: SamplingParams) -> list[Generation]:
+        return self.inner.generate(prompts, params)
+
+    def choose(
+        self,
+        prompts: list[Chat],
+        options: list[list[str]],
+        params: SamplingParams | list[SamplingParams],
+    ) -> list[Choice]:
+        return self.inner.choose(prompts, options, params)
+
+    def count_tokens(self, text: str) -> int:
+        return self.inner.count_tokens(text)
+
+    def weights_digest(self, fresh: bool = False) -> str:
+        return self.inner.weights_digest(fresh)
+
+    def describe(self) -> dict[str, Any]:
+        return self.inner.describe()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
 def per_prompt(params: SamplingParams | list[SamplingParams], n: int) -> list[SamplingParams]:
     """One :class:`SamplingParams` per prompt."""
     if isinstance(params, SamplingParams):
