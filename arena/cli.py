@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from contextlib import nullcontext
@@ -298,12 +299,34 @@ def new_method(name: str, path: str | None) -> None:
                f"  arena run --method {name.replace('-', '_')}")
 
 
+class Terminated(BaseException):
+    """SIGTERM (a job scheduler, ``kill``): unwinds like Ctrl-C so the run stops cleanly."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated
+
+
+RESUME_HINT = ("Finished episodes are saved; continue with `arena run --resume RUN_DIR` "
+               "(the run directory `arena run` printed, or the newest under runs/).")
+
+
 def main() -> None:
+    """The console script. Ctrl-C and SIGTERM end a run cleanly, say how to resume it and exit
+    130 and 143; click's own handling would print only "Aborted!"."""
+    signal.signal(signal.SIGTERM, _terminate)
     try:
-        cli(standalone_mode=True)
-    except KeyboardInterrupt:  # pragma: no cover - interactive
-        console.print("Interrupted. Finished episodes are saved; continue with `arena run --resume RUN_DIR`.")
+        code = cli.main(standalone_mode=False)
+    except (KeyboardInterrupt, click.exceptions.Abort):
+        console.print(f"Interrupted. {RESUME_HINT}")
         sys.exit(130)
+    except Terminated:
+        console.print(f"Terminated. {RESUME_HINT}")
+        sys.exit(143)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -126,3 +126,30 @@ def test_a_reporter_with_only_phase_and_episode_callbacks_still_works() -> None:
     with ProgressTask(Old(), "update", total=2) as task:  # type: ignore[arg-type]
         task.advance()
     assert task.done == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("signum", "code", "word"), [(2, 130, "Interrupted."), (15, 143, "Terminated.")])
+def test_ctrl_c_and_sigterm_stop_cleanly_and_say_how_to_resume(tmp_path: Path, signum: int, code: int,
+                                                               word: str) -> None:
+    import signal
+    import time
+
+    out = tmp_path / "run"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "arena.cli", "run", "--method", "base", "--out", str(out), "llm.model=tiny",
+         "embedder.name=hashing", "eval.limit=null", "eval.concurrency=2"],
+        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+        env={**os.environ, "ARENA_PROGRESS_INTERVAL_S": "0"})
+    assert process.stderr is not None
+    deadline = time.monotonic() + 120
+    for line in process.stderr:  # wait until episodes are being played
+        if re.search(r"evaluate [1-9]\d*/", line) or time.monotonic() > deadline:
+            break
+    process.send_signal(signal.Signals(signum))
+    rest = process.stderr.read()
+    assert process.wait(timeout=120) == code, rest
+    assert word in rest and "arena run --resume" in rest and "Traceback" not in rest
+    assert not (out / "results.json").exists() and (out / "episodes.jsonl").exists()
+    shown = CliRunner().invoke(cli, ["show", str(out)])
+    assert "was interrupted" in shown.output  # the lock went with the process
