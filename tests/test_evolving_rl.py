@@ -15,9 +15,11 @@ from arena.core.types import RolloutTokens, Step, Task, Termination, Trajectory
 from arena.plugins.evolving_rl import method as evolving
 from arena.plugins.evolving_rl.method import Candidate, build_samples
 from arena.plugins.evolving_rl.skills import parse_skill
+from arena.testing import FakeLLM
 
 CARD_JSON = json.dumps({
-    "name": "Find then place", "when_to_use": ["put tasks"],
+    "name": "Find then place", "description": "Find the object, then place it.",
+    "when_to_use": ["put tasks"],
     "workflow": [{"step": 1, "goal": "find it", "action": "go to countertop 1"}],
     "decision_rules": ["open closed receptacles"], "error_handling": [],
 })
@@ -57,7 +59,8 @@ def test_groups_rewards_and_scaled_advantages():
     extractor = [s for s in samples if s.role == "extractor"]
     assert [s.group for s in extractor] == ["source0"] * 3 + ["source1"] * 3
     assert [s.reward for s in extractor] == [1.0, 0.5, 0.0, 0.5, 0.0, 0.0]  # unusable card: 0
-    expected = group_advantages([1.0, 0.5, 0.0, 0.5, 0.0, 0.0], ["source0"] * 3 + ["source1"] * 3)
+    expected = group_advantages([1.0, 0.5, 0.0, 0.5, 0.0, 0.0], ["source0"] * 3 + ["source1"] * 3,
+                                std="population")  # the authors' grpo_normalize
     assert [s.advantage for s in extractor] == pytest.approx([0.2 * a for a in expected])
 
     solver = [s for s in samples if s.role == "solver"]
@@ -69,7 +72,8 @@ def test_groups_rewards_and_scaled_advantages():
     assert members == {"source0/down0": [10.0, 10.0, 0.0], "source0/down1": [10.0, 0.0, 0.0],
                        "source1/down0": [10.0, 0.0], "source1/down1": [0.0, 0.0]}
     first = [s for s in solver if s.group == "source0/down0"][::2]
-    assert [s.advantage for s in first] == pytest.approx(group_advantages([10.0, 10.0, 0.0], ["g"] * 3))
+    assert [s.advantage for s in first] == pytest.approx(
+        group_advantages([10.0, 10.0, 0.0], ["g"] * 3, std="population"))
     assert all(s.loss_mask == [0, 0, 0, 1, 1] for s in solver)  # prompt masked, action trained
 
 
@@ -83,12 +87,55 @@ def test_role_switches():
     assert {s.role for s in extractor_only} == {"extractor"}
 
 
+@pytest.mark.slow
+def test_unparseable_cards_are_played_as_raw_text_by_default(plugins, tmp_path):
+    """The authors play all N x K (card, task) pairs; a card that does not parse is shown as the
+    extractor's raw text, in learning and at test time, and earns the extractor nothing."""
+    path, results = protocol.run("evolving_rl", overrides=TINY, out=tmp_path / "raw", plugins=plugins)
+    episodes = [json.loads(line) for line in (path / "episodes.jsonl").read_text().splitlines()]
+    downstream = [e for e in episodes if e["phase"] == "learn" and "/skill" in e["variant"]]
+    assert len(downstream) == 2 * 2 * 2  # every (card, task) pair, though no card parses
+    assert all(e["experience_ids"] for e in downstream)
+    state = json.loads((path / "state.json").read_text())["evolving_rl"]
+    assert state["metrics"][0]["solver/n_tokens"] > 0
+    # at test time the primary episode is played with the raw card, not copied
+    primary = [e for e in episodes if e["phase"] != "learn" and e["variant"] == "default"]
+    assert primary and all(e["copy_of"] is None and e["llm_calls"] > 0 for e in primary)
+    assert results["valid"] is True
+
+
+def test_a_whole_card_reaches_the_solver(plugins):
+    """A 1,500-character card is shown whole (the authors inject the whole card); the harness
+    default would cut it at 800 characters."""
+    from arena.core.solver import StandardSolver
+    from arena.core.types import Experience, Observation, Provenance
+
+    cfg = compose(plugins, "evolving_rl")
+    assert cfg.solver.max_experience_chars is None
+    card = parse_skill(CARD_JSON)
+    text = card.render()
+    text = (text + "\n" + "- When the target is closed, open it before moving the object. " * 40)[:1500]
+    solver = StandardSolver.from_config(FakeLLM(), cfg.solver)
+    task = Task(task_id="t", env="household", split="test_seen", task_type="pick", goal="put a mug")
+    trajectory = Trajectory(task=task, initial_observation="start")
+    prompt = solver.prompts(task, [Experience(kind="skill", text=text, provenance=Provenance(("t0",), "train"))])(
+        Observation(text="start", admissible_actions=("look",)), trajectory)
+    assert text.strip() in "\n".join(m["content"] for m in prompt)
+    harness = compose(plugins, "base").solver
+    cut = StandardSolver.from_config(FakeLLM(), harness).prompts(task, [Experience(kind="skill", text=text, provenance=Provenance(("t0",), "train"))])(
+        Observation(text="start", admissible_actions=("look",)), trajectory)
+    assert text.strip() not in "\n".join(m["content"] for m in cut)
+
+
 def test_presets_and_grpo_registration(plugins):
     paper = compose(plugins, "evolving_rl", preset="paper")
     assert (paper.method.n_sources, paper.method.n_skills, paper.method.k_downstream) == (16, 8, 4)
     assert paper.method.trainer.lr == 1e-6 and paper.learn.sampling.top_p == 0.9
     assert compose(plugins, "evolving_rl", preset="solver_only").method.train_extractor is False
     assert compose(plugins, "grpo").method.mode == "grpo"
+    cpu = compose(plugins, "grpo", preset="cpu")
+    assert (cpu.method.mode, cpu.method.group_size, cpu.method.valid_every) == ("grpo", 8, 4)
+    assert cpu.learn.budget.gradient_steps == cpu.method.iterations
     with pytest.raises(Exception, match="Unknown preset 'papr'.*Available: extractor_only, micro, paper"):
         compose(plugins, "evolving_rl", preset="papr")
 
@@ -142,9 +189,9 @@ def test_one_coevolution_iteration_end_to_end(plugins, tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_paired_evaluation_copies_instead_of_replaying_when_no_card_is_usable(plugins, tmp_path):
-    # The random tiny model never writes a valid card: the primary episode would repeat the
-    # without-skill one, so it is recorded as its copy and not counted as played.
-    overrides = TINY + ["method.iterations=0", "learn.max_steps=2"]
+    # With unusable cards skipped (not the default), the random tiny model's invalid card leaves
+    # the primary episode to repeat the without-skill one: recorded as its copy, not played.
+    overrides = TINY + ["method.iterations=0", "learn.max_steps=2", "method.unusable_cards=skip"]
     path, results = protocol.run("evolving_rl", overrides=overrides, out=tmp_path / "c", plugins=plugins)
     episodes = [json.loads(line) for line in (path / "episodes.jsonl").read_text().splitlines()]
     primary = [e for e in episodes if e["variant"] == "default"]

@@ -33,9 +33,8 @@ def test_parses_last_json_after_analysis():
 
 @pytest.mark.parametrize("broken", [
     "no json here",
-    json.dumps({k: v for k, v in CARD.items() if k != "workflow"}),
-    json.dumps({**CARD, "when_to_use": "a string, not a list"}),
-    json.dumps({**CARD, "workflow": []}),
+    json.dumps({k: v for k, v in CARD.items() if k != "description"}),
+    json.dumps({**CARD, "description": ["a list, not a string"]}),
     json.dumps({**CARD, "name": "  "}),
     json.dumps(CARD)[:-5],
 ])
@@ -44,18 +43,57 @@ def test_invalid_cards_are_rejected(broken):
         parse_skill(broken)
 
 
+def test_only_name_and_description_are_required_as_by_the_authors():
+    """The authors' format check asks for a name and a description; a card without workflow,
+    rules or error handling is well formed (it used to be rejected)."""
+    card = parse_skill(json.dumps({"name": "Look first", "description": "Look before acting."}))
+    assert card.passed_audit and card.render() == "## Skill: Look first\nLook before acting."
+
+
 def test_last_json_object_takes_the_last_complete_object():
     assert last_json_object('{"a": 1} text {"b": {"c": 2}} tail {broken') == {"b": {"c": 2}}
 
 
-def test_audit_flags_odd_characters_foreign_script_and_repetition():
-    assert audit(json.dumps(CARD)) == []
-    assert any("odd" in f for f in audit("Go to the fridge \x00\x01\x02\x03 now"))
-    assert "not English" in audit("Перейдите к холодильнику и откройте его, затем возьмите яблоко")
-    assert "repetition" in audit("go to the cabinet " * 20)
+def test_audit_has_the_authors_zero_tolerance():
+    assert audit(parse_skill(json.dumps(CARD)).render()) == []
+    clean = "Go to the fridge, open it \u2014 then take the apple \u201cquickly\u201d."
+    assert audit(clean) == []  # non-ASCII punctuation is fine
+    assert audit("Go to the fridge \x01 now") == ["suspicious characters"]
+    assert audit("Go to the fridge\u200b now") == ["suspicious characters", "not English"]
+    assert audit("Go to the \uff46ridge now") == ["suspicious characters", "not English"]
+    assert audit("Go to the fridge and open it, then take the apple \u51b0.") == ["not English"]
+    assert audit("Go to the caf\u00e9 counter.") == ["not English"]  # one accented letter
+    assert audit("Wait!!!!!!!! then go.") == ["repetition (repeated character)"]
+    assert audit("go to to to to to to to to the cabinet") == ["repetition (repeated token)"]
+    assert audit("open the cabinet " * 4) == ["repetition (repeated phrase)"]
+    assert audit("open the cabinet " * 3) == []
+    assert audit("- go to cabinet 1\n- go to cabinet 1\n- go to cabinet 1\n- take mug") == [
+        "repetition (repeated line)"]
     assert audit("   ") == ["empty"]
+
+
+def test_card_with_one_cjk_character_fails_the_audit():
+    card = parse_skill(json.dumps({**CARD, "decision_rules": ["Check countertops first \u51b0."]}))
+    assert not card.passed_audit and card.audit_flags == ["not English"]
 
 
 def test_card_that_fails_audit_parses_but_is_flagged():
     card = parse_skill(json.dumps({**CARD, "decision_rules": ["go to the cabinet " * 40]}))
-    assert not card.passed_audit and "repetition" in card.audit_flags
+    assert not card.passed_audit and card.audit_flags == ["repetition (repeated phrase)"]
+
+
+def test_extractor_prompt_asks_for_the_authors_schema_without_the_type_label():
+    from arena.core.types import Step, Task, Trajectory
+    from arena.plugins.evolving_rl.prompts import extractor_prompt
+
+    task = Task(task_id="t", env="household", split="train", task_type="pick_heat_then_place_in_recep",
+                goal="put a hot apple in fridge.")
+    trajectory = Trajectory(task=task, initial_observation="You are in the middle of a room.",
+                            steps=[Step("go to microwave 1", "You arrive at microwave 1.", True)])
+    user = extractor_prompt(trajectory)[-1]["content"]
+    schema = json.loads(user[user.index("{"):])
+    assert set(schema) == {"name", "description", "metadata", "skill_overview", "when_to_use",
+                           "inputs_to_identify", "workflow", "decision_rules", "error_handling",
+                           "output_requirements"}
+    assert "pick_heat_then_place_in_recep" not in user and "put a hot apple in fridge." in user
+    assert "You arrive at microwave 1." in user  # observations as well as actions

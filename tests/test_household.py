@@ -14,6 +14,7 @@ from arena.core.types import Observation, Task
 from arena.envs.household import HouseholdEnvironment, HouseholdEpisode
 from arena.envs.household import catalog as cat
 from arena.envs.household.layout import generate
+from arena.envs.household.levels import HARD, LEVELS
 from arena.envs.household.plugin import make_household, register_envs
 from arena.envs.household.world import compile_world
 
@@ -544,8 +545,124 @@ def test_plugin_registers_household_with_its_config() -> None:
     config = Path(str(kwargs["config"]))
     assert config.is_file() and kwargs["description"]
     defaults = OmegaConf.load(config)
-    assert dict(defaults) == {"seed": 0, "n_train": 1200, "n_valid": 120, "n_test": 120}
+    assert dict(defaults) == {
+        "seed": 0, "n_train": 1200, "n_valid": 120, "n_test": 120, "level": "hard"
+    }
     env = factory(OmegaConf.merge(defaults, {"seed": 2, "n_test": 5}))
     assert isinstance(env, HouseholdEnvironment)
     assert env.seed == 2 and len(env.tasks("test_unseen")) == 5
     assert make_household({}).sizes == HouseholdEnvironment().sizes
+    assert make_household({"level": "easy"}).level == "easy"
+
+
+# ---------------------------------------------------------------------------------------------
+# Levels
+# ---------------------------------------------------------------------------------------------
+
+#: The original world's split hashes (default sizes, seed 0), as recorded in the runs made before
+#: levels existed: ``hard`` must keep them, or those runs stop being comparable.
+ORIGINAL_SPLIT_HASHES = {
+    "train": "9fa8d25e2acd8b1ca324428bcba7499738486c73409742e4f7abbde8b7d0ac3c",
+    "valid": "1bea79c5974e77c4ad9085acb030f36a40e3901650a6a14c5e0f5968cd220b07",
+    "test_seen": "1e9152984bb5508a95b96366bacc03fd7e66980d767afa4005a9cc6a24592983",
+    "test_unseen": "62be31a56deee1c76e94a9b39f04cd73ff3b7a103a86877146d4c4cd8dc9337a",
+}
+
+
+def test_hard_level_is_the_original_world(env: HouseholdEnvironment) -> None:
+    assert env.level == HARD and list(LEVELS)[-1] == HARD
+    assert {split: env.split_hash(split) for split in SPLITS} == ORIGINAL_SPLIT_HASHES
+    task = env.tasks("test_seen")[0]
+    assert task.task_id == "household/1.0/s0/test_seen/00000" and "level" not in task.payload
+
+
+@pytest.mark.parametrize("level", [name for name in LEVELS if name != HARD])
+def test_easier_levels_have_their_own_ids_and_hashes(env: HouseholdEnvironment, level: str) -> None:
+    easier = HouseholdEnvironment(level=level)
+    for split in SPLITS:
+        assert easier.split_hash(split) != env.split_hash(split)
+        task = easier.tasks(split)[3]
+        assert task.task_id == f"household/1.0/{level}/s0/{split}/00003"
+        assert task.payload["level"] == level
+        assert easier.open(task).world.layout.layout_id.endswith(f"-{level}")
+    assert easier.protocol_fields() == {"level": level}
+
+
+@pytest.mark.parametrize("level", list(LEVELS))
+def test_each_level_keeps_its_room_size_and_the_expert_solves_it(level: str) -> None:
+    spec = LEVELS[level]
+    env = HouseholdEnvironment(level=level, n_train=80, n_valid=0, n_test=80)
+    for split in ("train", "test_seen", "test_unseen"):
+        for task in env.tasks(split):
+            episode = env.open(task)
+            layout = episode.world.layout
+            if spec.max_receptacles is not None:
+                assert len(layout.receptacles) <= spec.max_receptacles, task.task_id
+            if spec.max_per_type is not None:
+                kinds = layout.receptacle_types
+                assert max(kinds.count(kind) for kind in kinds) <= spec.max_per_type
+            goal = episode.world.goal
+            distractors = {
+                kind for kind in layout.object_types if kind not in (goal.object_type, cat.DESKLAMP)
+            }
+            assert len(distractors) <= spec.distractor_types[1], task.task_id
+            if spec.goal_in_view == 1.0:  # in view wherever the room has an open home for it
+                homes = set(cat.OBJECT_HOMES[goal.object_type]) - {goal.target} - cat.OPENABLE
+                if homes & set(layout.receptacle_types):
+                    starts = {layout.receptacle_types[layout.start[o]] for o in episode.world.goal_objects}
+                    assert not starts & cat.OPENABLE, (task.task_id, starts)
+            observation = run_expert(episode, episode.reset(), limit=50)
+            assert observation.won, task.task_id
+
+
+def test_easier_levels_need_fewer_steps_and_actions() -> None:
+    """The ladder is ordered: mean receptacles, admissible actions and expert steps fall from
+    hard to easy on the same rooms."""
+    means = {}
+    for level in LEVELS:
+        env = HouseholdEnvironment(level=level, n_train=0, n_valid=0, n_test=60)
+        receptacles, actions, steps = [], [], []
+        for task in env.tasks("test_seen"):
+            episode = env.open(task)
+            observation = episode.reset()
+            receptacles.append(len(episode.world.layout.receptacles))
+            actions.append(len(observation.admissible_actions))
+            count = 0
+            while not observation.done:
+                observation = episode.step(episode.expert_action())
+                count += 1
+            steps.append(count)
+        means[level] = tuple(sum(values) / len(values) for values in (receptacles, actions, steps))
+    ladder = list(LEVELS)
+    for easier, harder in zip(ladder, ladder[1:]):
+        assert all(a < b for a, b in zip(means[easier], means[harder])), means
+
+
+def test_unknown_level_names_the_levels() -> None:
+    with pytest.raises(ValueError, match=r"Unknown household level 'eazy'.*easy, medium, large, hard"):
+        HouseholdEnvironment(level="eazy")
+    with pytest.raises(ValueError, match=r"Unknown household level"):
+        make_household({"level": "eazy"})
+    task = HouseholdEnvironment(level="easy", n_train=1).tasks("train")[0]
+    forged = Task(**{**task.__dict__, "payload": {**task.payload, "level": "trivial"}})
+    with pytest.raises(ValueError, match=r"Unknown household level 'trivial'"):
+        HouseholdEpisode(forged)
+
+
+@pytest.mark.parametrize("level", [name for name, spec in LEVELS.items() if not spec.lists_utility_commands])
+def test_unlisted_utility_commands_still_reply(env: HouseholdEnvironment, level: str) -> None:
+    """Levels that do not list help/inventory/look/examine keep their replies when typed: only
+    the menu is shorter, the grammar is the same."""
+    easier = HouseholdEnvironment(level=level, n_train=4)
+    task = easier.tasks("train")[0]
+    episode = easier.open(task)
+    observation = episode.reset()
+    assert not {"help", "inventory", "look"} & set(observation.admissible_actions)
+    go = next(a for a in observation.admissible_actions if a.startswith("go to "))
+    observation = episode.step(go)
+    assert not any(a.startswith("examine ") for a in observation.admissible_actions)
+    here = go.removeprefix("go to ")
+    assert episode.step("look").text == f"You are facing the {here}. Next to it, you see nothing."
+    assert episode.step("inventory").text == "You are not carrying anything."
+    assert episode.step(f"examine {here}").text != NOTHING
+    assert episode.step("help").text == cat.HELP_TEXT

@@ -106,6 +106,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "limited": make_run(plugins, root, "base-limited", method="base", extra=("eval.limit=4",)),
         "ntest8": make_run(plugins, root, "base-ntest8", method="base", extra=("env.n_test=8",)),
         "online": make_run(plugins, root, "base-online", method="base", extra=("run.track=online",)),
+        "easy": make_run(plugins, root, "base-easy", method="base", extra=("env.level=easy",)),
     }
 
 
@@ -217,6 +218,7 @@ def test_core_never_imports_the_report_package():
     ("limited", "limited"),
     ("ntest8", "split_hashes.test_seen"),
     ("online", "track"),
+    ("easy", "env.level"),
 ])
 def test_refuses_mixed_protocols_naming_the_field(runs, other, field):
     loaded = load_runs([runs["base"], runs[other]])

@@ -256,7 +256,8 @@ def test_results_schema(plugins, fast, tmp_path):
     assert set(prov["model"]) >= {"id", "weights_sha256"}
     assert results["limited"] is True
     assert results["protocol"] == {"max_steps": 12, "max_invalid_actions": 10, "limit": 2,
-                                   "splits": ["test_seen", "test_unseen"]}
+                                   "splits": ["test_seen", "test_unseen"],
+                                   "env": {"level": "hard"}}
 
 
 def test_null_max_steps_is_the_environments_own_limit(plugins, fast, tmp_path):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
@@ -73,6 +73,9 @@ class EpisodeRequest:
     experiences: list[Experience]
     seed: int
     variant: str = "default"
+    #: Sampling of a standard-solver episode (``temperature``, ``top_p``); None: the phase's
+    #: (e.g. a learning method's held-out check decoded as evaluation decodes).
+    sampling: Mapping[str, float] | None = None
 
 
 T = TypeVar("T")
@@ -235,6 +238,7 @@ class RunContext:
         record: bool = True,
         standard: bool = False,
         max_steps: int | None = None,
+        sampling: Mapping[str, float] | None = None,
     ) -> Trajectory:
         """Play one episode through the method's ``solve`` hook and (by default) record it.
 
@@ -243,10 +247,10 @@ class RunContext:
         (e.g. after ``update``, so a killed run never loses an update of a recorded episode).
         ``standard=True`` plays with the harness's standard solver instead of the ``solve`` hook
         (for a method's own ``solve`` that plays helper episodes); only then may ``max_steps``
-        set a helper episode's own step limit.
+        set a helper episode's own step limit, and ``sampling`` its decoding.
         """
-        if max_steps is not None and not standard:
-            raise ValueError("max_steps applies to standard=True (helper) episodes only")
+        if (max_steps is not None or sampling is not None) and not standard:
+            raise ValueError("max_steps and sampling apply to standard=True (helper) episodes only")
         if self.phase == LEARN:
             if task.split in TEST_SPLITS:
                 message = f"Method '{self.method_name}' played test task {task.task_id} while learning."
@@ -272,7 +276,8 @@ class RunContext:
         try:
             episode_seed_ = episode_seed(seed, task.task_id, variant)
             if standard:
-                trajectory = self.standard_solve(task, experiences, episode_seed_, max_steps=max_steps)
+                trajectory = self.standard_solve(task, experiences, episode_seed_, max_steps=max_steps,
+                                                 sampling=sampling)
             else:
                 trajectory = self.hook.solve(
                     run=self, task=task, experiences=experiences, seed=episode_seed_
@@ -306,7 +311,8 @@ class RunContext:
 
         def play_one(request: EpisodeRequest) -> Trajectory:
             trajectory = self.play(request.task, request.experiences, seed=request.seed,
-                                   variant=request.variant, standard=standard)
+                                   variant=request.variant, standard=standard,
+                                   sampling=request.sampling)
             if on_done is not None:
                 on_done()
             return trajectory
@@ -402,12 +408,14 @@ class RunContext:
         return int(configured) if configured is not None else int(self.env.max_steps)
 
     def standard_solve(self, task: Task, experiences: list[Experience], seed: int,
-                       max_steps: int | None = None) -> Trajectory:
+                       max_steps: int | None = None,
+                       sampling: Mapping[str, float] | None = None) -> Trajectory:
         """The harness's standard solver, for methods that wrap rather than replace it.
-        ``max_steps`` (helper episodes only) overrides the phase's step limit."""
-        sampling = self.sampling()
+        ``max_steps`` and ``sampling`` (helper episodes only) override the phase's."""
+        chosen = self.sampling() if sampling is None else sampling
         policy = self.solver.policy(
-            task, experiences, seed, temperature=float(sampling.temperature), top_p=float(sampling.top_p)
+            task, experiences, seed, temperature=float(chosen["temperature"]),
+            top_p=float(chosen.get("top_p", 1.0)),
         )
         return self.play_policy(task, policy, experiences, max_steps=max_steps)
 

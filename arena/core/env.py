@@ -60,6 +60,14 @@ class Environment(ABC):
     def open(self, task: Task) -> Episode:
         """A fresh episode of ``task`` (call ``reset`` on it before stepping)."""
 
+    def protocol_fields(self) -> dict[str, object]:
+        """World settings that change what is measured (a difficulty level, say).
+
+        The harness records them in results.json's ``protocol.env`` and the leaderboard never
+        ranks runs that differ in them together. JSON values only.
+        """
+        return {}
+
     def split_hash(self, split: str) -> str:
         """Content hash of a split: recorded with results so that two runs can be compared."""
         digest = hashlib.sha256()

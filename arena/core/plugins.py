@@ -42,6 +42,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "arena.plugins.expel",
     "arena.plugins.memrl",
     "arena.plugins.rag",
+    "arena.plugins.random_policy",
     "arena.plugins.skillrl",
     "arena.testing",
 )

@@ -406,6 +406,7 @@ class Session:
                 "max_invalid_actions": int(cfg.eval.max_invalid_actions),
                 "limit": cfg.eval.limit,
                 "splits": list(cfg.eval.splits),
+                "env": dict(self.env.protocol_fields()),
             },
             # How the standard solver laid out its prompts (a method's choice, so not a protocol
             # field; runs of different layouts never pool into one leaderboard row).

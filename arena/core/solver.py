@@ -119,12 +119,13 @@ def play(
     return trajectory
 
 
-def render_experiences(experiences: list[Experience], max_items: int, max_chars: int) -> str:
-    """The prompt section that shows retrieved experiences."""
+def render_experiences(experiences: list[Experience], max_items: int, max_chars: int | None) -> str:
+    """The prompt section that shows retrieved experiences (each cut to ``max_chars``; None:
+    shown whole, as Evolving-RL's authors show a skill card)."""
     blocks = []
     for number, experience in enumerate(experiences[:max_items], start=1):
         text = experience.text.strip()
-        if len(text) > max_chars:
+        if max_chars is not None and len(text) > max_chars:
             text = text[: max_chars - 3].rstrip() + "..."
         blocks.append(f"[{number}] ({experience.kind}) {text}")
     return "\n".join(blocks)
@@ -162,7 +163,7 @@ def build_prompt(
     history: int,
     show_admissible: bool,
     max_experiences: int,
-    max_experience_chars: int,
+    max_experience_chars: int | None,
     layout: str = "window",
     admissible_shown: list[list[str]] | None = None,
     admissible_turns: str = "full",
@@ -275,7 +276,7 @@ class StandardSolver:
         history: int = 4,
         show_admissible: bool = True,
         max_experiences: int = 4,
-        max_experience_chars: int = 800,
+        max_experience_chars: int | None = 800,
         temperature: float = 0.0,
         top_p: float = 1.0,
         prompt_builder: Callable[..., Chat] = build_prompt,
@@ -301,7 +302,8 @@ class StandardSolver:
             "history": int(solver["history"]),
             "show_admissible": bool(solver["show_admissible"]),
             "max_experiences": int(solver["max_experiences"]),
-            "max_experience_chars": int(solver["max_experience_chars"]),
+            "max_experience_chars": (None if solver["max_experience_chars"] is None
+                                     else int(solver["max_experience_chars"])),
             "layout": str(solver.get("layout", "window")),
             "admissible_turns": str(solver.get("admissible_turns", "full")),
         }

@@ -72,6 +72,8 @@ def protocol_of(run: Run) -> dict[str, Any]:
         "limited": bool(results.get("limited")),
         "eval.limit": evaluation.get("limit"),
     }
+    for name, value in sorted(results.get("protocol", {}).get("env", {}).items()):
+        fields[f"env.{name}"] = value
     for split, digest in sorted(provenance.get("split_hashes", {}).items()):
         fields[f"split_hashes.{split}"] = digest
     return fields

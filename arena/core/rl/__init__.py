@@ -8,7 +8,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from arena.core.rl.advantages import assign_advantages, group_advantages
-from arena.core.rl.data import Sample, Turn, concat_turns, decision_samples, sample_from_choice
+from arena.core.rl.data import (
+    Sample,
+    Turn,
+    concat_turns,
+    decision_samples,
+    episode_sample,
+    sample_from_choice,
+)
 
 if TYPE_CHECKING:
     from arena.core.rl.loss import (
@@ -51,6 +58,7 @@ __all__ = [
     "clipped_surrogate",
     "concat_turns",
     "decision_samples",
+    "episode_sample",
     "group_advantages",
     "low_var_kl",
     "policy_loss",

@@ -122,3 +122,31 @@ def decision_samples(trajectory: Trajectory, *, role: str, group: str, reward: f
         sample.advantage = advantage
         samples.append(sample)
     return samples
+
+
+def episode_sample(trajectory: Trajectory, *, role: str, group: str, reward: float,
+                   advantage: float) -> Sample | None:
+    """The whole episode as one sample: each decision's prompt grows from the previous prompt
+    and decision (the standard solver's ``transcript`` layout), so the last prompt and reply hold
+    every decision in place, each trained with its own rollout log-probs. This is how
+    slime-based trainers (Evolving-RL's) see a multi-turn episode: one sequence, one sample.
+
+    None when the prompts do not extend each other (the ``window`` layout rebuilds its prompt,
+    and a transcript truncated to fit the context drops turns): use :func:`decision_samples`.
+    """
+    decisions = [step.rollout for step in trajectory.steps
+                 if step.rollout is not None and step.rollout.token_ids]
+    if not decisions:
+        return None
+    turns: list[Turn] = []
+    seen: list[int] = []  # the tokens of all turns so far
+    for rollout in decisions:
+        prompt = list(rollout.prompt_token_ids)
+        if prompt[: len(seen)] != seen or len(prompt) == len(seen) and seen:
+            return None
+        turns.append(Turn(prompt[len(seen):], False))
+        turns.append(Turn(rollout.token_ids, True, rollout.logprobs))
+        seen = prompt + list(rollout.token_ids)
+    sample = concat_turns(turns, role=role, group=group, reward=reward)
+    sample.advantage = advantage
+    return sample

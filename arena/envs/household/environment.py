@@ -6,6 +6,7 @@ from arena.core.env import TEST_SPLITS, TRAIN_SPLIT, VALID_SPLIT, Environment
 from arena.core.types import Task
 from arena.envs.household import catalog as cat
 from arena.envs.household.layout import generate
+from arena.envs.household.levels import HARD, get_level
 from arena.envs.household.world import HouseholdEpisode
 
 #: Bump when a change alters any task, room or reply; task ids carry it.
@@ -30,27 +31,34 @@ SPLIT_TASK_TYPES = {
 }
 
 
-def make_task(world_seed: int, split: str, index: int) -> Task:
-    """Task ``index`` of ``split``; it depends on nothing else, so sizes only cut lists short."""
+def make_task(world_seed: int, split: str, index: int, level: str = HARD) -> Task:
+    """Task ``index`` of ``split`` at ``level``; it depends on nothing else, so sizes only cut
+    lists short. The original level's ids and payloads are those of the world before levels
+    existed (so its split hashes, and the runs made on it, stay valid); the others name their
+    level in both."""
     types = SPLIT_TASK_TYPES[split]
     task_type = types[index % len(types)]
     layout_seed = SPLIT_SEED_BASE[split] + index
-    layout, goal = generate(world_seed, layout_seed, task_type)
+    layout, goal = generate(world_seed, layout_seed, task_type, level)
+    level_part = "" if level == HARD else f"{level}/"
+    payload: dict[str, object] = {
+        "world_seed": world_seed,
+        "layout_seed": layout_seed,
+        "layout_id": layout.layout_id,
+        "room": layout.room,
+        "object": goal.object_type,
+        "target": goal.target,
+        "lamp": goal.lamp,
+    }
+    if level != HARD:
+        payload["level"] = level
     return Task(
-        task_id=f"household/{VERSION}/s{world_seed}/{split}/{index:05d}",
+        task_id=f"household/{VERSION}/{level_part}s{world_seed}/{split}/{index:05d}",
         env=HouseholdEnvironment.name,
         split=split,
         task_type=task_type,
         goal=goal.text,
-        payload={
-            "world_seed": world_seed,
-            "layout_seed": layout_seed,
-            "layout_id": layout.layout_id,
-            "room": layout.room,
-            "object": goal.object_type,
-            "target": goal.target,
-            "lamp": goal.lamp,
-        },
+        payload=payload,
     )
 
 
@@ -59,13 +67,20 @@ class HouseholdEnvironment(Environment):
 
     ``train``/``valid``/``test_seen`` hold the four pick/clean/heat/cool types; ``test_unseen``
     holds pick_two and look_at only. Each split draws its rooms from its own seed range.
+    ``level`` (``levels.LEVELS``) sets the room size; ``hard`` is the original world.
     """
 
     name = "household"
     version = VERSION
 
     def __init__(
-        self, *, seed: int = 0, n_train: int = 1200, n_valid: int = 120, n_test: int = 120
+        self,
+        *,
+        seed: int = 0,
+        n_train: int = 1200,
+        n_valid: int = 120,
+        n_test: int = 120,
+        level: str = HARD,
     ) -> None:
         sizes = {
             TRAIN_SPLIT: n_train,
@@ -76,6 +91,7 @@ class HouseholdEnvironment(Environment):
         for split, size in sizes.items():
             if not 0 <= size <= MAX_SPLIT_SIZE:
                 raise ValueError(f"{split} size must be in [0, {MAX_SPLIT_SIZE}], got {size}")
+        self.level = get_level(level).name
         self.seed = int(seed)
         self.sizes = sizes
         self._tasks: dict[str, list[Task]] = {}
@@ -91,9 +107,12 @@ class HouseholdEnvironment(Environment):
             )
         if split not in self._tasks:
             self._tasks[split] = [
-                make_task(self.seed, split, i) for i in range(self.sizes[split])
+                make_task(self.seed, split, i, self.level) for i in range(self.sizes[split])
             ]
         return list(self._tasks[split])
+
+    def protocol_fields(self) -> dict[str, object]:
+        return {"level": self.level}
 
     def open(self, task: Task) -> HouseholdEpisode:
         if task.env != self.name:

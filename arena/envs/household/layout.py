@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from arena.envs.household import catalog as cat
+from arena.envs.household.levels import HARD, Level, get_level
 
 
 @dataclass(frozen=True)
@@ -46,8 +47,9 @@ class Layout:
         return (self.room, self.receptacles, self.objects, self.start)
 
 
-def layout_id(world_seed: int, layout_seed: int) -> str:
-    return f"w{world_seed}-l{layout_seed}"
+def layout_id(world_seed: int, layout_seed: int, level: str = HARD) -> str:
+    base = f"w{world_seed}-l{layout_seed}"
+    return base if level == HARD else f"{base}-{level}"
 
 
 def _listing_key(name: str) -> tuple[str, int]:
@@ -101,9 +103,60 @@ def _draw_goal(
     return rng.choice([c for c in candidates if c[0] == obj])
 
 
+def _keep_for_level(
+    rng: random.Random,
+    level: Level,
+    task_type: str,
+    counts: dict[str, int],
+    target: str | None,
+    starts: set[str],
+) -> tuple[dict[str, int], set[str]]:
+    """Trim the drawn receptacles to the level's room size (receptacle counts, kept types).
+
+    The goal stays satisfiable: its target type, its appliance and one type it may start in
+    (one in view when the level puts goal objects in view) are always kept; for look_at, one
+    desk lamp home too. Returns the kept counts and the start types left.
+    """
+    if level.max_per_type is not None:
+        counts = {kind: min(count, level.max_per_type) for kind, count in counts.items()}
+    in_view = {kind for kind in starts if kind not in cat.OPENABLE}
+    first_start = sorted(in_view if in_view and level.goal_in_view else starts)
+    required = [rng.choice(first_start)]
+    if target is not None:
+        required.append(target)
+    appliance = {
+        cat.HEAT_AND_PLACE: cat.HEAT_APPLIANCE,
+        cat.COOL_AND_PLACE: cat.COOL_APPLIANCE,
+        cat.CLEAN_AND_PLACE: cat.CLEAN_APPLIANCE,
+    }.get(task_type)
+    if appliance is not None:
+        required.append(appliance)
+    if task_type == cat.LOOK_AT_IN_LIGHT:
+        lamp_homes = sorted(set(counts) & set(cat.DESKLAMP_HOMES))
+        required.append(rng.choice(lamp_homes))
+    kept = {kind: counts[kind] for kind in dict.fromkeys(required)}
+    if level.max_receptacles is not None:
+        others = [kind for kind in sorted(counts) if kind not in kept]
+        rng.shuffle(others)
+        for kind in others:
+            if sum(kept.values()) + counts[kind] <= level.max_receptacles:
+                kept[kind] = counts[kind]
+    else:
+        kept = counts
+    ordered = {kind: kept[kind] for kind in counts if kind in kept}  # the room's own order
+    return ordered, starts & set(ordered)
+
+
 @lru_cache(maxsize=4096)
-def generate(world_seed: int, layout_seed: int, task_type: str) -> tuple[Layout, Goal]:
-    """The room and goal of one task; pure and cached (layouts are immutable)."""
+def generate(
+    world_seed: int, layout_seed: int, task_type: str, level: str = HARD
+) -> tuple[Layout, Goal]:
+    """The room and goal of one task at ``level``; pure and cached (layouts are immutable).
+
+    ``hard`` is the original world; an easier level trims the same drawn room with a random
+    stream of its own, so ``hard`` draws exactly what it always drew.
+    """
+    spec = get_level(level)
     if task_type not in cat.TASK_TYPES:
         raise ValueError(f"unknown task type {task_type!r}; known: {', '.join(cat.TASK_TYPES)}")
     rng = random.Random(f"household/{world_seed}/{layout_seed}/{task_type}")
@@ -119,6 +172,11 @@ def generate(world_seed: int, layout_seed: int, task_type: str) -> tuple[Layout,
             continue
         break
     goal_object, target, starts = drawn
+    level_rng = None
+    if not spec.is_original:
+        level_rng = random.Random(f"household/{level}/{world_seed}/{layout_seed}/{task_type}")
+        counts, starts = _keep_for_level(level_rng, spec, task_type, counts, target, starts)
+        present = set(counts)
 
     receptacles = [f"{kind} {n}" for kind, count in counts.items() for n in range(1, count + 1)]
     by_type = {kind: [f"{kind} {n}" for n in range(1, count + 1)] for kind, count in counts.items()}
@@ -129,14 +187,19 @@ def generate(world_seed: int, layout_seed: int, task_type: str) -> tuple[Layout,
 
     placed: list[tuple[str, str]] = []  # (object type, receptacle name)
     n_goal = rng.randint(2, 3) if task_type == cat.PICK_TWO_AND_PLACE else rng.randint(1, 2)
-    placed += [(goal_object, place(goal_object, starts)) for _ in range(n_goal)]
+    in_view = {kind for kind in starts if kind not in cat.OPENABLE}
+    for _ in range(n_goal):
+        homes = starts
+        if level_rng is not None and in_view and level_rng.random() < (spec.goal_in_view or 0.0):
+            homes = in_view
+        placed.append((goal_object, place(goal_object, homes)))
 
     others = [
         kind
         for kind in sorted(cat.ROOM_OBJECTS[room])
         if kind != goal_object and set(cat.OBJECT_HOMES[kind]) & present
     ]
-    for kind in rng.sample(others, k=min(len(others), rng.randint(5, 10))):
+    for kind in rng.sample(others, k=min(len(others), rng.randint(*spec.distractor_types))):
         count = rng.choices((1, 2, 3), weights=(6, 3, 1))[0]
         placed += [(kind, place(kind, set(cat.OBJECT_HOMES[kind]) & present)) for _ in range(count)]
 
@@ -158,7 +221,7 @@ def generate(world_seed: int, layout_seed: int, task_type: str) -> tuple[Layout,
     index = {name: i for i, name in enumerate(receptacles)}
 
     layout = Layout(
-        layout_id=layout_id(world_seed, layout_seed),
+        layout_id=layout_id(world_seed, layout_seed, level),
         room=room,
         receptacles=tuple(receptacles),
         receptacle_types=tuple(name.rsplit(" ", 1)[0] for name in receptacles),

@@ -18,6 +18,7 @@ def make_household(cfg: Mapping[str, Any]) -> HouseholdEnvironment:
         n_train=int(cfg.get("n_train", defaults.sizes["train"])),
         n_valid=int(cfg.get("n_valid", defaults.sizes["valid"])),
         n_test=int(cfg.get("n_test", defaults.sizes["test_seen"])),
+        level=str(cfg.get("level", defaults.level)),
     )
 
 

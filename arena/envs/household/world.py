@@ -17,6 +17,7 @@ from arena.core.env import Episode
 from arena.core.types import Observation, Task
 from arena.envs.household import catalog as cat
 from arena.envs.household.layout import Goal, Layout, generate
+from arena.envs.household.levels import HARD, get_level
 
 NOTHING_HAPPENS = "Nothing happens."
 WELCOME = "-= Welcome to TextWorld, ALFRED! =-"
@@ -69,6 +70,7 @@ class CompiledWorld:
     intro: str
     go_commands: dict[str, int]  # "go to X" -> receptacle index
     base_admissible: tuple[tuple[str, ...], ...]  # per location + 1: go to others, help, ...
+    lists_examine: bool  # whether "examine ..." commands are listed as admissible
     openable: tuple[bool, ...]
     appliance: tuple[int, ...]  # per receptacle: _HEAT/_COOL/_CLEAN code, or -1
     can_transform: tuple[frozenset[int], ...]  # per object: codes it accepts
@@ -83,13 +85,16 @@ class CompiledWorld:
 
 
 @lru_cache(maxsize=4096)
-def compile_world(world_seed: int, layout_seed: int, task_type: str) -> CompiledWorld:
+def compile_world(
+    world_seed: int, layout_seed: int, task_type: str, level: str = HARD
+) -> CompiledWorld:
     """Precompute a task's fixed strings and tables once, so that steps stay cheap."""
-    layout, goal = generate(world_seed, layout_seed, task_type)
+    layout, goal = generate(world_seed, layout_seed, task_type, level)
     names = layout.receptacles
     n = len(names)
     go_commands = {f"go to {name}": r for r, name in enumerate(names)}
-    always = ["help", "inventory", "look"]
+    listed_always = get_level(level).lists_utility_commands
+    always = ["help", "inventory", "look"] if listed_always else []
     base = []
     for here in range(-1, n):
         commands = [f"go to {name}" for r, name in enumerate(names) if r != here] + always
@@ -115,6 +120,7 @@ def compile_world(world_seed: int, layout_seed: int, task_type: str) -> Compiled
         intro=intro,
         go_commands=go_commands,
         base_admissible=tuple(base),
+        lists_examine=listed_always,
         openable=tuple(kind in cat.OPENABLE for kind in layout.receptacle_types),
         appliance=appliance,
         can_transform=tuple(
@@ -139,7 +145,10 @@ def compiled_for(task: Task) -> CompiledWorld:
     payload: dict[str, Any] = task.payload
     try:
         world = compile_world(
-            int(payload["world_seed"]), int(payload["layout_seed"]), task.task_type
+            int(payload["world_seed"]),
+            int(payload["layout_seed"]),
+            task.task_type,
+            str(payload.get("level", HARD)),
         )
     except KeyError as missing:
         raise ValueError(f"task {task.task_id} lacks payload field {missing}") from None
@@ -220,7 +229,11 @@ class HouseholdEpisode(Episode):
                 commands["use " + world.layout.objects[lamp]] = (_USE, lamp)
         self._commands = commands
         admissible = list(world.base_admissible[here + 1])
-        admissible += commands
+        if world.lists_examine:
+            admissible += commands
+        else:  # still understood when typed, only not listed (see levels.Level)
+            admissible += [c for c, (code, _) in commands.items()
+                           if code not in (_EXAMINE_RECEPTACLE, _EXAMINE_OBJECT)]
         admissible.sort()
         self._admissible = tuple(admissible)
 

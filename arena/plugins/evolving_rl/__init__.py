@@ -5,14 +5,16 @@ Registered like any third-party plugin; also registers its GRPO baseline as meth
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import arena
 from arena.plugins.evolving_rl.method import EvolvingRL
 
 HERE = Path(__file__).parent
-PRESETS = {path.stem: path for path in sorted((HERE / "presets").glob("*.yaml")) if path.stem != "grpo"}
+#: Evolving-RL's presets; files named grpo* belong to the GRPO baseline.
+PRESETS = {path.stem: path for path in sorted((HERE / "presets").glob("*.yaml"))
+           if not path.stem.startswith("grpo")}
 
 
 @arena.hookimpl
@@ -28,6 +30,6 @@ def register_methods(register: Callable[..., None]) -> None:
         "grpo",
         EvolvingRL,
         config=[HERE / "config.yaml", HERE / "presets" / "grpo.yaml"],
-        presets={"paper": HERE / "presets" / "paper.yaml"},
+        presets={"paper": HERE / "presets" / "paper.yaml", "cpu": HERE / "presets" / "grpo_cpu.yaml"},
         description="GRPO baseline: solver-only RL on the train split, no skills.",
     )

@@ -30,11 +30,17 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 import arena
+from arena.core import rl
 from arena.core.context import EVALUATE, EpisodeRequest, RunContext
 from arena.core.llm import SamplingParams
+from arena.core.rl import (
+    Sample,
+    decision_samples,
+    episode_sample,
+    group_advantages,
+    sample_from_choice,
+)
 from arena.core.rundir import write_json_atomic
-from arena.core import rl
-from arena.core.rl import Sample, decision_samples, group_advantages, sample_from_choice
 from arena.core.types import Experience, Provenance, Task, Trajectory
 from arena.plugins.evolving_rl.prompts import extractor_prompt
 from arena.plugins.evolving_rl.skills import SkillCard, SkillParseError, parse_skill
@@ -71,6 +77,24 @@ def skill_experience(card: SkillCard, source: Task) -> Experience:
     )
 
 
+def candidate_experience(candidate: Candidate, source: Task) -> Experience:
+    """What the solver is shown for a candidate: its rendered card, or, for a card that did not
+    parse or failed the audit, the extractor's raw text (the authors play every card, so the
+    solver also meets bad skills and learns to resist them)."""
+    if candidate.usable:
+        return skill_experience(candidate.card, source)  # type: ignore[arg-type]
+    return Experience(
+        kind="skill",
+        text=candidate.text,
+        provenance=Provenance((source.task_id,), source.split),
+        metadata={"name": None, "task_type": source.task_type, "unusable": True},
+    )
+
+
+#: What happens to a card that did not parse or failed the audit (``method.unusable_cards``).
+UNUSABLE_CARDS = ("raw_text", "skip")
+
+
 def most_similar(run: RunContext, queries: list[Task], pool: list[Task], k: int) -> list[list[Task]]:
     """For each query, the ``k`` pool tasks whose goals are most similar (the query included)."""
     matrix = run.embedder.similarity([q.goal for q in queries], [t.goal for t in pool])
@@ -81,8 +105,21 @@ def most_similar(run: RunContext, queries: list[Task], pool: list[Task], k: int)
     return ranked
 
 
-def solver_samples(trajectory: Trajectory, group: str, reward: float, advantage: float) -> list[Sample]:
-    """One solver sample per model decision of an episode, all with the episode's advantage."""
+#: How an episode becomes solver samples (``method.solver_samples``).
+SOLVER_SAMPLES = ("decision", "episode")
+
+
+def solver_samples(trajectory: Trajectory, group: str, reward: float, advantage: float,
+                   how: str = "decision") -> list[Sample]:
+    """The solver samples of one episode, all with the episode's advantage: one per model
+    decision (``decision``), or the whole episode as one sequence (``episode``, as slime trains
+    the authors' multi-turn rollouts; needs ``solver.layout: transcript``, and an episode whose
+    prompts do not extend each other falls back to one sample per decision)."""
+    if how == "episode":
+        whole = episode_sample(trajectory, role=SOLVER, group=group, reward=reward,
+                               advantage=advantage)
+        if whole is not None:
+            return [whole]
     return decision_samples(trajectory, role=SOLVER, group=group, reward=reward, advantage=advantage)
 
 
@@ -104,7 +141,8 @@ def build_samples(candidates: list[Candidate], owners: list[tuple[Candidate, int
     samples: list[Sample] = []
     if cfg.train_extractor:
         groups = [f"source{c.source_index}" for c in candidates]
-        advantages = group_advantages([c.reward for c in candidates], groups)
+        advantages = group_advantages([c.reward for c in candidates], groups,
+                                      std=str(cfg.get("advantage_std", "population")))
         for candidate, group, advantage in zip(candidates, groups, advantages):
             if not candidate.token_ids:
                 continue
@@ -117,9 +155,11 @@ def build_samples(candidates: list[Candidate], owners: list[tuple[Candidate, int
         rewards = [float(cfg.solver_win_reward) * t.success for t in episodes]
         groups = [f"source{c.source_index}/down{k}" for c, k in owners]
         for trajectory, group, reward, advantage in zip(
-                episodes, groups, rewards, group_advantages(rewards, groups)):
+                episodes, groups, rewards,
+                group_advantages(rewards, groups, std=str(cfg.get("advantage_std", "population")))):
             samples.extend(solver_samples(trajectory, group, reward,
-                                          advantage * float(cfg.lambda_solver)))
+                                          advantage * float(cfg.lambda_solver),
+                                          str(cfg.get("solver_samples", "decision"))))
     return samples
 
 
@@ -130,6 +170,12 @@ class EvolvingRL:
         self.cfg: DictConfig = run.cfg.method
         if self.cfg.mode not in MODES:
             raise ValueError(f"method.mode must be one of {MODES}, got '{self.cfg.mode}'")
+        if self.cfg.unusable_cards not in UNUSABLE_CARDS:
+            raise ValueError(f"method.unusable_cards must be one of {UNUSABLE_CARDS}, got "
+                             f"'{self.cfg.unusable_cards}'")
+        if self.cfg.solver_samples not in SOLVER_SAMPLES:
+            raise ValueError(f"method.solver_samples must be one of {SOLVER_SAMPLES}, got "
+                             f"'{self.cfg.solver_samples}'")
         self.trainer: rl.PolicyTrainer | None = None
         self.checkpoints = run.run_dir.path / "evolving_rl"
         run.keep_rollouts = True  # a kill mid-iteration must not lose the rollouts played
@@ -189,8 +235,27 @@ class EvolvingRL:
         self._serve_for_evaluation(run)
         return True
 
+    def _held_out_success(self, run: RunContext, after: int) -> float:
+        """Success on the first ``valid_tasks`` valid tasks, decoded as evaluation decodes: the
+        learning curve's held-out points (after ``after`` iterations). Nothing is learned from
+        them; the harness still flags the run as having played valid tasks."""
+        tasks = run.tasks("valid")[: int(self.cfg.valid_tasks)]
+        requests = [EpisodeRequest(task, [], int(run.cfg.learn.seed), f"valid/after{after}",
+                                   sampling=run.cfg.eval.sampling) for task in tasks]
+        with run.progress(f"valid after {after} iterations", total=len(requests)) as shown:
+            episodes = run.play_many(requests, standard=True, on_done=shown.advance)
+        return _mean([t.success for t in episodes])
+
+    def _held_out_due(self, iterations_done: int) -> bool:
+        every = int(self.cfg.get("valid_every") or 0)
+        last = iterations_done == int(self.cfg.iterations)
+        return every > 0 and (iterations_done % every == 0 or last)
+
     def _iterate(self, run: RunContext, trainer: rl.PolicyTrainer, state: dict[str, Any],
                  train: list[Task], iterations: Any) -> None:
+        if self.iterations_done == 0 and self._held_out_due(0) and "valid_before" not in state:
+            state["valid_before"] = self._held_out_success(run, 0)
+            run.run_dir.update_state(evolving_rl=state)
         for iteration in range(self.iterations_done, int(self.cfg.iterations)):
             if run.budget_exhausted():
                 break
@@ -212,6 +277,8 @@ class EvolvingRL:
                 metrics["time/update_s"] = time.perf_counter() - clock
                 run.charge(gradient_steps=1)
             trainer.save(self._checkpoint(iteration + 1))
+            if self._held_out_due(iteration + 1):
+                metrics["valid_success"] = self._held_out_success(run, iteration + 1)
             run.run_dir.discard_rollouts()
             self._candidates_file(iteration).unlink(missing_ok=True)
             self.iterations_done = state["iterations_done"] = iteration + 1
@@ -291,10 +358,11 @@ class EvolvingRL:
         extract_s, clock = time.perf_counter() - clock, time.perf_counter()
         downstream = most_similar(run, sources, train, int(cfg.k_downstream))
         requests, owners = [], []
+        play_unusable = str(cfg.get("unusable_cards", "raw_text")) == "raw_text"
         for candidate in candidates:
-            if not candidate.usable:
+            if not candidate.usable and not play_unusable:
                 continue
-            experience = skill_experience(candidate.card, sources[candidate.source_index])  # type: ignore[arg-type]
+            experience = candidate_experience(candidate, sources[candidate.source_index])
             for k, task in enumerate(downstream[candidate.source_index]):
                 requests.append(EpisodeRequest(
                     task, [experience], seed,
@@ -331,8 +399,10 @@ class EvolvingRL:
         groups = [r.variant.rsplit("/", 1)[0] for r in requests]
         samples: list[Sample] = []
         for trajectory, group, reward, advantage in zip(
-                episodes, groups, rewards, group_advantages(rewards, groups)):
-            samples.extend(solver_samples(trajectory, group, reward, advantage * float(cfg.lambda_solver)))
+                episodes, groups, rewards,
+                group_advantages(rewards, groups, std=str(cfg.advantage_std))):
+            samples.extend(solver_samples(trajectory, group, reward, advantage * float(cfg.lambda_solver),
+                                          str(cfg.get("solver_samples", "decision"))))
         return samples, {"success": _mean([t.success for t in episodes]), "samples": len(samples)}
 
     # -- evaluation ---------------------------------------------------------------------------
@@ -354,13 +424,16 @@ class EvolvingRL:
                                 seed=seed)
         (candidate,) = self.extract(run, [source], 1, seed=seed, params=params)
         without = run.play(task, [], seed=run_seed, variant="without_skill", standard=True)
-        if not candidate.usable and float(run.sampling().temperature) == 0.0:
-            # No usable card: the primary episode would see exactly the without-skill prompts,
+        play_unusable = str(self.cfg.get("unusable_cards", "raw_text")) == "raw_text"
+        if candidate.usable or play_unusable:
+            # As in learning: the card, or an unusable one as its raw text (the authors').
+            return run.standard_solve(task, [candidate_experience(candidate, source_task)], seed)
+        if float(run.sampling().temperature) == 0.0:
+            # No card to show: the primary episode would see exactly the without-skill prompts,
             # and greedy decoding would replay the same episode. Record a copy, not a replay.
             return dataclasses.replace(without, copy_of="without_skill", llm_calls=0,
                                        tokens_in=0, tokens_out=0, wall_s=0.0)
-        skills = [skill_experience(candidate.card, source_task)] if candidate.usable else []  # type: ignore[arg-type]
-        return run.standard_solve(task, skills, seed)
+        return run.standard_solve(task, [], seed)
 
     @arena.hookimpl
     def state_size(self, run: RunContext) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Evolving-RL's extractor prompt (our own wording of the authors' structure).
 
-The extractor sees one source task, its trajectory between delimiters and whether it succeeded,
-and is asked for a reusable skill card as JSON, analysis allowed before it.
+The extractor sees one source task's goal (not its type label: the authors ask the model to
+infer the task type), its trajectory between delimiters and whether it succeeded, and is asked
+for a reusable skill card as JSON in the authors' schema, analysis allowed before it.
 """
 
 from __future__ import annotations
@@ -16,16 +17,22 @@ EXTRACTOR_SYSTEM = (
     "You may think first; end your answer with one JSON object."
 )
 
+#: The authors' card schema, every field (only name and description are required).
 SKILL_TEMPLATE = {
-    "name": "short skill name",
-    "description": "one sentence: what the skill achieves",
+    "name": "short-kebab-case-name",
+    "description": "one or two sentences: what the skill does and when to use it",
+    "metadata": {"source_task_type": "the kind of task", "success_signal": "success or failure",
+                 "abstraction_level": "low, medium or high", "skill_category": "a short label"},
+    "skill_overview": ["the idea of the skill"],
     "when_to_use": ["the task wording or situation that calls for it"],
+    "inputs_to_identify": ["what to find out first, e.g. the target receptacle"],
     "workflow": [
         {"step": 1, "goal": "sub-goal", "action": "command pattern, e.g. go to X",
-         "completion_condition": "how to know the step is done"}
+         "tools_or_strategy": "how", "completion_condition": "how to know the step is done"}
     ],
     "decision_rules": ["if ... then ..."],
     "error_handling": [{"error": "what went wrong", "cause": "why", "response": "what to do"}],
+    "output_requirements": ["what must hold at the end"],
 }
 
 
@@ -37,7 +44,7 @@ def extractor_prompt(trajectory: Trajectory, max_steps_shown: int = 30,
     outcome = "SUCCEEDED" if trajectory.success else "FAILED"
     transcript = trajectory.render(max_steps=max_steps_shown)
     user = (
-        f"Task type: {trajectory.task.task_type}\n"
+        f"Task: {trajectory.task.goal}\n"
         f"The agent {outcome} at this task.\n"
         "=== TRAJECTORY START ===\n"
         f"{transcript}\n"

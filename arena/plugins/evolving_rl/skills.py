@@ -1,27 +1,26 @@
 """Evolving-RL's unit of experience: a JSON skill card, its parser, its audit and its rendering.
 
-The extractor writes free text that ends in one JSON object (analysis may come first). A card
-that does not parse, lacks the required fields, or fails the language audit earns the extractor
-a reward of 0, as in the authors' code; a card that passes is rendered to Markdown for the solver.
+The extractor writes free text that ends in one JSON object (analysis may come first). As in the
+authors' code, a card is well formed when that object has a non-empty ``name`` and
+``description`` (every other field of their schema is optional and rendered when present), and
+it passes the language audit when its rendered Markdown has not one suspicious or non-English
+character and no repetition by their rules. A card that is not well formed or fails the audit
+earns the extractor a reward of 0.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
-#: Fields a card must have, with the JSON type each must be.
-REQUIRED_FIELDS: dict[str, type] = {
-    "name": str,
-    "when_to_use": list,
-    "workflow": list,
-    "decision_rules": list,
-    "error_handling": list,
-}
-#: Optional fields of the authors' schema, rendered when present.
+#: Fields a card must have (non-empty strings), as the authors' format check requires.
+REQUIRED_FIELDS = ("name", "description")
+#: Optional list fields of the authors' schema, rendered when present.
 OPTIONAL_LIST_FIELDS = ("skill_overview", "inputs_to_identify", "output_requirements")
 
 
@@ -47,6 +46,13 @@ class SkillCard:
         lines = [f"## Skill: {self.name}"]
         if isinstance(data.get("description"), str):
             lines.append(data["description"])
+        meta = data.get("metadata")
+        if isinstance(meta, dict):
+            labels = (("skill_category", "Category"), ("source_task_type", "Source"),
+                      ("abstraction_level", "Level"), ("success_signal", "Signal"))
+            parts = [f"**{label}**: {meta[key]}" for key, label in labels if meta.get(key)]
+            if parts:
+                lines.append(" | ".join(parts))
         for key in ("skill_overview", "when_to_use", "inputs_to_identify"):
             items = _strings(data.get(key))
             if items:
@@ -65,6 +71,10 @@ class SkillCard:
         if errors:
             lines.append("**Error handling:**")
             lines.extend(f"- {_describe(item, ('error', 'cause', 'response'))}" for item in errors)
+        requirements = _strings(data.get("output_requirements"))
+        if requirements:
+            lines.append("**Output requirements:**")
+            lines.extend(f"- {item}" for item in requirements)
         return "\n".join(lines)
 
 
@@ -103,42 +113,87 @@ def last_json_object(text: str) -> dict[str, Any]:
 def parse_skill(text: str) -> SkillCard:
     """Parse and validate a card; the audit result is attached, not raised."""
     data = last_json_object(text)
-    for key, kind in REQUIRED_FIELDS.items():
-        if not isinstance(data.get(key), kind):
-            raise SkillParseError(f"field '{key}' missing or not a {kind.__name__}")
-    name = data["name"].strip()
-    if not name:
-        raise SkillParseError("field 'name' is empty")
-    if not data["workflow"]:
-        raise SkillParseError("field 'workflow' is empty")
-    return SkillCard(name=name, data=data, audit_flags=audit(json.dumps(data, ensure_ascii=False)))
+    for key in REQUIRED_FIELDS:
+        if not isinstance(data.get(key), str) or not data[key].strip():
+            raise SkillParseError(f"field '{key}' missing, empty or not a string")
+    card = SkillCard(name=data["name"].strip(), data=data)
+    card.audit_flags = audit(card.render())
+    return card
 
 
-_ODD = re.compile(r"[^\x09\x0a\x0d\x20-\x7e\u2018\u2019\u201c\u201d\u2013\u2014\u2026]")
-_WORD = re.compile(r"[A-Za-z]+|[^\sA-Za-z]")
+#: Unicode name parts the authors' audit treats as suspicious (look-alike or invisible forms).
+_SUSPICIOUS_NAMES = ("ZERO WIDTH", "FULLWIDTH", "HALFWIDTH", "MATHEMATICAL", "MODIFIER LETTER",
+                     "COMBINING", "PRIVATE USE", "SMALL FORM VARIANT")
+#: The authors' repetition limits: a character or a token repeated this many times in a row,
+#: a 2- to 4-token chunk (8 characters or more) repeated this many times in a row, a line of 12
+#: characters or more making up at least this share (and count) of the lines.
+_CHAR_RUN = 8
+_TOKEN_RUN = 8
+_CHUNK_RUN = 4
+_LINE_SHARE, _LINE_COUNT, _LINE_CHARS = 0.5, 3, 12
 
 
-def audit(text: str, *, max_odd_ratio: float = 0.01, min_latin_ratio: float = 0.6,
-          max_repeat_ratio: float = 0.5) -> list[str]:
-    """Rule-based language audit; returns the reasons a card is rejected (empty: it passes).
+def _suspicious(char: str) -> bool:
+    if char in "\n\r\t":
+        return False
+    if char == "\ufffd" or ord(char) < 32 or ord(char) == 127:
+        return True
+    if unicodedata.category(char) in {"Cf", "Cs", "Co", "Cn"}:
+        return True
+    name = unicodedata.name(char, "")
+    return any(part in name for part in _SUSPICIOUS_NAMES)
 
-    * odd characters: control characters, symbols or non-Latin script beyond ``max_odd_ratio``;
-    * non-English: fewer than ``min_latin_ratio`` of the letters are ASCII letters;
-    * repetition: the most repeated 4-word phrase covers more than ``max_repeat_ratio`` of it.
+
+def _non_english(char: str) -> bool:
+    """A non-ASCII letter, mark or digit (non-ASCII punctuation, symbols and spaces are fine)."""
+    return ord(char) > 127 and unicodedata.category(char)[0] not in "SPZ"
+
+
+def _repetition(text: str) -> str:
+    collapsed = re.sub(r"[ \t]+", " ", text.strip())
+    if re.search(rf"(.)\1{{{_CHAR_RUN - 1},}}", collapsed):
+        return "repeated character"
+    tokens = collapsed.lower().split()
+    run = 1
+    for previous, token in pairwise(tokens):
+        run = run + 1 if token == previous else 1
+        if run >= _TOKEN_RUN:
+            return "repeated token"
+    for size in (2, 3, 4):
+        for start in range(len(tokens) - size * _CHUNK_RUN + 1):
+            chunk = tokens[start : start + size]
+            if len(" ".join(chunk)) < 8:
+                continue
+            if all(tokens[start + k * size : start + (k + 1) * size] == chunk
+                   for k in range(1, _CHUNK_RUN)):
+                return "repeated phrase"
+    lines = [line.strip().lower() for line in text.splitlines() if line.strip()]
+    counts = Counter(line for line in lines if len(line) >= _LINE_CHARS)
+    if counts:
+        count = counts.most_common(1)[0][1]
+        if count >= _LINE_COUNT and count / len(lines) >= _LINE_SHARE:
+            return "repeated line"
+    return ""
+
+
+def audit(text: str) -> list[str]:
+    """The authors' rule-based language audit of a rendered card, with zero tolerance; returns
+    the reasons it fails (empty: it passes).
+
+    * suspicious characters: control, replacement, format, surrogate, private-use or unassigned
+      characters, and look-alike forms (fullwidth, mathematical, combining, zero-width, ...);
+    * non-English: any non-ASCII letter, mark or digit (one CJK character fails a card);
+    * repetition: a character or token 8 times in a row, a 2- to 4-token phrase 4 times in a
+      row, or one line making up half of the lines (3 times at least).
     """
-    flags = []
     if not text.strip():
         return ["empty"]
-    odd = len(_ODD.findall(text))
-    if odd / len(text) > max_odd_ratio:
-        flags.append(f"odd characters ({odd})")
-    letters = [c for c in text if c.isalpha()]
-    if letters and sum(c.isascii() for c in letters) / len(letters) < min_latin_ratio:
+    flags = []
+    if any(_suspicious(char) for char in text):
+        flags.append("suspicious characters")
+    if any(_non_english(char) for char in text):
         flags.append("not English")
-    words = [w.lower() for w in _WORD.findall(text) if w.isalpha()]
-    if len(words) >= 16:
-        grams = Counter(tuple(words[i : i + 4]) for i in range(len(words) - 3))
-        top = grams.most_common(1)[0][1]
-        if top * 4 / len(words) > max_repeat_ratio:
-            flags.append("repetition")
+    repeated = _repetition(text)
+    if repeated:
+        flags.append(f"repetition ({repeated})")
     return flags

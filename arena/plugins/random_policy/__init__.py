@@ -1,0 +1,45 @@
+"""The ``random`` method: a uniformly random admissible action each step, the floor of a board.
+
+It calls no model at all, so its success rate is what the world gives away by chance under the
+same step and invalid-action limits as every other method. Registered like any plugin.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from collections.abc import Callable
+
+import arena
+from arena.core.context import RunContext
+from arena.core.solver import Action
+from arena.core.types import Experience, Observation, Task, Trajectory
+
+
+class RandomPolicy:
+    """Uniform over the admissible actions; seeded per episode, so a rerun plays the same."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+
+    def __call__(self, observation: Observation, trajectory: Trajectory) -> Action:
+        return Action(text=self.rng.choice(list(observation.admissible_actions)))
+
+
+class RandomMethod:
+    def __init__(self, run: RunContext) -> None:
+        self.run = run
+
+    @arena.hookimpl
+    def solve(self, run: RunContext, task: Task, experiences: list[Experience], seed: int) -> Trajectory:
+        return run.play_policy(task, RandomPolicy(seed), experiences)
+
+
+@arena.hookimpl
+def register_methods(register: Callable[..., None]) -> None:
+    register(
+        "random",
+        RandomMethod,
+        config=Path(__file__).with_name("config.yaml"),
+        description="A uniformly random admissible action each step, no model (the floor).",
+    )
