@@ -122,3 +122,44 @@ def test_tutorial_runs_from_an_empty_folder(tmp_path: Path) -> None:
     assert valid == "True" and "'wins'" in state
     assert (package / "runs" / "first" / "results.json").exists()
     assert board.strip(), "arena leaderboard wrote nothing"
+
+
+FIDELITY_SETTING = re.compile(
+    r"`(?:(\w+): )?((?:method|solver|learn|llm|eval|embedder)\.[\w.]+) = ([^`]+)`")
+
+
+def fidelity_settings() -> list[tuple[str, str | None, str, str]]:
+    """(method, preset, key, value) of every `` `[preset: ]key = value` `` on docs/fidelity.md."""
+    text = (DOCS / "fidelity.md").read_text()
+    found = []
+    for heading, body in zip(*[iter(re.split(r"^## (\w+)\s*$", text, flags=re.M)[1:])] * 2):
+        for preset, key, value in FIDELITY_SETTING.findall(body):
+            found.append((heading, preset or None, key, value))
+    return found
+
+
+def test_fidelity_defaults_match_the_configs() -> None:
+    import ast
+
+    from omegaconf import OmegaConf
+
+    from arena.core.config import compose
+    from arena.core.plugins import Plugins
+
+    plugins = Plugins()
+    plugins.load_defaults()
+    settings = fidelity_settings()
+    assert len(settings) >= 30 and {m for m, *_ in settings} >= {"evolving_rl", "grpo"}
+    wrong = []
+    for method, preset, key, written in settings:
+        try:
+            stated = ast.literal_eval(written)
+        except (ValueError, SyntaxError):
+            stated = written
+        actual = OmegaConf.select(compose(plugins, method, preset=preset), key,
+                                  default="<missing>")
+        same = (actual == pytest.approx(stated) if isinstance(stated, float)
+                and not isinstance(stated, bool) else actual == stated)
+        if not same:
+            wrong.append(f"{method} {preset or '(default)'}: {key} is {actual!r}, the page says {stated!r}")
+    assert not wrong, "docs/fidelity.md is out of step with the configs:\n" + "\n".join(wrong)

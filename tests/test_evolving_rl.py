@@ -133,6 +133,11 @@ def test_presets_and_grpo_registration(plugins):
     assert paper.method.trainer.lr == 1e-6 and paper.learn.sampling.top_p == 0.9
     assert compose(plugins, "evolving_rl", preset="solver_only").method.train_extractor is False
     assert compose(plugins, "grpo").method.mode == "grpo"
+    grpo_paper = compose(plugins, "grpo", preset="paper")
+    assert (grpo_paper.method.mode, grpo_paper.method.group_size) == ("grpo", 8)  # the authors'
+    assert (grpo_paper.method.solver_samples, grpo_paper.solver.layout,
+            grpo_paper.method.trainer.aggregation) == ("episode", "transcript", "sample-mean")
+    assert compose(plugins, "grpo").method.group_size == 4  # the CPU default, declared
     cpu = compose(plugins, "grpo", preset="cpu")
     assert (cpu.method.mode, cpu.method.group_size, cpu.method.valid_every) == ("grpo", 8, 4)
     assert cpu.learn.budget.gradient_steps == cpu.method.iterations
