@@ -139,7 +139,7 @@ def test_presets_and_grpo_registration(plugins):
             grpo_paper.method.trainer.aggregation) == ("episode", "transcript", "sample-mean")
     assert compose(plugins, "grpo").method.group_size == 4  # the CPU default, declared
     cpu = compose(plugins, "grpo", preset="cpu")
-    assert (cpu.method.mode, cpu.method.group_size, cpu.method.valid_every) == ("grpo", 8, 4)
+    assert (cpu.method.mode, cpu.method.group_size, cpu.method.valid_every) == ("grpo", 8, 3)
     assert cpu.learn.budget.gradient_steps == cpu.method.iterations
     with pytest.raises(Exception, match="Unknown preset 'papr'.*Available: extractor_only, micro, paper"):
         compose(plugins, "evolving_rl", preset="papr")

@@ -124,6 +124,9 @@ def test_template_retrieval_takes_type_skills_top_general_and_mistakes():
     assert ids[7:] == [f"mis_00{n}" for n in range(1, 6)]
     unseen = template_retrieve(store, task("look_at_obj_in_light"), top_general=2, max_mistakes=0)
     assert [e.experience_id for e in unseen] == ["skillrl:dyn_001", "skillrl:gen_001"]
+    # every evolved skill is shown, however many (the authors keep them all)
+    only_evolved = template_retrieve(store, task(HEAT), top_general=0, max_mistakes=0)
+    assert [e.experience_id for e in only_evolved][:1] == ["skillrl:dyn_001"]
 
 
 def test_embedding_retrieval_top_k_and_threshold():
@@ -228,10 +231,19 @@ def test_rewards_and_groups():
     for trajectory in (won, lost):
         for step in trajectory.steps:
             step.rollout = RolloutTokens([1, 2, 3], [4, 5], [-0.3, -0.2])
-    samples = skillrl.grpo_samples([won, lost], ["g", "g"], [10.0, -0.1])
+    samples = skillrl.grpo_samples([won, lost], ["g", "g"], [10.0, -0.1], advantage_over="episodes")
     assert [s.advantage for s in samples] == pytest.approx(
         [group_advantages([10.0, -0.1], ["g", "g"])[0]] + [group_advantages([10.0, -0.1], ["g", "g"])[1]] * 2)
     assert all(s.loss_mask == [0, 0, 0, 1, 1] and s.role == "solver" for s in samples)
+    # The authors' (verl-agent): every step sample is a group member with its own reward, the
+    # penalty on the invalid step only: rewards 10 | 0, -0.1 over three rows.
+    steps = skillrl.grpo_samples([won, lost], ["g", "g"], [], advantage_over="steps",
+                                 win_reward=10.0, invalid_penalty=0.1)
+    assert [s.reward for s in steps] == pytest.approx([10.0, 0.0, -0.1])
+    assert [s.advantage for s in steps] == pytest.approx(group_advantages([10.0, 0.0, -0.1], ["g"] * 3))
+    assert steps[1].advantage > steps[2].advantage  # the invalid step is pushed down further
+    with pytest.raises(ValueError, match="advantage_over must be one of"):
+        skillrl.grpo_samples([won], ["g"], [10.0], advantage_over="tokens")
 
 
 @pytest.mark.slow
@@ -265,7 +277,7 @@ def test_one_grpo_step_on_tiny_model(plugins):
         trajectories.append(Trajectory(task=failed(PICK).task, initial_observation="s", steps=[step],
                                        status=Termination.SUCCESS if won else Termination.FAILURE))
     rewards = [skillrl.episode_reward(t, 10.0, 0.1) for t in trajectories]
-    samples = skillrl.grpo_samples(trajectories, ["g", "g"], rewards)
+    samples = skillrl.grpo_samples(trajectories, ["g", "g"], rewards, advantage_over="steps")
     config = {"lr": 1e-3, "eps_low": 0.2, "eps_high": 0.2, "kl_coef": 0.01, "entropy_coef": {"solver": 0.001},
               "lora": {"r": 4, "alpha": 8}}
     trainer = PolicyTrainer(backend.model, backend.tokenizer, config, on_weights_changed=backend.mark_weights_changed)

@@ -411,7 +411,8 @@ class Session:
             # How the standard solver laid out its prompts (a method's choice, so not a protocol
             # field; runs of different layouts never pool into one leaderboard row).
             "solver": {"layout": str(cfg.solver.layout),
-                       "admissible_turns": str(cfg.solver.admissible_turns)},
+                       "admissible_turns": str(cfg.solver.admissible_turns),
+                       "mode": str(cfg.solver.mode)},
             "splits": splits,
             "learn": {
                 "split": str(cfg.learn.split),

@@ -7,6 +7,7 @@ policy: observation + history -> :class:`Action`.
 
 from __future__ import annotations
 
+import re
 import time
 import traceback
 import zlib
@@ -30,6 +31,43 @@ SYSTEM_PROMPT = (
     "You are an agent in a household. Each turn you read an observation and reply with exactly one "
     "of the admissible actions, copied verbatim. Reach the task's goal in as few steps as possible."
 )
+#: The ``react`` mode's instructions: reasoning, then one action, in the tags Evolving-RL's
+#: authors use (their wording differs).
+REACT_SYSTEM_PROMPT = (
+    "You are an agent in a household. Each turn you read an observation and the admissible "
+    "actions. First think about the situation inside <reasoning> and </reasoning>, then give "
+    "exactly one admissible action, copied verbatim, inside <action> and </action>. Reach the "
+    "task's goal in as few steps as possible."
+)
+
+#: How the standard solver acts (``solver.mode``): ``choose`` scores the admissible actions and
+#: picks one (no free text, nothing invalid); ``react`` writes its reasoning and an action in
+#: tags, and the action is mapped to an admissible one when it matches one (else it is played
+#: as written, and the world answers "Nothing happens.": an invalid action).
+MODES = ("choose", "react")
+_ACTION_TAG = re.compile(r"<action>(.*?)(?:</action>|$)", re.S | re.I)
+
+
+def check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise ValueError(f"Unknown solver.mode {mode!r}. Choices: {', '.join(MODES)}")
+    return mode
+
+
+def _normal(text: str) -> str:
+    return " ".join(re.sub(r"[^a-z0-9 ]", " ", text.lower()).split())
+
+
+def parse_action(reply: str, admissible: list[str] | tuple[str, ...]) -> str:
+    """The action a ``react`` reply names: the last ``<action>`` tag's text, mapped to the
+    admissible action it matches (exactly, or ignoring case, punctuation and spacing); the text
+    as written when it matches none, or the whole reply when it has no tag."""
+    tags = _ACTION_TAG.findall(reply)
+    written = (tags[-1] if tags else reply).strip()
+    if written in admissible:
+        return written
+    by_normal = {_normal(action): action for action in admissible}
+    return by_normal.get(_normal(written), written)
 
 
 @dataclass
@@ -167,9 +205,11 @@ def build_prompt(
     layout: str = "window",
     admissible_shown: list[list[str]] | None = None,
     admissible_turns: str = "full",
+    mode: str = "choose",
 ) -> Chat:
-    """The standard solver's prompt in ``layout``; its first user message states the task (what
-    methods add to, see :func:`with_task_message`).
+    """The standard solver's prompt in ``layout`` for ``mode``; its first user message states the
+    task (what methods add to, see :func:`with_task_message`). In the ``react`` mode the
+    transcript shows each past reply as it was written (reasoning and action).
 
     ``admissible_shown`` (transcript layout with ``show_admissible``): the admissible actions of
     each turn so far, the current one last, as the policy saw them; past turns keep theirs, so
@@ -179,9 +219,11 @@ def build_prompt(
     if experiences:
         rendered = render_experiences(experiences, max_experiences, max_experience_chars)
         task_parts.append(f"Relevant experience from earlier tasks:\n{rendered}")
+    system = REACT_SYSTEM_PROMPT if check_mode(mode) == "react" else SYSTEM_PROMPT
     if check_layout(layout) == "transcript":
         return _transcript(task_parts, trajectory, show_admissible, admissible_shown,
-                           check_admissible_turns(admissible_turns))
+                           check_admissible_turns(admissible_turns), system,
+                           replies=mode == "react")
     parts = task_parts
     recent = trajectory.steps[-history:] if history > 0 else []
     if recent:
@@ -194,9 +236,9 @@ def build_prompt(
         parts.append(f"Current observation: {observation.text}")
     if show_admissible:
         parts.append(_admissible_line(observation.admissible_actions))
-    parts.append("Your next action:")
+    parts.append("Your reasoning and next action:" if mode == "react" else "Your next action:")
     return [
-        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "system", "content": system},
         {"role": "user", "content": "\n\n".join(parts)},
     ]
 
@@ -232,7 +274,11 @@ def _transcript(
     show_admissible: bool,
     admissible_shown: list[list[str]] | None,
     admissible_turns: str,
+    system: str = SYSTEM_PROMPT,
+    replies: bool = False,
 ) -> Chat:
+    """``replies``: past turns show what the model wrote (a step's ``thought``, the whole reply
+    of the react mode) rather than the bare action, so each prompt extends the last one."""
     turns = len(trajectory.steps) + 1
     if show_admissible and (admissible_shown is None or len(admissible_shown) != turns):
         raise ValueError(
@@ -240,10 +286,12 @@ def _transcript(
             f"one list per turn ({turns} here), as StandardSolver.policy does"
         )
     contents = ["\n\n".join(task_parts)] + [step.observation for step in trajectory.steps]
-    chat: Chat = [{"role": "system", "content": SYSTEM_PROMPT}]
+    chat: Chat = [{"role": "system", "content": system}]
     for turn, content in enumerate(contents):
         if turn > 0:
-            chat.append({"role": "assistant", "content": trajectory.steps[turn - 1].action})
+            step = trajectory.steps[turn - 1]
+            said = step.thought if replies and step.thought else step.action
+            chat.append({"role": "assistant", "content": said})
         if show_admissible:
             shown: list[list[str]] = admissible_shown  # type: ignore[assignment]
             if turn == 0 or admissible_turns == "full":
@@ -282,8 +330,12 @@ class StandardSolver:
         prompt_builder: Callable[..., Chat] = build_prompt,
         layout: str = "window",
         admissible_turns: str = "full",
+        mode: str = "choose",
+        reasoning_max_tokens: int = 64,
     ) -> None:
         self.llm = llm
+        self.mode = check_mode(mode)
+        self.reasoning_max_tokens = int(reasoning_max_tokens)
         self.layout = check_layout(layout)
         self.admissible_turns = check_admissible_turns(admissible_turns)
         self.history = history
@@ -306,6 +358,8 @@ class StandardSolver:
                                      else int(solver["max_experience_chars"])),
             "layout": str(solver.get("layout", "window")),
             "admissible_turns": str(solver.get("admissible_turns", "full")),
+            "mode": str(solver.get("mode", "choose")),
+            "reasoning_max_tokens": int(solver.get("reasoning_max_tokens", 64)),
         }
         return cls(llm, **{**settings, **overrides})
 
@@ -329,6 +383,7 @@ class StandardSolver:
                 layout=self.layout,
                 admissible_shown=admissible_shown,
                 admissible_turns=self.admissible_turns,
+                mode=self.mode,
             )
 
         return prompt_of
@@ -348,6 +403,9 @@ class StandardSolver:
 
         prompt_of = self.prompts(task, experiences)
 
+        if self.mode == "react":
+            return self._react_policy(prompt_of, seed, temperature, top_p)
+
         def act(observation: Observation, trajectory: Trajectory) -> Action:
             prompt = prompt_of(observation, trajectory)
             params = SamplingParams(
@@ -364,6 +422,29 @@ class StandardSolver:
                 llm_calls=1,
                 logprob=float(sum(choice.logprobs)),
                 rollout=RolloutTokens(choice.prompt_token_ids, choice.token_ids, choice.logprobs),
+            )
+
+        return act
+
+    def _react_policy(self, prompt_of: Callable[[Observation, Trajectory], Chat], seed: int,
+                      temperature: float, top_p: float) -> Policy:
+        """Reasoning then an action, as free text; every generated token is the step's rollout,
+        so RL trains on the reasoning too."""
+
+        def act(observation: Observation, trajectory: Trajectory) -> Action:
+            prompt = prompt_of(observation, trajectory)
+            params = SamplingParams(temperature=temperature, top_p=top_p,
+                                    max_new_tokens=self.reasoning_max_tokens,
+                                    seed=seed + len(trajectory.steps))
+            (reply,) = self.llm.generate([prompt], params)
+            return Action(
+                text=parse_action(reply.text, observation.admissible_actions),
+                thought=reply.text,
+                tokens_in=reply.tokens_in,
+                tokens_out=reply.tokens_out,
+                llm_calls=1,
+                logprob=float(sum(reply.logprobs)),
+                rollout=RolloutTokens(reply.prompt_token_ids, reply.token_ids, reply.logprobs),
             )
 
         return act

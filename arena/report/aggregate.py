@@ -26,7 +26,8 @@ POOLABLE_CONFIG_KEYS = frozenset({"run.seeds", "run.root", "learn.seed", "eval.c
 POOLABLE_CONFIG_SECTIONS = ("executor.",)
 #: Keys added after runs were made, with the value those runs had in effect: a run from before
 #: ``solver.layout`` existed laid its prompts out as ``window``.
-CONFIG_KEYS_ADDED = {"solver.layout": "window", "solver.admissible_turns": "full"}
+CONFIG_KEYS_ADDED = {"solver.layout": "window", "solver.admissible_turns": "full",
+                     "solver.mode": "choose", "solver.reasoning_max_tokens": 64}
 
 
 def _compared(key: str) -> bool:

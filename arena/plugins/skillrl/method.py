@@ -45,7 +45,7 @@ import arena
 from arena.core.context import LEARN, EpisodeRequest, RunContext, run_in_threads
 from arena.core.protocol import select_tasks
 from arena.core import rl
-from arena.core.rl import Sample, decision_samples, group_advantages
+from arena.core.rl import Sample, assign_advantages, decision_samples, group_advantages
 from arena.core.rundir import write_json_atomic
 from arena.core.solver import Action, StandardSolver, play
 from arena.core.types import Experience, Observation, Task, Trajectory
@@ -94,13 +94,39 @@ def episode_reward(trajectory: Trajectory, win_reward: float, invalid_penalty: f
     return win_reward * float(trajectory.success) - invalid_penalty * invalid
 
 
-def grpo_samples(trajectories: list[Trajectory], groups: list[str], rewards: list[float]) -> list[Sample]:
-    """One sample per model decision, carrying its episode's group-normalised advantage."""
+#: What a GRPO group normalises over (``method.rl.advantage_over``).
+ADVANTAGE_OVER = ("steps", "episodes")
+
+
+def grpo_samples(trajectories: list[Trajectory], groups: list[str], rewards: list[float],
+                 *, advantage_over: str = "episodes", win_reward: float = 10.0,
+                 invalid_penalty: float = 0.0) -> list[Sample]:
+    """One sample per model decision.
+
+    ``episodes``: each carries its episode's group-normalised advantage (``rewards`` per episode).
+    ``steps`` (verl-agent's, the authors'): each decision is a member of its group with its own
+    reward, ``win_reward`` x won, less ``invalid_penalty`` when that very step was invalid, and
+    the mean and std run over every step sample of the group, so a long failed episode weighs by
+    its length (``rewards`` is then unused).
+    """
+    if advantage_over not in ADVANTAGE_OVER:
+        raise ValueError(f"method.rl.advantage_over must be one of {ADVANTAGE_OVER}, "
+                         f"not {advantage_over!r}")
     samples = []
-    for trajectory, group, reward, advantage in zip(trajectories, groups, rewards,
-                                                     group_advantages(rewards, groups)):
-        samples.extend(decision_samples(trajectory, role=SOLVER, group=group, reward=reward,
-                                        advantage=advantage))
+    if advantage_over == "episodes":
+        for trajectory, group, reward, advantage in zip(trajectories, groups, rewards,
+                                                         group_advantages(rewards, groups)):
+            samples.extend(decision_samples(trajectory, role=SOLVER, group=group, reward=reward,
+                                            advantage=advantage))
+        return samples
+    for trajectory, group in zip(trajectories, groups):
+        won = win_reward * float(trajectory.success)
+        decided = [step for step in trajectory.steps if step.rollout is not None and step.rollout.token_ids]
+        for step, sample in zip(decided, decision_samples(trajectory, role=SOLVER, group=group,
+                                                          reward=won, advantage=0.0)):
+            sample.reward = won - (0.0 if step.valid else invalid_penalty)
+            samples.append(sample)
+    assign_advantages(samples, {})
     return samples
 
 
@@ -417,7 +443,10 @@ class SkillRL:
             rollout_s, clock = time.perf_counter() - clock, time.perf_counter()
             rewards = [episode_reward(t, float(cfg.win_reward), float(cfg.invalid_action_penalty)) for t in episodes]
             groups = [r.variant.rsplit("/", 1)[0] for r in requests]
-            samples = grpo_samples(episodes, groups, rewards)
+            samples = grpo_samples(episodes, groups, rewards,
+                                   advantage_over=str(cfg.get("advantage_over", "steps")),
+                                   win_reward=float(cfg.win_reward),
+                                   invalid_penalty=float(cfg.invalid_action_penalty))
             metrics: dict[str, Any] = {"rl_step": step, "success": _mean([t.success for t in episodes]),
                                        "reward": _mean(rewards), "samples": len(samples),
                                        "time/rollout_s": rollout_s}

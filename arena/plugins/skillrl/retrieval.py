@@ -26,13 +26,18 @@ HEADER = "Retrieved Relevant Experience:"
 
 
 def template_retrieve(store: Any, task: Task, *, top_general: int, max_mistakes: int) -> list[Experience]:
-    """General skills (dynamic first, then by id), the task type's skills, then mistakes."""
+    """Every dynamic (evolved) general skill, then distilled general skills up to
+    ``top_general`` in all (the authors' skills_only_memory keeps every evolved one), the task
+    type's skills, then mistakes."""
     skills = store.all(kind=SKILL)
     general = sorted((e for e in skills if e.metadata.get("scope") == GENERAL),
-                     key=lambda e: (not e.metadata.get("dynamic", False), e.experience_id))
+                     key=lambda e: e.experience_id)
+    dynamic = [e for e in general if e.metadata.get("dynamic", False)]
+    static = [e for e in general if not e.metadata.get("dynamic", False)]
     typed = [e for e in skills if e.metadata.get("scope") == task.task_type]
     mistakes = store.all(kind=MISTAKE)
-    return general[:max(0, top_general)] + typed + mistakes[:max(0, max_mistakes)]
+    return (dynamic + static[:max(0, top_general - len(dynamic))] + typed
+            + mistakes[:max(0, max_mistakes)])
 
 
 def embedding_retrieve(store: Any, task: Task, *, top_k: int, threshold: float | None) -> list[Experience]:
