@@ -224,6 +224,19 @@ def test_extract_writes_a_script_for_success_and_a_reflection_for_failure(plugin
     assert sum("solved like this" in p for p in run.prompts) == 1 and len(run.prompts) == 2
 
 
+def test_reflections_sample_at_the_authors_temperature_and_scripts_are_greedy(plugins, run):
+    seen: list[float] = []
+    generate = run.llm.generate
+
+    def recording(prompts, params):
+        seen.append(params.temperature)
+        return generate(prompts, params)
+
+    run.llm.generate = recording
+    MemRL(run).extract(run, [episode(task("cool"), won=True), episode(task("heat"), won=False)])
+    assert seen == [0.0, 0.3]  # script greedy, reflection at 0.3 (memrl/service/updater.py:264)
+
+
 def test_merge_threshold_decides_between_joining_and_a_new_intent(plugins, run):
     similarity = float(HashingEmbedder().similarity([GOALS["cool"]], [GOALS["cool2"]])[0, 0])
     assert 0.5 < similarity < 0.99
@@ -336,3 +349,23 @@ def test_online_track_updates_q_on_test_episodes(plugins, tmp_path):
     from_tests = [m for m in now.values() if m.provenance.source_split.startswith("test")]
     assert len(from_tests) == len(evaluated) == 4
     assert all(e["track"] == "online" for e in evaluated)
+
+
+@pytest.mark.slow
+def test_embedder_dependent_constants_are_measured_for_minilm(plugins):
+    """sim_norm_mean/std and both thresholds are the authors' values carried over to MiniLM by
+    scripts/memrl_similarity_stats.py; the config must hold what that procedure measures."""
+    import importlib.util
+    from pathlib import Path
+
+    from arena.core.config import compose
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "memrl_similarity_stats.py"
+    spec = importlib.util.spec_from_file_location("memrl_similarity_stats", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    measured = module.measure()
+    method = compose(plugins, "memrl").method
+    for name, value in measured.items():
+        assert float(method[name]) == pytest.approx(value, abs=1e-3), name
+    assert compose(plugins, "memrl").embedder.name == "minilm"

@@ -135,12 +135,13 @@ class MemRL:
         lost = [t for t in learnable if not t.success]
         steps = int(self.cfg.prompt_steps)
         texts: dict[int, str] = {}
-        for group, make_prompt, tokens in (
-            (won, script_prompt, int(self.cfg.script_max_tokens)),
-            (lost, reflection_prompt, int(self.cfg.reflection_max_tokens)),
+        for group, make_prompt, tokens, temperature in (
+            (won, script_prompt, int(self.cfg.script_max_tokens), 0.0),
+            (lost, reflection_prompt, int(self.cfg.reflection_max_tokens),
+             float(self.cfg.get("reflection_temperature", 0.3))),
         ):
             if group:
-                params = SamplingParams(temperature=0.0, max_new_tokens=tokens, seed=0)
+                params = SamplingParams(temperature=temperature, max_new_tokens=tokens, seed=0)
                 generations = run.llm.generate([make_prompt(t, steps) for t in group], params)
                 texts.update({id(t): g.text.strip() for t, g in zip(group, generations)})
         memories = []
