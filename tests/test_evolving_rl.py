@@ -139,8 +139,8 @@ def test_presets_and_grpo_registration(plugins):
             grpo_paper.method.trainer.aggregation) == ("episode", "transcript", "sample-mean")
     assert compose(plugins, "grpo").method.group_size == 4  # the CPU default, declared
     cpu = compose(plugins, "grpo", preset="cpu")
-    assert (cpu.method.mode, cpu.method.group_size, cpu.method.valid_every) == ("grpo", 8, 3)
-    assert cpu.learn.budget.gradient_steps == cpu.method.iterations
+    assert (cpu.method.mode, cpu.method.group_size, cpu.method.valid_every) == ("grpo", 8, 2)
+    assert cpu.method.mini_batch_size == 64 and cpu.learn.budget.gradient_steps is None
     with pytest.raises(Exception, match="Unknown preset 'papr'.*Available: extractor_only, micro, paper"):
         compose(plugins, "evolving_rl", preset="papr")
 
@@ -308,3 +308,15 @@ def test_extractor_reply_prefix_is_prompt_and_part_of_the_card():
     method.cfg = OmegaConf.create({"extractor_reply_prefix": None, "extractor_max_tokens": 8})
     (candidate,) = method.extract(run, [fake_episode("t1", won=True)], 1, seed=0, params=SamplingParams())
     assert seen[-1][-1]["role"] == "user" and candidate.card is None  # body alone is not JSON
+
+
+def test_mini_batches_split_an_iteration_into_optimizer_steps():
+    import random
+
+    samples = [fake_episode(f"t{i}", True, steps=1) for i in range(10)]
+    assert evolving.mini_batches(samples, None, random.Random(0)) == [samples]
+    assert evolving.mini_batches(samples, 64, random.Random(0)) == [samples]
+    batches = evolving.mini_batches(samples, 4, random.Random(0))
+    assert [len(b) for b in batches] == [4, 4, 2]
+    assert sorted(id(s) for b in batches for s in b) == sorted(id(s) for s in samples)
+    assert batches == evolving.mini_batches(samples, 4, random.Random(0))  # seeded

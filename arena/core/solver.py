@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from arena.core.env import Episode
-from arena.core.llm import Chat, LLMBackend, SamplingParams
+from arena.core.llm import Chat, Choice, Generation, LLMBackend, SamplingParams
 from arena.core.types import (
     Experience,
     Observation,
@@ -415,14 +415,7 @@ class StandardSolver:
                 seed=seed + len(trajectory.steps),
             )
             (choice,) = self.llm.choose([prompt], [list(observation.admissible_actions)], params)
-            return Action(
-                text=choice.text,
-                tokens_in=choice.tokens_in,
-                tokens_out=choice.tokens_out,
-                llm_calls=1,
-                logprob=float(sum(choice.logprobs)),
-                rollout=RolloutTokens(choice.prompt_token_ids, choice.token_ids, choice.logprobs),
-            )
+            return _action(choice, choice.text)
 
         return act
 
@@ -437,14 +430,20 @@ class StandardSolver:
                                     max_new_tokens=self.reasoning_max_tokens,
                                     seed=seed + len(trajectory.steps))
             (reply,) = self.llm.generate([prompt], params)
-            return Action(
-                text=parse_action(reply.text, observation.admissible_actions),
-                thought=reply.text,
-                tokens_in=reply.tokens_in,
-                tokens_out=reply.tokens_out,
-                llm_calls=1,
-                logprob=float(sum(reply.logprobs)),
-                rollout=RolloutTokens(reply.prompt_token_ids, reply.token_ids, reply.logprobs),
-            )
+            return _action(reply, parse_action(reply.text, observation.admissible_actions),
+                           thought=reply.text)
 
         return act
+
+
+def _action(output: Choice | Generation, text: str, thought: str = "") -> Action:
+    """One LLM call's decision, its cost and the exact tokens it wrote (the step's rollout)."""
+    return Action(
+        text=text,
+        thought=thought,
+        tokens_in=output.tokens_in,
+        tokens_out=output.tokens_out,
+        llm_calls=1,
+        logprob=float(sum(output.logprobs)),
+        rollout=RolloutTokens(output.prompt_token_ids, output.token_ids, output.logprobs),
+    )

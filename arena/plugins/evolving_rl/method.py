@@ -105,6 +105,19 @@ def most_similar(run: RunContext, queries: list[Task], pool: list[Task], k: int)
     return ranked
 
 
+def mini_batches(samples: list[Sample], size: int | None, rng: random.Random) -> list[list[Sample]]:
+    """The optimizer steps of one iteration: all samples in one (``size`` None, slime's one step
+    per rollout batch), or shuffled mini-batches of ``size`` samples, one step each (verl's
+    ``ppo_mini_batch_size``; the rollout log-probs stay the old policy's, so PPO's clip acts
+    from the second step on)."""
+    if not size or int(size) >= len(samples):
+        return [list(samples)]
+    order = list(samples)
+    rng.shuffle(order)
+    size = int(size)
+    return [order[start : start + size] for start in range(0, len(order), size)]
+
+
 #: How an episode becomes solver samples (``method.solver_samples``).
 SOLVER_SAMPLES = ("decision", "episode")
 
@@ -272,10 +285,13 @@ class EvolvingRL:
                 samples, metrics = self._coevolution_iteration(run, train, rng, tag)
             if samples:
                 clock = time.perf_counter()
-                with run.progress(f"{tag}: update") as update:
-                    metrics.update(trainer.step(samples, on_micro_batch=update.update))
+                batches = mini_batches(samples, self.cfg.get("mini_batch_size"), rng)
+                for number, batch in enumerate(batches, start=1):
+                    with run.progress(f"{tag}: update {number}/{len(batches)}") as update:
+                        metrics.update(trainer.step(batch, on_micro_batch=update.update))
+                metrics["updates"] = len(batches)
                 metrics["time/update_s"] = time.perf_counter() - clock
-                run.charge(gradient_steps=1)
+                run.charge(gradient_steps=len(batches))
             trainer.save(self._checkpoint(iteration + 1))
             if self._held_out_due(iteration + 1):
                 metrics["valid_success"] = self._held_out_success(run, iteration + 1)
