@@ -68,24 +68,36 @@ def test_base_plays_whole_react_episodes_with_the_tiny_model(plugins: Plugins, t
 
 
 @pytest.mark.slow
-def test_grpo_trains_on_every_generated_token_of_react_episodes(plugins: Plugins, tmp_path: Path) -> None:
+@pytest.mark.parametrize("method", ["grpo", "evolving_rl"])
+def test_rl_trains_on_every_generated_token_of_react_episodes(plugins: Plugins, tmp_path: Path,
+                                                              method: str) -> None:
     overrides = TINY + ["method.iterations=1", "method.n_sources=2", "method.group_size=2",
+                        "method.n_skills=2", "method.k_downstream=1", "method.extractor_max_tokens=8",
                         "learn.sampling.temperature=1.0", "method.trainer.micro_batch_size=8"]
-    path, results = protocol.run("grpo", overrides=overrides, out=tmp_path / "g", plugins=plugins)
+    path, results = protocol.run(method, overrides=overrides, out=tmp_path / "g", plugins=plugins)
     assert results["learn"]["used"]["gradient_steps"] == 1
     state = json.loads((path / "state.json").read_text())["evolving_rl"]
-    learned = [e for e in lines(path / "episodes.jsonl") if e["phase"] == "learn"]
+    trained_on = "/rollout" if method == "grpo" else "/skill"  # sources are not trained on
+    learned = [e for e in lines(path / "episodes.jsonl")
+               if e["phase"] == "learn" and trained_on in e["variant"]]
     generated = sum(e["tokens_out"] for e in learned)
-    assert generated > len(learned)  # more than one token a decision: reasoning is generated
+    steps = sum(e["steps"] for e in learned)
+    assert learned and generated > steps  # more than one token a decision: reasoning is generated
     # every generated token is trained on (one decision sample per step, all its tokens)
     assert state["metrics"][0]["solver/n_tokens"] == generated
 
 
-def test_skillrl_runs_with_the_react_solver_on_the_fake_backend(plugins: Plugins, fast: list[str],
-                                                                tmp_path: Path) -> None:
-    overrides = fast + ["solver.mode=react", "eval.limit=2", "method.sft.enabled=false",
-                        "method.rl.steps=0"]
+@pytest.mark.slow
+def test_skillrl_runs_and_trains_with_the_react_solver_on_the_tiny_model(plugins: Plugins,
+                                                                         tmp_path: Path) -> None:
+    from tests.test_skillrl import TINY as SKILLRL_TINY
+
+    overrides = SKILLRL_TINY + ["llm.dtype=float32", "solver.mode=react",
+                                "solver.reasoning_max_tokens=8"]
     path, results = protocol.run("skillrl", overrides=overrides, out=tmp_path / "s", plugins=plugins)
     assert results["valid"] and results["solver"]["mode"] == "react"
+    state = json.loads((path / "state.json").read_text())["skillrl"]
+    assert state["stage"] == "done" and state["steps_done"] == 1
+    assert state["metrics"][0]["samples"] > 0  # the RL step trained on react decisions
     evaluated = [e for e in lines(path / "episodes.jsonl") if e["phase"] != "learn"]
-    assert evaluated and all(e["steps"] > 0 for e in evaluated)
+    assert evaluated and all(e["steps"] > 0 and e["tokens_out"] > 0 for e in evaluated)
