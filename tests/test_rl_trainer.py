@@ -545,7 +545,7 @@ def test_episode_sample_replays_the_exact_context_of_every_decision(layout: str)
     from arena.envs.household import HouseholdEnvironment
 
     llm = TransformersBackend({"model": "tiny", "dtype": "float32"})
-    env = HouseholdEnvironment(level="tiny", n_train=1, n_valid=0, n_test=0)
+    env = HouseholdEnvironment(level="easy", n_train=1, n_valid=0, n_test=0)
     solver = StandardSolver.from_config(llm, {"history": 2, "show_admissible": True,
                                               "max_experiences": 4, "max_experience_chars": 800,
                                               "layout": layout})

@@ -541,3 +541,22 @@ def test_a_replacement_keeps_no_key_of_the_item_it_replaces(store: ExperienceSto
     assert store.get([original.experience_id]) == [replacement]
     reopened_view = store._collection.get(ids=[original.experience_id], include=["metadatas"])
     assert set(reopened_view["metadatas"][0]) == {"q", "kind", "source_split", "source_task_ids", "_json_keys"}
+
+
+def test_a_vector_one_ulp_off_keeps_the_digest_and_a_real_change_does_not(tmp_path: Path) -> None:
+    """chromadb can hand back a restored vector 1 ulp off what was written (seen in a MemRL run),
+    which must not read as a changed store; a changed component must."""
+    store = ExperienceStore(tmp_path / "a", HashingEmbedder())
+    store.add([experience("put a cool winebottle in microwave")])
+    before = store.digest()
+    [row_id] = store._collection.get(include=[])["ids"]
+    vector = np.asarray(store._collection.get(include=["embeddings"])["embeddings"][0], dtype=np.float32)
+    nudged = vector.copy()
+    index = int(np.flatnonzero(nudged)[0])
+    nudged[index] = np.nextafter(nudged[index], np.float32(1.0))
+    store._collection.update(ids=[row_id], embeddings=nudged[None])
+    assert store.digest() == before
+    moved = vector.copy()
+    moved[index] += 0.01
+    store._collection.update(ids=[row_id], embeddings=moved[None])
+    assert store.digest() != before

@@ -516,10 +516,12 @@ class ExperienceStore:
         }
 
     def digest(self) -> str:
-        """sha256 of the full contents (ids, texts, metadata, float32 embeddings) in id order.
+        """sha256 of the full contents (ids, texts, metadata, embeddings) in id order.
 
         It depends on contents only, so it changes exactly when a write changes what is stored
-        and is identical after reopening the folder; reads never touch it.
+        and is identical after reopening the folder; reads never touch it. Embeddings enter at 5
+        decimals: chromadb can hand back a restored vector 1 ulp off what was written (seen with
+        hashing-embedder vectors of sampled text), which must not count as a change.
         """
         result = self._collection.get(include=["documents", "metadatas", "embeddings"])
         digest = hashlib.sha256(f"{self.name}\n".encode())
@@ -530,7 +532,7 @@ class ExperienceStore:
             digest.update(
                 json.dumps([experience_id, document, metadata], sort_keys=True).encode()
             )
-            digest.update(np.asarray(embedding, dtype=np.float32).tobytes())
+            digest.update(np.round(np.asarray(embedding, dtype=np.float64), 5).tobytes())
         return digest.hexdigest()
 
     # -- snapshot and restore ------------------------------------------------------------------
