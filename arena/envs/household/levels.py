@@ -32,20 +32,6 @@ class Level:
     #: They change nothing in the world; unlisted, they still get their replies when typed.
     lists_utility_commands: bool = True
 
-    def describe(self) -> str:
-        per_type = "as drawn" if self.max_per_type is None else f"<= {self.max_per_type}"
-        total = "as drawn (8 to 25)" if self.max_receptacles is None else (
-            f"<= {self.max_receptacles}"
-        )
-        in_view = "as drawn" if self.goal_in_view is None else f"{self.goal_in_view:.0%}"
-        low, high = self.distractor_types
-        utility = "listed" if self.lists_utility_commands else "not listed"
-        return (
-            f"receptacles per type {per_type}, receptacles {total}, distractor object types "
-            f"{low}-{high}, goal objects starting in view {in_view}, help/inventory/look/examine "
-            f"{utility}"
-        )
-
     @property
     def is_original(self) -> bool:
         return self.name == HARD
