@@ -167,6 +167,12 @@ def show(run_dir: str, as_json: bool) -> None:
             ) from exc
         done = directory.count_episodes()
         raise click.ClickException(f"{exc} ({done} episodes recorded so far)") from exc
+    from arena.report.runs import ReportError, load_run
+
+    try:
+        load_run(run_dir)  # the record's chain: a changed episodes.jsonl is named, not shown
+    except ReportError as exc:
+        raise click.ClickException(str(exc)) from exc
     if as_json:
         click.echo(json.dumps(results, indent=2))
         return

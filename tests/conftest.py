@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
+# The record key of this test session (arena.core.integrity), never the user's own.
+os.environ.setdefault("ARENA_RECORD_KEY_FILE",
+                      os.path.join(tempfile.mkdtemp(prefix="arena-tests-"), "record.key"))
 
 import pytest  # noqa: E402
 
@@ -55,3 +59,13 @@ def plugins() -> Plugins:
 @pytest.fixture
 def fast() -> list[str]:
     return list(FAST)
+
+
+def oracle_episode(run, task):
+    """Test code only: an episode whose expert a scripted method follows at evaluation.
+
+    ``run.env`` refuses episodes at evaluation; this reaches past that view, as only in-process
+    code can (``docs/security.md``). The harness still replays what comes back before it
+    credits it: the game really is won, so it counts.
+    """
+    return run._env.open(run._full_task(task))

@@ -257,6 +257,9 @@ def test_splits_match_the_archives(real_data, archive_listing):
     assert set(ids[TEST_SPLITS[1]]) == union("valid_unseen", data.UNSEEN_TYPES)
     assert set(ids[TEST_SPLITS[0]]) | set(ids[TEST_SPLITS[1]]) == union("valid_unseen", data.TASK_TYPES)
     assert all(len(set(v)) == len(v) for v in ids.values())
+    # The test-time source pool: train's games of the held-out types (never a test game).
+    assert {t.task_id for t in env.pool_tasks()} == union("train", data.UNSEEN_TYPES)
+    assert {t.split for t in env.pool_tasks()} == {"pool"}
     for split in (TRAIN_SPLIT, VALID_SPLIT, *TEST_SPLITS):
         for task in env.tasks(split):
             assert task.split == split and task.task_id.split("/")[2].startswith(task.task_type)
@@ -266,6 +269,7 @@ def test_splits_match_the_archives(real_data, archive_listing):
     assert {t.task_id for t in standard.tasks(TRAIN_SPLIT)} == union("train", data.TASK_TYPES)
     assert {t.task_id for t in standard.tasks(TEST_SPLITS[0])} == union("valid_seen", data.TASK_TYPES)
     assert {t.task_id for t in standard.tasks(TEST_SPLITS[1])} == union("valid_unseen", data.TASK_TYPES)
+    assert standard.pool_tasks() == []  # its train split already holds every type
     with pytest.raises(ValueError, match="available splits: train, test_seen, test_unseen"):
         standard.tasks(VALID_SPLIT)
 
@@ -431,7 +435,7 @@ def test_ray_executor_plays_alfworld_as_its_workers_do(real_data, plugins, tmp_p
                                      overrides=[*overrides, f"executor.name={executor}",
                                                 "executor.ray.num_cpus=2"])
         episodes = [json.loads(line) for line in (path / "episodes.jsonl").read_text().splitlines()]
-        runs[executor] = {(e["split"], e["task_id"]): {k: v for k, v in e.items() if k != "wall_s"}
+        runs[executor] = {(e["split"], e["task_id"]): {k: v for k, v in e.items() if k not in ("wall_s", "chain")}
                           for e in episodes}
         assert results["valid"] and all(e["error"] is None for e in episodes)
     assert len(runs["ray"]) == 4 and runs["ray"] == runs["local"]

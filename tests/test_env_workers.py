@@ -127,8 +127,16 @@ def test_task_lists_come_from_the_local_instance_without_starting_workers():
     assert remote.tasks("test_seen") == local.tasks("test_seen")
     assert remote.split_hash("train") == local.split_hash("train")
     assert remote.sizes == local.sizes  # other attributes read through to the local instance
-    assert not remote.started
+    # Methods of Environment with a default answer the local instance's own (a level, the pool),
+    # not the base class's empty default.
+    easy = functools.partial(HouseholdEnvironment, level="easy", n_train=8)
+    wrapped = ProcessEnvironment(easy(), easy, workers=1)
+    assert wrapped.protocol_fields() == {"level": "easy"}
+    assert wrapped.pool_tasks() == easy().pool_tasks() and len(wrapped.pool_tasks()) == 4
+    assert wrapped.split_hash("pool") == easy().split_hash("pool")
+    assert not remote.started and not wrapped.started
     remote.close()
+    wrapped.close()
 
 
 def test_an_environment_error_carries_the_worker_traceback(scripted):

@@ -310,13 +310,23 @@ def test_extractor_reply_prefix_is_prompt_and_part_of_the_card():
     assert seen[-1][-1]["role"] == "user" and candidate.card is None  # body alone is not JSON
 
 
-def test_mini_batches_split_an_iteration_into_optimizer_steps():
-    import random
-
-    samples = [fake_episode(f"t{i}", True, steps=1) for i in range(10)]
-    assert evolving.mini_batches(samples, None, random.Random(0)) == [samples]
-    assert evolving.mini_batches(samples, 64, random.Random(0)) == [samples]
-    batches = evolving.mini_batches(samples, 4, random.Random(0))
-    assert [len(b) for b in batches] == [4, 4, 2]
-    assert sorted(id(s) for b in batches for s in b) == sorted(id(s) for s in samples)
-    assert batches == evolving.mini_batches(samples, 4, random.Random(0))  # seeded
+@pytest.mark.parametrize("pool", ["train", "all_types"])
+def test_the_test_time_source_comes_from_the_protocols_source_pool(plugins, tmp_path, pool):
+    """With ``eval.source_pool=all_types`` a held-out-type test task can borrow a source of its
+    own type (the authors' pool of every type); by default only the train split is consulted."""
+    overrides = TINY + ["method.iterations=0", "learn.max_steps=2", "eval.max_steps=2",
+                        "eval.splits=[test_unseen]", "eval.limit=2", f"eval.source_pool={pool}"]
+    path, results = protocol.run("evolving_rl", overrides=overrides, out=tmp_path / pool, plugins=plugins)
+    episodes = [json.loads(line) for line in (path / "episodes.jsonl").read_text().splitlines()]
+    sources = [e for e in episodes if e["variant"].startswith("eval_source/")]
+    assert len(sources) == 2
+    source_of = {e["variant"].split("/", 1)[1]: e for e in sources}
+    looks = [e for e in episodes if e["variant"] == "default" and e["task_type"] == "look_at_obj_in_light"]
+    assert looks
+    for e in looks:  # no train goal mentions a desklamp: only the pool's look_at games match
+        source = source_of[e["task_id"]]
+        if pool == "all_types":
+            assert (source["split"], source["task_type"]) == ("pool", e["task_type"])
+        else:
+            assert source["split"] == "train"
+    assert results["protocol"]["source_pool"] == pool and results["valid"] is True

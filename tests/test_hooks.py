@@ -16,10 +16,12 @@ from arena.core import protocol
 from arena.core.plugins import PluginLoadError, PluginLoadWarning, Plugins, hook_names
 from arena.core.registry import RegistrationError, UnknownNameError
 from arena.core.solver import play
+from tests.conftest import oracle_episode
 
 
 class ExpertMethod:
-    """Overrides the default solver with the environment's expert: always succeeds."""
+    """Overrides the default solver with the environment's expert (reached as test code only
+    can): always succeeds, and the harness's replay credits it."""
 
     calls: list[str] = []
 
@@ -29,11 +31,11 @@ class ExpertMethod:
     @arena.hookimpl
     def solve(self, run, task, experiences, seed):
         ExpertMethod.calls.append(task.task_id)
-        episode = run.env.open(task)
+        episode = oracle_episode(run, task)
         return play(
             episode,
             lambda observation, trajectory: _expert_action(episode),
-            max_steps=int(run.cfg.eval.max_steps) * 5,
+            max_steps=run.max_steps(),
             max_invalid_actions=3,
         )
 
@@ -68,7 +70,9 @@ def make_plugin(**methods):
 def test_in_process_plugin_overrides_default_solver(plugins, fast, tmp_path):
     plugins.register_plugin(make_plugin(expert=ExpertMethod, other=OtherMethod), name="test_plugin")
     ExpertMethod.calls.clear()
-    _, expert = protocol.run("expert", overrides=fast + ["eval.limit=4"], out=tmp_path / "e", plugins=plugins)
+    # 30 steps: the expert's longest plan fits (the fast 12 would cut some)
+    _, expert = protocol.run("expert", overrides=fast + ["eval.limit=4", "eval.max_steps=30"],
+                             out=tmp_path / "e", plugins=plugins)
     _, base = protocol.run("base", overrides=fast + ["eval.limit=4"], out=tmp_path / "b", plugins=plugins)
     assert len(ExpertMethod.calls) == 8  # 4 tasks x 2 splits, each once
     for split in ("test_seen", "test_unseen"):

@@ -99,14 +99,22 @@ def test_task_types_per_split(env: HouseholdEnvironment) -> None:
         assert types == set(cat.SEEN_TASK_TYPES), split
         assert not types & held_out
     assert {task.task_type for task in env.tasks("test_unseen")} == held_out
+    # The source pool: the held-out types, as many per type as train has.
+    pool = env.pool_tasks()
+    assert {task.task_type for task in pool} == held_out
+    assert {task.split for task in pool} == {"pool"}
+    per_type = len(env.tasks("train")) / len(cat.SEEN_TASK_TYPES)
+    assert len(pool) == per_type * len(held_out)
 
 
 def test_splits_are_disjoint_in_tasks_and_layouts(env: HouseholdEnvironment) -> None:
+    """The four splits and the test-time source pool share no task, layout or room."""
     ids: dict[str, set[str]] = {}
     layouts: dict[str, set[str]] = {}
     rooms: dict[str, set[tuple[object, ...]]] = {}
-    for split in SPLITS:
-        tasks = env.tasks(split)
+    named = [*SPLITS, "pool"]
+    for split in named:
+        tasks = env.pool_tasks() if split == "pool" else env.tasks(split)
         ids[split] = {task.task_id for task in tasks}
         layouts[split] = {task.payload["layout_id"] for task in tasks}
         rooms[split] = {
@@ -114,8 +122,8 @@ def test_splits_are_disjoint_in_tasks_and_layouts(env: HouseholdEnvironment) -> 
             for task in tasks
         }
         assert len(ids[split]) == len(tasks)
-    for i, a in enumerate(SPLITS):
-        for b in SPLITS[i + 1 :]:
+    for i, a in enumerate(named):
+        for b in named[i + 1 :]:
             assert not ids[a] & ids[b], (a, b)
             assert not layouts[a] & layouts[b], (a, b)
             assert not rooms[a] & rooms[b], (a, b)

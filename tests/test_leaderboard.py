@@ -27,7 +27,8 @@ from arena.core.solver import Action, play
 from arena.core.types import EpisodeResult
 from arena.report import ReportError, Run, build_tables, load_run, load_runs, write_board
 from arena.report.aggregate import pooled_splits, row_cost
-from tests.conftest import FAST
+from arena.report.render import protocol_line
+from tests.conftest import FAST, oracle_episode
 
 # -- a scripted method: known successes on the real protocol -------------------------------------
 
@@ -62,9 +63,9 @@ class ScriptedMethod:
             run.play(task, [], seed=run_seed, variant="without_skill", standard=True)
         if not scripted_success(task.task_id, run_seed, int(run.cfg.method.get("salt", 0))):
             return None  # the standard solver
-        episode = run.env.open(task)
+        episode = oracle_episode(run, task)
         return play(episode, lambda observation, trajectory: Action(text=episode.expert_action()),
-                    max_steps=int(run.cfg.eval.max_steps) * 5, max_invalid_actions=3)
+                    max_steps=run.max_steps(), max_invalid_actions=3)
 
 
 class _Module:
@@ -85,7 +86,9 @@ def report_plugins() -> Plugins:
 
 def make_run(plugins: Plugins, root: Path, name: str, method: str = "scripted",
              seeds: tuple[int, ...] = (0,), extra: tuple[str, ...] = ()) -> Path:
-    overrides = list(FAST) + [f"run.seeds=[{','.join(map(str, seeds))}]"]
+    # 30 steps: every expert plan fits, so the scripted rule alone decides an outcome (the
+    # harness replays the expert's episodes and credits only what the limit allows)
+    overrides = list(FAST) + [f"run.seeds=[{','.join(map(str, seeds))}]", "eval.max_steps=30"]
     if method == "scripted":
         overrides.append("learn.budget.episodes=4")
     path, _ = protocol.run(method, overrides=overrides + list(extra), out=root / name, plugins=plugins)
@@ -107,6 +110,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "ntest8": make_run(plugins, root, "base-ntest8", method="base", extra=("env.n_test=8",)),
         "online": make_run(plugins, root, "base-online", method="base", extra=("run.track=online",)),
         "easy": make_run(plugins, root, "base-easy", method="base", extra=("env.level=easy",)),
+        "pool": make_run(plugins, root, "base-pool", method="base", extra=("eval.source_pool=all_types",)),
     }
 
 
@@ -219,6 +223,7 @@ def test_core_never_imports_the_report_package():
     ("ntest8", "split_hashes.test_seen"),
     ("online", "track"),
     ("easy", "env.level"),
+    ("pool", "eval.source_pool"),
 ])
 def test_refuses_mixed_protocols_naming_the_field(runs, other, field):
     loaded = load_runs([runs["base"], runs[other]])
@@ -504,3 +509,11 @@ def test_runs_of_different_solver_layouts_never_share_a_row():
     _check_poolable([old, window], "m")  # the layout every earlier run had; the cache is exact
     with pytest.raises(ReportError, match=r"differ in config solver.layout \('window' vs 'transcript'\)"):
         _check_poolable([old, window, transcript], "m")
+
+
+def test_protocol_line_names_the_level_and_the_source_pool(runs):
+    easy, = build_tables(load_runs([runs["easy"]]))
+    pool, = build_tables(load_runs([runs["pool"]]))
+    assert "env.level easy" in protocol_line(easy) and "eval.source_pool train" in protocol_line(easy)
+    assert "eval.source_pool all_types" in protocol_line(pool) and "env.level hard" in protocol_line(pool)
+    assert "pool " in protocol_line(pool).split("split hashes", 1)[1]  # the pool's hash is shown

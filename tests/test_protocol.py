@@ -257,7 +257,8 @@ def test_results_schema(plugins, fast, tmp_path):
     assert results["limited"] is True
     assert results["protocol"] == {"max_steps": 12, "max_invalid_actions": 10, "limit": 2,
                                    "splits": ["test_seen", "test_unseen"],
-                                   "env": {"level": "hard"}}
+                                   "env": {"level": "hard"}, "source_pool": "train"}
+    assert results["record"]["episodes"] == 4 and len(results["record"]["head"]) == 64
 
 
 def test_null_max_steps_is_the_environments_own_limit(plugins, fast, tmp_path):
@@ -327,3 +328,60 @@ def test_violations_survive_a_resume(plugins, fast, tmp_path):
     _, resumed = protocol.run(None, resume=path, plugins=plugins)
     assert resumed["valid"] is False
     assert any("test split 'test_unseen'" in v for v in resumed["violations"])
+
+
+class PoolReader:
+    """Records the task types of the source pool in each phase; in learning it also plays a
+    task of the environment's pool, which the harness must refuse."""
+
+    seen: dict[str, set[str]] = {}
+
+    def __init__(self, run):
+        PoolReader.seen = {}
+
+    @arena.hookimpl
+    def learn(self, run):
+        PoolReader.seen["learn"] = {t.task_type for t in run.source_pool()}
+        if run.cfg.method.get("peek_pool"):
+            with pytest.raises(ProtocolViolation, match="source pool while learning"):
+                run.tasks("pool")
+            with pytest.raises(ProtocolViolation, match="source pool while learning"):
+                run.env.pool_tasks()
+            run.play(run._env.pool_tasks()[0], seed=0)  # reached past the view: still refused
+        return True
+
+    @arena.hookimpl
+    def solve(self, run, task, experiences, seed):
+        PoolReader.seen.setdefault("evaluate", set()).update(t.task_type for t in run.source_pool())
+        return None
+
+
+@pytest.mark.parametrize("pool", ["train", "all_types"])
+def test_source_pool_holds_every_type_only_at_test_time_and_only_when_asked(plugins, fast, tmp_path, pool):
+    register(plugins, pool_reader=PoolReader)
+    _, results = protocol.run("pool_reader", overrides=fast + ["eval.limit=2", f"eval.source_pool={pool}"],
+                              out=tmp_path / pool, plugins=plugins)
+    assert results["valid"] is True, results["violations"]
+    seen_types = {"pick_and_place_simple", "pick_clean_then_place_in_recep",
+                  "pick_heat_then_place_in_recep", "pick_cool_then_place_in_recep"}
+    held_out = {"pick_two_obj_and_place", "look_at_obj_in_light"}
+    assert PoolReader.seen["learn"] == seen_types  # learning never sees the pool
+    assert PoolReader.seen["evaluate"] == (seen_types | held_out if pool == "all_types" else seen_types)
+    assert results["protocol"]["source_pool"] == pool
+    assert ("pool" in results["provenance"]["split_hashes"]) is (pool == "all_types")
+
+
+def test_asking_for_or_playing_the_source_pool_while_learning_is_a_violation(plugins, fast, tmp_path):
+    register(plugins, pool_reader=PoolReader)
+    _, results = protocol.run("pool_reader", overrides=fast + ["eval.limit=1", "method.peek_pool=true"],
+                              out=tmp_path / "p", plugins=plugins)
+    assert results["valid"] is False
+    assert any("asked for the test-time source pool" in v for v in results["violations"])
+    assert any("played source-pool task" in v for v in results["violations"])
+
+
+@pytest.mark.parametrize("override", ["eval.source_pool=all", "run.track=bogus"])
+def test_a_choice_key_outside_its_choices_is_refused_before_the_run_exists(plugins, fast, tmp_path, override):
+    with pytest.raises(ValueError, match=f"{override.split('=')[0]}=.* is not one of"):
+        protocol.prepare("base", overrides=fast + [override], out=tmp_path / "r", plugins=plugins)
+    assert not (tmp_path / "r").exists()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import random
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,7 @@ from arena.core.rl import (  # noqa: E402
     concat_turns,
     group_advantages,
     low_var_kl,
+    mini_batches,
     policy_loss,
     sample_from_choice,
     token_entropy,
@@ -182,6 +184,40 @@ def test_clipped_surrogate_by_hand() -> None:
     # Clipped tokens carry no gradient; the others d(-ratio*A)/dlogp = -ratio*A.
     expected_grad = [-1.05, 0.0, -0.80, -1.12, 0.95, 1.30, 0.0, 0.0]
     assert logp.grad.tolist() == pytest.approx(expected_grad, abs=1e-6)
+
+
+def test_dual_clip_bounds_the_loss_of_negative_advantages_by_hand() -> None:
+    ratio = torch.tensor([2.0, 4.0, 5.0, 4.0])
+    adv = torch.tensor([-1.0, -1.0, -2.0, 1.0])
+    old = torch.full_like(ratio, -3.0)
+    logp = (old + ratio.log()).requires_grad_()
+    loss, clipped = clipped_surrogate(logp, old, adv, eps_low=0.2, eps_high=0.2, dual_clip=3.0)
+    # A<0: -ratio*A until it passes -c*A = 3|A|; a positive advantage is never dual-clipped.
+    assert loss.tolist() == pytest.approx([2.0, 3.0, 6.0, -1.2], abs=1e-6)
+    assert clipped.tolist() == [False, True, True, True]
+    loss.sum().backward()
+    assert logp.grad.tolist() == pytest.approx([2.0, 0.0, 0.0, 0.0], abs=1e-6)
+    plain, _ = clipped_surrogate(logp.detach(), old, adv, eps_low=0.2, eps_high=0.2)
+    assert plain.tolist() == pytest.approx([2.0, 4.0, 10.0, -1.2], abs=1e-6)  # without it
+    with pytest.raises(ValueError, match="greater than 1"):
+        clipped_surrogate(logp, old, adv, eps_low=0.2, eps_high=0.2, dual_clip=1.0)
+    with pytest.raises(ValueError, match="dual_clip must be greater than 1"):
+        TrainerConfig(dual_clip=0.5)
+
+
+def test_mini_batches_split_an_update_into_optimizer_steps() -> None:
+    samples = [Sample(input_ids=[i, i + 1], loss_mask=[0, 1], old_logprobs=[0.0, -1.0], role="solver",
+                      group="g", reward=0.0) for i in range(10)]
+    assert mini_batches(samples, None, random.Random(0)) == [samples]
+    assert mini_batches(samples, 64, random.Random(0)) == [samples]
+    batches = mini_batches(samples, 4, random.Random(0))
+    assert [len(b) for b in batches] == [4, 4, 2]
+    assert sorted(id(s) for b in batches for s in b) == sorted(id(s) for s in samples)
+    assert batches == mini_batches(samples, 4, random.Random(0))  # seeded
+    assert batches != mini_batches(samples, 4)  # shuffled; without an rng, in order:
+    assert mini_batches(samples, 4) == [samples[:4], samples[4:8], samples[8:]]
+    with pytest.raises(ValueError, match="at least 1"):
+        mini_batches(samples, 0)
 
 
 def test_low_var_kl_by_hand() -> None:

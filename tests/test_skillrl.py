@@ -4,6 +4,7 @@ SFT and one GRPO step on the tiny model, the valid-split flag, and end-to-end ru
 from __future__ import annotations
 
 import json
+import types
 
 import pytest
 import torch
@@ -219,6 +220,50 @@ def test_evolution_adds_dynamic_skills_and_revisions_from_valid_failures():
     assert "Third" not in {s.title for s in bank.skills.values()}
 
 
+def test_the_authors_evolution_adds_new_general_skills_only():
+    """scheme=authors: the answer's ``revises`` is ignored (the authors' teacher sees titles only
+    and adds dyn_ general skills), at most max_new_skills from the one call."""
+    method = object.__new__(skillrl.SkillRL)
+    method.cfg = OmegaConf.create({"evolution": {"max_new_skills": 2}})
+    bank = constructed_bank()
+    failures = {skillrl.ANY_TYPE: [failed(PICK), failed(HEAT)]}
+    answer = json.dumps([{"title": "New rule", "principle": "Revised.", "revises": "gen_001"},
+                         {"title": "Check drawers", "principle": "Open drawers too."},
+                         {"title": "Third", "principle": "cut by max_new_skills"}])
+    added, revised = method.apply_evolution(bank, failures, [answer], step=5, revisions=False)
+    assert added == ["dyn_002", "dyn_003"] and revised == []
+    assert bank.skills["gen_001"].principle == "Principle number 0." and bank.skills["gen_001"].version == 1
+    assert {bank.skills[i].scope for i in added} == {GENERAL}
+    assert bank.skills["dyn_002"].source_task_ids == [f"valid/{PICK}/0", f"valid/{HEAT}/0"]
+
+
+def test_the_authors_evolution_prompt_lists_failures_of_every_type_and_titles_only():
+    bank = constructed_bank()
+    lost = [failed(PICK), failed(HEAT)]
+    _, chat = distill.evolve_general_prompt(0.25, lost, [s.title for s in bank.skills.values()],
+                                            max_new=3, last_steps=5, max_chars=2000)
+    text = chat[-1]["content"]
+    assert f"Attempt 1 ({PICK})" in text and f"Attempt 2 ({HEAT})" in text and "25%" in text
+    assert "- Heat in microwave" in text and "Heat the object with microwave 1." not in text
+    assert "revises" not in text and "1 to 3 NEW general skills" in text
+
+
+@pytest.mark.parametrize("visible_to", ["training", "all"])
+def test_evolved_skills_reach_only_rollouts_unless_visible_to_all(visible_to):
+    method = object.__new__(skillrl.SkillRL)
+    method.cfg = OmegaConf.create({"retrieval": {"mode": "template", "top_general": 6, "max_mistakes": 0},
+                                   "evolution": {"visible_to": visible_to}})
+    run = types.SimpleNamespace(store=store_with(constructed_bank()))
+    rollout = {e.experience_id for e in method._experiences(run, task(HEAT), rollout=True)}
+    elsewhere = {e.experience_id for e in method.retrieve(run=run, task=task(HEAT))}
+    typed = {f"skillrl:{HEAT}_001"}
+    assert rollout == {"skillrl:dyn_001", *(f"skillrl:gen_00{n}" for n in range(1, 6))} | typed
+    if visible_to == "all":
+        assert elsewhere == rollout
+    else:  # as if nothing had evolved: six distilled general skills
+        assert elsewhere == {f"skillrl:gen_00{n}" for n in range(1, 7)} | typed
+
+
 # -- rewards, SFT and GRPO on the tiny model ------------------------------------------------------
 
 
@@ -335,8 +380,10 @@ def test_tiny_end_to_end_learns_from_valid_and_evaluates_frozen(plugins, tmp_pat
     # The random tiny model writes no JSON: the teacher's answers are replaced by a fixed record
     # (its calls still run and are counted), so the bank, SFT prompts and evolution have content.
     real_ask = distill.Teacher.ask
+    evolved = json.dumps([{"title": "Check every drawer", "principle": "Open each drawer once."}])
     monkeypatch.setattr(distill.Teacher, "ask", lambda self, prompts, seed, max_new_tokens=None: [
-        RECORD for _ in real_ask(self, prompts, seed, max_new_tokens)])
+        evolved if kind == "evolve" else RECORD
+        for (kind, _), _answer in zip(prompts, real_ask(self, prompts, seed, max_new_tokens))])
     path, results = protocol.run("skillrl", overrides=TINY, out=tmp_path / "t", plugins=plugins)
     assert results["valid"] is True, results["violations"]
     assert results["learn"]["used_valid_split"] is True and "valid" in results["learn"]["splits_used"]
@@ -345,6 +392,16 @@ def test_tiny_end_to_end_learns_from_valid_and_evaluates_frozen(plugins, tmp_pat
     assert state["evolved_at"] == [1] and set(state["evolution"][0]["accuracy"]) == {
         e["task_type"] for e in map(json.loads, (path / "episodes.jsonl").read_text().splitlines())
         if e["variant"] == "evolve1/valid"}
+    # The authors' evolution: one teacher call for all weak types, new dyn_ skills only, which
+    # the final evaluation's prompts do not show (evolution.visible_to: training).
+    (evolution,) = state["evolution"]
+    assert evolution["scheme"] == "authors" and evolution["triggered"] and evolution["revised"] == []
+    logged = [json.loads(line) for line in (path / "skillrl_teacher.jsonl").read_text().splitlines()]
+    assert [len(r["answers"]) for r in logged if r["stage"] == "evolve1"] == [1]
+    assert evolution["added"] and all(i.startswith("dyn_") for i in evolution["added"])
+    evaluated = [json.loads(line) for line in (path / "episodes.jsonl").read_text().splitlines()]
+    evaluated = [e for e in evaluated if e["phase"] == "evaluate"]
+    assert evaluated and not any(i.startswith("skillrl:dyn_") for e in evaluated for i in e["experience_ids"])
     sizes = results["state"]["method"]
     assert sizes["sft_examples"] > 0 and sizes["rl_steps"] == 1 and sizes["teacher_calls"] >= 3
     assert results["learn"]["used"]["gradient_steps"] == 1 + 1  # one SFT step, one GRPO step
@@ -381,3 +438,16 @@ def test_separate_teacher_backend_is_counted_apart_from_the_policy(plugins, fast
     learn = [json.loads(line) for line in (path / "episodes.jsonl").read_text().splitlines()]
     policy_calls = sum(e["llm_calls"] for e in learn if e["phase"] == "learn")
     assert results["cost"]["learn"]["llm_calls"] == policy_calls  # teacher calls not in the policy's cost
+
+
+def test_an_rl_step_makes_one_update_per_mini_batch_of_step_samples(plugins, tmp_path):
+    """verl-agent's ppo_mini_batch_size: the step samples of one RL step, split in order, one
+    optimizer step each, every one charged to the learning budget."""
+    overrides = [*TINY, "method.sft.enabled=false", "method.evolution.every=0", "method.rl.mini_batch_size=2",
+                 "eval.splits=[test_seen]"]
+    path, results = protocol.run("skillrl", overrides=overrides, out=tmp_path / "m", plugins=plugins)
+    (metrics,) = json.loads((path / "state.json").read_text())["skillrl"]["metrics"]
+    assert metrics["samples"] >= 3  # 2 rollouts of up to 3 steps: more than one mini-batch
+    assert metrics["updates"] == -(-metrics["samples"] // 2)
+    assert results["learn"]["used"]["gradient_steps"] == metrics["updates"]
+    assert results["valid"] is True, results["violations"]

@@ -101,7 +101,24 @@ def compose(
         OmegaConf.resolve(cfg)
     except Exception as exc:
         raise ConfigError(f"Could not resolve config interpolations: {exc}") from exc
+    check_choices(cfg)
     return cfg
+
+
+#: Harness keys that take one of a few named values.
+CHOICES: dict[str, tuple[str, ...]] = {
+    "run.track": ("frozen", "online"),
+    "eval.source_pool": ("train", "all_types"),
+}
+
+
+def check_choices(cfg: DictConfig) -> None:
+    """Refuse a value of a :data:`CHOICES` key that is not one of its choices."""
+    for key, choices in CHOICES.items():
+        value = OmegaConf.select(cfg, key)
+        if value not in choices:
+            raise ConfigError(f"{key}={value!r} is not one of {', '.join(choices)}; "
+                              f"set {key}=<one of them>.")
 
 
 def to_plain(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:

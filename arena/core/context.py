@@ -7,7 +7,10 @@ every cost, without trusting the method.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
+import secrets
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -17,12 +20,13 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from omegaconf import DictConfig
 
-from arena.core.env import TEST_SPLITS, TRAIN_SPLIT, VALID_SPLIT, Environment
+from arena.core.env import POOL_SPLIT, TEST_SPLITS, TRAIN_SPLIT, VALID_SPLIT, Environment
 from arena.core.llm import LLMBackend
 from arena.core.progress import NullReporter, ProgressTask, Reporter
 from arena.core.rundir import RunDir
 from arena.core.solver import Policy, StandardSolver, episode_seed, play
 from arena.core.types import EpisodeResult, Experience, Task, Termination, Trajectory
+from arena.core.views import EnvironmentView, public_task
 
 if TYPE_CHECKING:
     import pluggy
@@ -36,6 +40,11 @@ EVALUATE = "evaluate"
 
 class ProtocolViolation(RuntimeError):
     """A method did something the evaluation protocol forbids (e.g. read a test split to learn)."""
+
+
+class HookReturnError(ValueError):
+    """A method's hook returned something of the wrong type; the message names the hook, the
+    method and the type expected."""
 
 
 class BudgetExhausted(RuntimeError):
@@ -76,6 +85,20 @@ class EpisodeRequest:
     #: Sampling of a standard-solver episode (``temperature``, ``top_p``); None: the phase's
     #: (e.g. a learning method's held-out check decoded as evaluation decodes).
     sampling: Mapping[str, float] | None = None
+
+
+def checked_experiences(hook: str, method: str, value: object) -> list[Experience]:
+    """A hook's list of experiences (None: none), or a :class:`HookReturnError` naming what was
+    returned instead."""
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)) and all(isinstance(item, Experience) for item in value):
+        return list(value)
+    inner = next((type(i).__name__ for i in value if not isinstance(i, Experience)), None) \
+        if isinstance(value, (list, tuple)) else None
+    got = f"a list holding {inner}" if inner else type(value).__name__
+    raise HookReturnError(f"{hook} of method '{method}' returned {got}; expected a list of "
+                          "arena.core.types.Experience (or None).")
 
 
 T = TypeVar("T")
@@ -139,11 +162,17 @@ class RunContext:
     ) -> None:
         self.cfg = cfg
         self.run_dir = run_dir
-        self.env = env
+        self._env = env  # the harness's; methods get the guarded view below
         self.llm = llm
         self.method_name: str = cfg.method.name
-        self.phase = LEARN
-        self.track: str = cfg.run.track
+        self._phase = LEARN
+        self._track: str = cfg.run.track
+        #: The environment as methods may see it (``arena.core.views``).
+        self.env = EnvironmentView(env, self, self._refusal)
+        self._test_tasks: dict[str, Task] = {}  # the evaluation's tasks, with their payloads
+        self._sealed: set[str] = set()  # seals of the episodes the harness played (evaluation)
+        self._spot_check: Callable[[], None] | None = None
+        self._spot_rate = 0.0
         self.violations: list[str] = []
         self.splits_used_for_learning: set[str] = set()
         self.hook: pluggy.HookRelay | None = None  # set by the protocol once the method exists
@@ -201,23 +230,65 @@ class RunContext:
             if message not in recorded:
                 self.run_dir.update_state(violations=[*recorded, message])
 
+    def _refusal(self, message: str) -> ProtocolViolation:
+        """Record ``message`` as a violation; the error to raise."""
+        self.violation(message)
+        return ProtocolViolation(message)
+
+    # -- phase and track: the harness's to change, read-only for methods ----------------------
+
+    @property
+    def phase(self) -> str:
+        return self._phase
+
+    @phase.setter
+    def phase(self, value: str) -> None:
+        raise self._refusal(f"Method '{self.method_name}' tried to set run.phase to {value!r}; "
+                            "only the harness advances the phase.")
+
+    @property
+    def track(self) -> str:
+        return self._track
+
+    @track.setter
+    def track(self, value: str) -> None:
+        raise self._refusal(f"Method '{self.method_name}' tried to set run.track to {value!r}; "
+                            "the track is the user's (run.track in the config).")
+
+    def is_learning(self) -> bool:
+        return self._phase == LEARN
+
     def is_frozen(self) -> bool:
-        return self.phase == EVALUATE and self.track == "frozen"
+        return self._phase == EVALUATE and self._track == "frozen"
 
     # -- task access, guarded by phase -------------------------------------------------------
 
     def tasks(self, split: str) -> list[Task]:
         """Tasks of a split. While learning only train (and valid, which is recorded) are open."""
         if self.phase == LEARN:
-            if split in TEST_SPLITS:
+            if split in (*TEST_SPLITS, POOL_SPLIT):
+                kind = "the test-time source pool" if split == POOL_SPLIT else f"test split '{split}'"
                 message = (
-                    f"Method '{self.method_name}' asked for test split '{split}' while learning; "
+                    f"Method '{self.method_name}' asked for {kind} while learning; "
                     f"learn from '{TRAIN_SPLIT}' (or '{VALID_SPLIT}', recorded as such)."
                 )
                 self.violation(message)
                 raise ProtocolViolation(message)
             self.splits_used_for_learning.add(split)
-        return self.env.tasks(split)
+        tasks = self._env.tasks(split)
+        return [public_task(t) for t in tasks] if split in TEST_SPLITS else tasks
+
+    def source_pool(self) -> list[Task]:
+        """The train tasks a method may consult at test time (to retrieve a source game, say).
+
+        The train split; at evaluation with ``eval.source_pool: all_types`` also the
+        environment's pool of train-like tasks of the types train holds out. While learning it is
+        the train split alone: the pool is for test time, never for learning.
+        """
+        train = self.tasks(TRAIN_SPLIT)
+        if self.phase == LEARN or str(self.cfg.eval.get("source_pool", "train")) == "train":
+            return train
+        return train + self._env.pool_tasks()
 
     # -- episodes -----------------------------------------------------------------------------
 
@@ -252,8 +323,9 @@ class RunContext:
         if (max_steps is not None or sampling is not None) and not standard:
             raise ValueError("max_steps and sampling apply to standard=True (helper) episodes only")
         if self.phase == LEARN:
-            if task.split in TEST_SPLITS:
-                message = f"Method '{self.method_name}' played test task {task.task_id} while learning."
+            if task.split in (*TEST_SPLITS, POOL_SPLIT):
+                kind = "source-pool" if task.split == POOL_SPLIT else "test"
+                message = f"Method '{self.method_name}' played {kind} task {task.task_id} while learning."
                 self.violation(message)
                 raise ProtocolViolation(message)
             exhausted = self.budget_exhausted()
@@ -269,6 +341,7 @@ class RunContext:
             if stored is not None:
                 if self.keep_rollouts and self.phase == LEARN:
                     self.run_dir.attach_rollouts(key, stored)
+                self._seal(stored)  # played and recorded (the record's chain was checked)
                 return stored
         started = time.perf_counter()
         previous_seed = getattr(self._local, "seed", None)
@@ -287,9 +360,16 @@ class RunContext:
             trajectory.error = f"{type(exc).__name__}: {exc}"
         finally:
             self._local.seed = previous_seed
-        if not isinstance(trajectory, Trajectory) or trajectory.task.task_id != task.task_id:
+        if not isinstance(trajectory, Trajectory):
+            message = (f"solve of method '{self.method_name}' returned {type(trajectory).__name__}; "
+                       "expected a Trajectory (or None, for the standard solver)")
+            trajectory = Trajectory(task=task, initial_observation="", status=Termination.ERROR,
+                                    error=message)
+        elif trajectory.task.task_id != task.task_id:
             trajectory = Trajectory(task=task, initial_observation="", status=Termination.ERROR,
                                     error="solve returned no trajectory of this task")
+        elif task.split in TEST_SPLITS and not self.is_learning():
+            trajectory = self._verified(trajectory)
         trajectory.wall_s = max(trajectory.wall_s, time.perf_counter() - started)
         if record:
             self.record(trajectory, seed=seed, variant=variant)
@@ -364,20 +444,93 @@ class RunContext:
                     return
                 if self.finished(task, seed, variant):
                     continue
-                experiences = self.hook.retrieve(run=self, task=task) or []
+                experiences = checked_experiences("retrieve", self.method_name,
+                                                  self.hook.retrieve(run=self, task=task))
                 try:
                     trajectory = self.play(task, experiences, seed=seed, variant=variant, record=False)
                 except BudgetExhausted:
                     return
-                new = self.hook.extract(run=self, trajectories=[trajectory]) or []
+                new = checked_experiences("extract", self.method_name,
+                                          self.hook.extract(run=self, trajectories=[trajectory]))
                 self.hook.update(run=self, trajectories=[trajectory], experiences=new)
                 self.record(trajectory, seed=seed, variant=variant)
 
     def start_learning(self, tokens_before: int = 0) -> None:
         """Enter the learning phase; token usage is measured from here (plus earlier sessions)."""
-        self.phase = LEARN
+        self._phase = LEARN
         self.learn_tokens_before = tokens_before
         self._learn_usage_start = self.llm.usage.tokens_in + self.llm.usage.tokens_out
+
+    def start_evaluation(self, tasks: Sequence[Task], spot_check: Callable[[], None] | None = None,
+                         spot_checks: int = 0, steps: int = 1) -> None:
+        """Enter evaluation (the harness's call): ``tasks`` are the test tasks with their
+        payloads (methods get them without); ``spot_check`` runs before about ``spot_checks``
+        of the evaluation's ``steps`` decisions, chosen at random, so a method cannot tell when
+        its state is looked at."""
+        self._phase = EVALUATE
+        self._test_tasks = {task.task_id: task for task in tasks}
+        self._spot_check = spot_check
+        self._spot_rate = min(1.0, spot_checks / max(1, steps)) if spot_check else 0.0
+
+    def _full_task(self, task: Task) -> Task:
+        """The harness's own copy of a test task (a method's copy has no payload)."""
+        return self._test_tasks.get(task.task_id, task) if task.split in TEST_SPLITS else task
+
+    # -- what is credited: episodes the harness played, or that replay exactly ---------------
+
+    @staticmethod
+    def _seal_of(trajectory: Trajectory) -> str:
+        played = [trajectory.task.task_id, trajectory.initial_observation, trajectory.status.value,
+                  [[s.action, s.observation, s.valid] for s in trajectory.steps]]
+        return hashlib.sha256(json.dumps(played).encode()).hexdigest()
+
+    def _seal(self, trajectory: Trajectory) -> None:
+        with self._lock:
+            self._sealed.add(self._seal_of(trajectory))
+
+    def _verified(self, trajectory: Trajectory) -> Trajectory:
+        """``trajectory`` if the harness played it, or if a fresh episode of the (deterministic)
+        environment reproduces every observation and the outcome; else an error episode, and
+        the run is marked invalid."""
+        seal = self._seal_of(trajectory)
+        with self._lock:
+            if seal in self._sealed:
+                return trajectory
+        problem = self._replay_problem(trajectory)
+        if problem is None:
+            self._seal(trajectory)
+            return trajectory
+        task = trajectory.task
+        self.violation(f"Method '{self.method_name}' returned an episode of {task.task_id} that the "
+                       f"environment does not reproduce ({problem}); it is not credited.")
+        return Trajectory(task=task, initial_observation=trajectory.initial_observation,
+                          status=Termination.ERROR, experience_ids=list(trajectory.experience_ids),
+                          error=f"not reproduced by the environment: {problem}")
+
+    def _replay_problem(self, trajectory: Trajectory) -> str | None:
+        """What in ``trajectory`` a fresh episode contradicts (None: it replays exactly)."""
+        if trajectory.status is Termination.ERROR:
+            return None  # an error is credited as a failure whatever its steps
+        if len(trajectory.steps) > self.max_steps():
+            return f"{len(trajectory.steps)} steps, over the limit of {self.max_steps()}"
+        episode = self._env.open(self._full_task(trajectory.task))
+        try:
+            observation = episode.reset()
+            if observation.text != trajectory.initial_observation:
+                return "its first observation differs"
+            for number, step in enumerate(trajectory.steps, start=1):
+                if observation.won or observation.done:
+                    return f"step {number} comes after the game ended"
+                valid = step.action in observation.admissible_actions
+                observation = episode.step(step.action)
+                if observation.text != step.observation or valid != step.valid:
+                    return f"step {number} ({step.action!r}) is answered differently"
+        finally:
+            episode.close()
+        if trajectory.success != observation.won:
+            return "it claims success but the game was not won" if trajectory.success else \
+                "it claims no success but the game was won"
+        return None
 
     def refresh_token_usage(self) -> None:
         """Every LLM token of the learning phase counts, extraction included, not only episodes."""
@@ -424,10 +577,51 @@ class RunContext:
         """One episode of ``task`` driven by ``policy`` (observation + trajectory -> action) under
         the harness's step, invalid-action and error rules: for a ``solve`` hook that changes how
         the agent acts (its own prompt or decoding) rather than what it is shown."""
-        return play(
-            self.env.open(task),
-            policy,
+        if self.is_learning():
+            return play(
+                self._env.open(task), policy,
+                max_steps=self.max_steps() if max_steps is None else int(max_steps),
+                max_invalid_actions=int(self.cfg.eval.max_invalid_actions),
+                experience_ids=[e.experience_id for e in experiences],
+            )
+        derived = self._derived_experiences(task, experiences)
+        spot_check, rate = self._spot_check, self._spot_rate
+
+        def checked(observation: Any, trajectory: Trajectory) -> Any:
+            if spot_check is not None and secrets.randbelow(1_000_000) < rate * 1_000_000:
+                spot_check()
+            return policy(observation, trajectory)
+
+        trajectory = play(
+            self._env.open(self._full_task(task)),
+            checked if spot_check is not None else policy,
             max_steps=self.max_steps() if max_steps is None else int(max_steps),
             max_invalid_actions=int(self.cfg.eval.max_invalid_actions),
             experience_ids=[e.experience_id for e in experiences],
         )
+        trajectory.task = task  # the method's copy: no payload in what it gets back or in records
+        trajectory.derived_experience_ids = derived
+        self._seal(trajectory)
+        return trajectory
+
+    def _derived_experiences(self, task: Task, experiences: list[Experience]) -> list[str]:
+        """At evaluation every experience shown must be in the frozen store, or be made at test
+        time from non-test tasks (e.g. a skill card from a train episode): those are returned,
+        to be recorded as derived; anything else is a violation."""
+        stored: set[str] = set()
+        if experiences and self.has_store():
+            stored = {e.experience_id for e in self.store.get([e.experience_id for e in experiences])}
+        derived = []
+        for experience in experiences:
+            if experience.experience_id in stored:
+                continue
+            sources = experience.provenance
+            if (sources.source_split in (*TEST_SPLITS, "unknown") or not sources.source_task_ids
+                    or any(tid in self._test_tasks for tid in sources.source_task_ids)):
+                self.violation(
+                    f"Method '{self.method_name}' showed experience {experience.experience_id} on "
+                    f"{task.task_id}: it is not in the frozen store, and its provenance "
+                    f"({sources.source_split}: {', '.join(sources.source_task_ids) or 'no tasks'}) "
+                    "does not show it was made from non-test tasks.")
+            derived.append(experience.experience_id)
+        return derived

@@ -15,6 +15,9 @@ from arena.core.types import Observation, Task
 TRAIN_SPLIT = "train"
 VALID_SPLIT = "valid"
 TEST_SPLITS = ("test_seen", "test_unseen")
+#: Split name of :meth:`Environment.pool_tasks`: train-like tasks of the types train holds out,
+#: consulted at test time only (``eval.source_pool: all_types``), never learned from.
+POOL_SPLIT = "pool"
 
 
 class Episode(ABC):
@@ -60,6 +63,17 @@ class Environment(ABC):
     def open(self, task: Task) -> Episode:
         """A fresh episode of ``task`` (call ``reset`` on it before stepping)."""
 
+    def pool_tasks(self) -> list[Task]:
+        """Train-like tasks of the task types the train split holds out (split ``pool``).
+
+        Drawn the way train is (the same kind of rooms or games, none of them in a test split),
+        they exist for one protocol choice: ``eval.source_pool: all_types`` lets a method consult,
+        at test time, a pool of train tasks of every type, as Evolving-RL's authors retrieve
+        their source game from a train pool of all six types. They are never open while
+        learning. Empty (the default) where train already holds every type.
+        """
+        return []
+
     def protocol_fields(self) -> dict[str, object]:
         """World settings that change what is measured (a difficulty level, say).
 
@@ -70,10 +84,15 @@ class Environment(ABC):
 
     def split_hash(self, split: str) -> str:
         """Content hash of a split: recorded with results so that two runs can be compared."""
-        digest = hashlib.sha256()
-        for task in self.tasks(split):
-            digest.update(task.content_hash().encode())
-        return digest.hexdigest()
+        return tasks_hash(self.pool_tasks() if split == POOL_SPLIT else self.tasks(split))
 
     def close(self) -> None:
         """Release resources shared by the episodes."""
+
+
+def tasks_hash(tasks: list[Task]) -> str:
+    """Content hash of a list of tasks, in their order."""
+    digest = hashlib.sha256()
+    for task in tasks:
+        digest.update(task.content_hash().encode())
+    return digest.hexdigest()

@@ -288,6 +288,12 @@ class ProcessEnvironment(Environment):
     def split_hash(self, split: str) -> str:
         return self.local.split_hash(split)
 
+    def pool_tasks(self) -> list[Task]:
+        return self.local.pool_tasks()
+
+    def protocol_fields(self) -> dict[str, object]:
+        return self.local.protocol_fields()
+
     def __getattr__(self, name: str) -> Any:
         # Anything else of the wrapped environment (e.g. its own settings) reads through.
         if name in ("local", "_pool", "_retiring"):

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
-from arena.core import provenance, stats
+from arena.core import integrity, provenance, stats
 from arena.core.batching import BatchingBackend
 from arena.core.config import compose, to_plain
 from arena.core.context import (
@@ -34,19 +34,23 @@ from arena.core.context import (
     BudgetExhausted,
     ProtocolViolation,
     RunContext,
+    checked_experiences,
     run_in_threads,
 )
 from arena.core.defaults import HarnessDefaults
 from arena.core.progress import NullReporter, Reporter
 from arena.core.embedder import make_embedder
-from arena.core.env import TEST_SPLITS, TRAIN_SPLIT, Environment
+from arena.core.env import POOL_SPLIT, TEST_SPLITS, TRAIN_SPLIT, Environment
 from arena.core.executors import build_environment
 from arena.core.plugins import Plugins, get_plugins, new_plugin_manager
 from arena.core.rundir import RunDir, RunDirError, RunLock, new_run_dir
 from arena.core.store import ExperienceStore
 from arena.core.types import EpisodeResult, Experience, Task, Termination, Trajectory
+from arena.core.views import public_task
 
 SCHEMA_VERSION = 1
+#: Random moments of a frozen evaluation at which the harness re-hashes store and weights.
+SPOT_CHECKS = 8
 PRIMARY_VARIANT = "default"
 
 
@@ -114,6 +118,12 @@ def _resumed(run_dir: RunDir, lock: RunLock, method: str | None, env: str | None
         raise RunDirError(
             "A resumed run keeps its saved config; drop --env, --preset, --config and "
             "key=value overrides, or start a new run."
+        )
+    written = run_dir.state().get("config_sha256")
+    if written is not None and integrity.file_sha256(run_dir.path / "config.yaml") != written:
+        raise RunDirError(
+            f"{run_dir.path / 'config.yaml'} was edited after the run started; a resumed run keeps "
+            "the config it started with. Undo the edit, or start a new run with the new settings."
         )
     plugins.methods.get(cfg.method.name)  # still installed?
     if (run_dir.path / "results.json").exists():
@@ -193,6 +203,7 @@ class Session:
         self.ctx.hook = self.pm.hook
         self.ctx.on_episode = self._on_episode
         self._usage_lock = threading.Lock()
+        self._frozen_digests: dict[str, str] | None = None  # set when evaluation starts
         self._phase_started = time.perf_counter()
         self._usage_at_phase_start = self.llm.usage.snapshot()
 
@@ -231,14 +242,32 @@ class Session:
 
     # -- state digest -------------------------------------------------------------------------
 
+    def _harness_digests(self) -> dict[str, str]:
+        """What the harness hashes itself: the store and the served weights."""
+        return {"store": self.ctx.store.digest() if self._store_exists() else "empty",
+                "weights": self.llm.weights_digest(fresh=True)}
+
     def state_digest(self) -> str:
-        """Digest of everything the method could have learned: store, method state, weights."""
-        parts: dict[str, Any] = {
-            "store": self.ctx.store.digest() if self._store_exists() else "empty",
-            "method": sorted(str(d) for d in self.pm.hook.state_digest(run=self.ctx) if d),
-            "weights": self.llm.weights_digest(fresh=True),
-        }
+        """Digest of everything the method could have learned: store, method state, weights.
+
+        The harness hashes the store and the weights *before* any method hook runs, so a method
+        cannot put back a copy of its learned state inside its own ``state_digest``."""
+        parts: dict[str, Any] = dict(self._harness_digests())
+        try:
+            parts["method"] = sorted(str(d) for d in self.pm.hook.state_digest(run=self.ctx) if d)
+        except Exception as exc:  # the finished work is kept; the run is invalid
+            self.ctx.violation(f"state_digest of method '{self.cfg.method.name}' raised "
+                               f"{type(exc).__name__}: {exc}; its state cannot be verified.")
+            parts["method"] = ["<state_digest failed>"]
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+    def _spot_check(self) -> None:
+        """At a random moment of a frozen evaluation: are the store and weights still those
+        learning ended with?"""
+        if self._frozen_digests is not None and self._harness_digests() != self._frozen_digests:
+            self.ctx.violation("The store or the weights differed from the learned state at a "
+                               "random check during frozen evaluation: the method changed them "
+                               "while being evaluated.")
 
     def _store_exists(self) -> bool:
         return self.ctx.has_store() or (self.run_dir.path / "store").exists()
@@ -294,8 +323,13 @@ class Session:
 
     def _evaluate(self) -> None:
         ctx = self.ctx
-        ctx.phase = EVALUATE
         state = self.run_dir.state()
+        plan = evaluation_plan(self.env, self.cfg)
+        frozen = ctx.track == "frozen"
+        self._frozen_digests = self._harness_digests() if frozen else None
+        ctx.start_evaluation([task for task, _ in plan],
+                             spot_check=self._spot_check if frozen else None,
+                             spot_checks=SPOT_CHECKS, steps=len(plan) * ctx.eval_max_steps() // 2)
         if self.resumed and ctx.track == "frozen":
             digest_now = self.state_digest()
             if state["digest_before_eval"] != digest_now:
@@ -304,7 +338,6 @@ class Session:
                     f"({state['digest_before_eval'][:12]} -> {digest_now[:12]}): the method must "
                     "restore its learned state when constructed (e.g. load its checkpoint)."
                 )
-        plan = evaluation_plan(self.env, self.cfg)
         todo = [(task, seed) for task, seed in plan if ctx.finished(task, seed) is None]
         self._start_phase(EVALUATE)
         self.reporter.phase(EVALUATE, len(plan), len(plan) - len(todo))
@@ -321,14 +354,46 @@ class Session:
                 f"({state['digest_before_eval'][:12]} -> {digest_after[:12]}): it learned from "
                 "test episodes."
             )
+        if frozen:
+            self._check_shown_experiences(state)
+        self._check_run_files(state)
         self.run_dir.update_state(digest_after_eval=digest_after)
+
+    def _check_shown_experiences(self, state: dict[str, Any]) -> None:
+        """Every experience id recorded at evaluation is in the frozen store (or was derived at
+        test time from non-test tasks): memory written during evaluation and deleted before the
+        end digest is caught here."""
+        shown: set[str] = set()
+        for record in self.run_dir.episodes():
+            if record.phase == EVALUATE:
+                shown.update(set(record.experience_ids) - set(record.derived_experience_ids))
+        if not shown:
+            return
+        found = ({e.experience_id for e in self.ctx.store.get(sorted(shown))}
+                 if self._store_exists() else set())
+        missing = sorted(shown - found)
+        if missing:
+            self.ctx.violation(f"{len(missing)} experience ids recorded at evaluation are not in the "
+                               f"frozen store (e.g. {missing[0]}): they were written during "
+                               "evaluation and removed, or never stored.")
+
+    def _check_run_files(self, state: dict[str, Any]) -> None:
+        """config.yaml as the run started, and the store still on disk where there was one."""
+        written = state.get("config_sha256")
+        if written is not None and integrity.file_sha256(self.run_dir.path / "config.yaml") != written:
+            self.ctx.violation("config.yaml was changed while the run ran: its results would not "
+                               "describe the config they came from.")
+        if self._frozen_digests and self._frozen_digests["store"] != "empty" \
+                and not (self.run_dir.path / "store").is_dir():
+            self.ctx.violation("The run's store/ folder was deleted during evaluation.")
 
     def _retrieve(self, task: Task) -> list[Experience] | Trajectory:
         """The method's experiences for ``task``, or an error trajectory if retrieval failed."""
         try:
-            return list(self.pm.hook.retrieve(run=self.ctx, task=task) or [])
+            return checked_experiences("retrieve", self.cfg.method.name,
+                                       self.pm.hook.retrieve(run=self.ctx, task=public_task(task)))
         except Exception as exc:
-            return Trajectory(task=task, initial_observation="", status=Termination.ERROR,
+            return Trajectory(task=public_task(task), initial_observation="", status=Termination.ERROR,
                               error=f"retrieve failed: {type(exc).__name__}: {exc}")
 
     def _frozen_episode(self, task: Task, seed: int) -> None:
@@ -336,15 +401,16 @@ class Session:
         if isinstance(experiences, Trajectory):
             self.ctx.record(experiences, seed=seed)
             return
-        self.ctx.play(task, experiences, seed=seed)
+        self.ctx.play(public_task(task), experiences, seed=seed)
 
     def _online_episode(self, task: Task, seed: int) -> None:
         experiences = self._retrieve(task)
         if isinstance(experiences, Trajectory):
             self.ctx.record(experiences, seed=seed)
             return
-        trajectory = self.ctx.play(task, experiences, seed=seed, record=False)
-        new = self.pm.hook.extract(run=self.ctx, trajectories=[trajectory]) or []
+        trajectory = self.ctx.play(public_task(task), experiences, seed=seed, record=False)
+        new = checked_experiences("extract", self.cfg.method.name,
+                                  self.pm.hook.extract(run=self.ctx, trajectories=[trajectory]))
         self.pm.hook.update(run=self.ctx, trajectories=[trajectory], experiences=new)
         self.ctx.record(trajectory, seed=seed)
 
@@ -354,6 +420,13 @@ class Session:
                        workers=int(self.cfg.eval.concurrency), llm=self.llm)
 
     # -- results ------------------------------------------------------------------------------
+
+    def _split_hashes(self) -> dict[str, str]:
+        """Every split's hash, and the source pool's where a method could consult it."""
+        hashes = {split: self.env.split_hash(split) for split in self.env.split_names()}
+        if str(self.cfg.eval.source_pool) == "all_types":
+            hashes[POOL_SPLIT] = self.env.split_hash(POOL_SPLIT)
+        return hashes
 
     def results(self) -> dict[str, Any]:
         cfg = self.cfg
@@ -389,8 +462,13 @@ class Session:
             }
         size = self.ctx.store.size() if self._store_exists() else {"items": 0, "bytes": 0}
         method_sizes: dict[str, Any] = {}
-        for extra in self.pm.hook.state_size(run=self.ctx):
-            method_sizes.update(extra or {})
+        try:
+            for extra in self.pm.hook.state_size(run=self.ctx):
+                method_sizes.update(extra or {})
+        except Exception as exc:  # the evaluation is kept; the run is invalid
+            self.ctx.violation(f"state_size of method '{cfg.method.name}' raised "
+                               f"{type(exc).__name__}: {exc}.")
+            violations = list(self.run_dir.state().get("violations", []))
         return {
             "schema_version": SCHEMA_VERSION,
             "method": cfg.method.name,
@@ -407,6 +485,7 @@ class Session:
                 "limit": cfg.eval.limit,
                 "splits": list(cfg.eval.splits),
                 "env": dict(self.env.protocol_fields()),
+                "source_pool": str(cfg.eval.source_pool),
             },
             # How the standard solver laid out its prompts (a method's choice, so not a protocol
             # field; runs of different layouts never pool into one leaderboard row).
@@ -432,11 +511,15 @@ class Session:
             "provenance": {
                 **state.get("provenance", provenance.collect()),
                 "env_version": self.env.version,
-                "split_hashes": {s: self.env.split_hash(s) for s in self.env.split_names()},
+                "split_hashes": self._split_hashes(),
                 "model": self.llm.describe(),
                 "embedder": dict(OmegaConf.to_container(cfg.embedder)),  # type: ignore[arg-type]
                 "config": to_plain(cfg),
             },
+            # The chain of episodes.jsonl as this run left it (arena.core.integrity): reports
+            # refuse a file whose chain does not end here.
+            "record": {"episodes": len(records), "head": self.run_dir.head,
+                       "key_id": self.run_dir.record_key_id()},
             "started": state.get("started"),
             "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }

@@ -2,6 +2,8 @@
 
 Episode records are appended and fsynced one line at a time, so a run killed at any point loses
 at most the episode in flight; ``--resume`` reads them back and skips every finished episode.
+Each record is chained to the one before it and signed with this machine's record key
+(``arena.core.integrity``): ``--resume`` refuses a record that was changed.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
+from arena.core import integrity
 from arena.core.types import EpisodeResult, RolloutTokens, Trajectory
 
 EPISODES = "episodes.jsonl"
@@ -163,6 +166,8 @@ class RunDir:
         self.path = Path(path)
         self._lock = threading.Lock()
         self._episodes: dict[tuple, EpisodeResult] = {}
+        self._head = integrity.GENESIS  # the chain hash of the last episode line
+        self._key: bytes | None = integrity.record_key()  # None where none can be made
 
     # -- creation and resume ------------------------------------------------------------------
 
@@ -174,6 +179,9 @@ class RunDir:
             )
         self.path.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(cfg, self.path / CONFIG)
+        # What --resume and the end of the run check: the config as written, the signing key.
+        self.update_state(config_sha256=integrity.file_sha256(self.path / CONFIG),
+                          record_key_id=integrity.key_id(self._key))
 
     def load_config(self) -> DictConfig:
         path = self.path / CONFIG
@@ -194,12 +202,34 @@ class RunDir:
         return sum(1 for line in path.read_bytes().splitlines(keepends=True) if line.endswith(b"\n"))
 
     def load_episodes(self) -> list[EpisodeResult]:
-        """Finished episodes recorded so far (used by --resume)."""
-        records = [EpisodeResult.from_dict(r) for r in read_jsonl(self.path / EPISODES)]
+        """Finished episodes recorded so far (used by --resume), after checking their chain and
+        signatures: a changed record is refused, naming its first bad line."""
+        lines = read_jsonl(self.path / EPISODES)
+        # Whatever state.json says: where this machine has a key, every line must carry its MAC
+        # (a run resumed on another machine, or rewritten by a forger, is refused).
+        try:
+            report = integrity.verify(lines, self.path / EPISODES, key=self._key,
+                                      expected_key_id=integrity.key_id(self._key))
+        except integrity.RecordError as exc:
+            raise RunDirError(f"{exc} Start a new run; this one cannot be resumed (a run resumes "
+                              "only on the machine that started it).") from exc
+        if lines and not report.chained:
+            raise RunDirError(f"{self.path / EPISODES} was written before records were chained "
+                              "(an older Arena); finish it with that version or start a new run.")
+        records = [EpisodeResult.from_dict(r) for r in lines]
         self._drop_orphan_trajectories({r.key for r in records})
         with self._lock:
             self._episodes = {r.key: r for r in records}
+            self._head = report.head
         return records
+
+    @property
+    def head(self) -> str:
+        """The chain hash of the last episode line (results.json records it)."""
+        return self._head
+
+    def record_key_id(self) -> str | None:
+        return integrity.key_id(self._key)
 
     def _drop_orphan_trajectories(self, keys: set[tuple]) -> None:
         """Keep only trajectories of recorded episodes (one killed between the two writes)."""
@@ -289,15 +319,20 @@ class RunDir:
         with self._lock:
             if result.key in self._episodes:
                 raise RunDirError(f"Episode {result.key} was recorded twice; this is a bug.")
-            self._append(TRAJECTORIES, {"key": list(result.key), **trajectory.to_dict()})
-            self._append(EPISODES, result.to_dict())
+            line = self._append(TRAJECTORIES, {"key": list(result.key), **trajectory.to_dict()})
+            sealed = integrity.seal(result.to_dict(), self._head, line, self._key)
+            self._append(EPISODES, sealed)
+            self._head = sealed[integrity.CHAIN]["hash"]
             self._episodes[result.key] = result
 
-    def _append(self, name: str, record: dict[str, Any]) -> None:
+    def _append(self, name: str, record: dict[str, Any]) -> bytes:
+        """Append one line; returns its bytes (without the newline)."""
+        line = json.dumps(record, sort_keys=True)
         with (self.path / name).open("a") as handle:
-            handle.write(json.dumps(record, sort_keys=True) + "\n")
+            handle.write(line + "\n")
             handle.flush()
             os.fsync(handle.fileno())
+        return line.encode()
 
     # -- state checkpoints and results --------------------------------------------------------
 

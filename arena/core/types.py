@@ -114,6 +114,10 @@ class Trajectory:
     #: The variant of the same task and seed whose episode this one repeats without playing it
     #: (same prompts under greedy decoding, so the same episode); it then costs nothing.
     copy_of: str | None = None
+    #: Experiences shown at evaluation that are not in the frozen store but were made at test
+    #: time from non-test tasks (an Evolving-RL card from a train episode): the harness checks
+    #: every other shown id against the frozen store.
+    derived_experience_ids: list[str] = field(default_factory=list)
 
     @property
     def success(self) -> bool:
@@ -205,6 +209,7 @@ class EpisodeResult:
     variant: str = "default"  # e.g. "with_skill" / "without_skill" for paired evaluation
     error: str | None = None
     copy_of: str | None = None  # see Trajectory.copy_of: not played, so not counted in cost
+    derived_experience_ids: list[str] = field(default_factory=list)  # see Trajectory's
 
     @property
     def key(self) -> tuple[str, str, str, int, str]:
@@ -216,7 +221,8 @@ class EpisodeResult:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> EpisodeResult:
-        return cls(**data)
+        """From a line of episodes.jsonl (its integrity ``chain`` is the reader's to check)."""
+        return cls(**{key: value for key, value in data.items() if key != "chain"})
 
     @classmethod
     def from_trajectory(
@@ -244,4 +250,5 @@ class EpisodeResult:
             variant=variant,
             error=trajectory.error,
             copy_of=trajectory.copy_of,
+            derived_experience_ids=list(trajectory.derived_experience_ids),
         )

@@ -27,7 +27,8 @@ POOLABLE_CONFIG_SECTIONS = ("executor.",)
 #: Keys added after runs were made, with the value those runs had in effect: a run from before
 #: ``solver.layout`` existed laid its prompts out as ``window``.
 CONFIG_KEYS_ADDED = {"solver.layout": "window", "solver.admissible_turns": "full",
-                     "solver.mode": "choose", "solver.reasoning_max_tokens": 64}
+                     "solver.mode": "choose", "solver.reasoning_max_tokens": 64,
+                     "eval.source_pool": "train"}
 
 
 def _compared(key: str) -> bool:
@@ -72,6 +73,8 @@ def protocol_of(run: Run) -> dict[str, Any]:
         "track": results.get("track"),
         "limited": bool(results.get("limited")),
         "eval.limit": evaluation.get("limit"),
+        # Which train tasks a method could consult at test time (runs before it: train).
+        "eval.source_pool": evaluation.get("source_pool", "train"),
     }
     for name, value in sorted(results.get("protocol", {}).get("env", {}).items()):
         fields[f"env.{name}"] = value
@@ -298,6 +301,13 @@ def row_flags(runs: list[Run], mixed: dict[str, Any]) -> list[str]:
     for run in invalid:
         reason = (run.results.get("violations") or ["protocol violation"])[0]
         flags.append(f"INVALID {run.label}: {reason}")
+    errored = [r.label for r in runs if r.episodes is not None and r.evaluated()
+               and all(e.status == "error" for e in r.evaluated())]
+    if errored:
+        flags.append(f"every test episode errored: {', '.join(errored)}")
+    unchained = [r.label for r in runs if not r.chained]
+    if unchained:
+        flags.append(f"record not chained (made before Arena chained its records): {', '.join(unchained)}")
     for name, value in mixed.items():
         flags.append(f"mixed: {name}={_show(value)}")
     return flags

@@ -85,9 +85,10 @@ def protocol_line(table: Table) -> str:
         parts.append(f"env version {protocol['env_version']}")
     if "eval.splits" in protocol:
         parts.append("splits " + ", ".join(protocol["eval.splits"]))
-    for key in ("eval.max_steps", "eval.max_invalid_actions"):
+    for key in ("eval.max_steps", "eval.max_invalid_actions", "eval.source_pool"):
         if key in protocol:
             parts.append(f"{key} {protocol[key]}")
+    parts.extend(f"{key} {value}" for key, value in protocol.items() if key.startswith("env."))
     if "track" in protocol:
         parts.append(f"track {protocol['track']}")
     if "limited" in protocol:

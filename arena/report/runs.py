@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from arena.core.rundir import CONFIG, EPISODES, RESULTS, STATE, read_jsonl, unfinished_message
+from arena.core import integrity
+from arena.core.rundir import CONFIG, EPISODES, RESULTS, STATE, TRAJECTORIES, read_jsonl, unfinished_message
 from arena.core.types import EpisodeResult
 
 PRIMARY_VARIANT = "default"  # the protocol's primary variant (arena.core.protocol.PRIMARY_VARIANT)
@@ -31,6 +32,9 @@ class Run:
     results: dict[str, Any]
     episodes: list[EpisodeResult] | None = None  # None: no episodes.jsonl beside results.json
     state: dict[str, Any] = field(default_factory=dict)
+    #: episodes.jsonl's lines are chained and end where results.json says (False: a run made
+    #: before Arena chained its records, shown as such on a board).
+    chained: bool = True
 
     @property
     def label(self) -> str:
@@ -113,11 +117,39 @@ def load_run(path: Path | str) -> Run:
             raise ReportError(f"{results_file} lacks '{key}': not an Arena results file.")
     episodes_file = path / EPISODES
     episodes = None
+    chained = False
     if episodes_file.is_file():
-        episodes = [EpisodeResult.from_dict(r) for r in read_episode_lines(episodes_file)]
+        lines = read_episode_lines(episodes_file)
+        chained = check_record(path, lines, results.get("record"))
+        episodes = [EpisodeResult.from_dict(r) for r in lines]
     state_file = path / STATE
     state = json.loads(state_file.read_text()) if state_file.is_file() else {}
-    return Run(path=path, results=results, episodes=episodes, state=state)
+    return Run(path=path, results=results, episodes=episodes, state=state, chained=chained)
+
+
+def check_record(path: Path, lines: list[dict[str, Any]], record: dict[str, Any] | None) -> bool:
+    """Check episodes.jsonl's chain (and its trajectories and MACs where they can be checked)
+    against results.json's ``record``; True if chained, False for a run from before chaining.
+    A broken chain, or one that does not end where results.json says, is a ReportError."""
+    episodes_file = path / EPISODES
+    trajectories_file = path / TRAJECTORIES
+    trajectories = trajectories_file.read_bytes().splitlines() if trajectories_file.is_file() else None
+    try:
+        report = integrity.verify(lines, episodes_file, trajectories=trajectories,
+                                  key=integrity.record_key(create=False),
+                                  expected_key_id=(record or {}).get("key_id"))
+    except integrity.RecordError as exc:
+        raise ReportError(str(exc)) from exc
+    if record is None:
+        if report.chained:
+            raise ReportError(f"{path / RESULTS} has no record of its episodes' chain while "
+                              f"{EPISODES} is chained: results.json was replaced.")
+        return False
+    if not report.chained or report.head != record.get("head") or report.lines != record.get("episodes"):
+        raise ReportError(f"{episodes_file} does not end where {path / RESULTS} says it does "
+                          f"({record.get('episodes')} lines): lines were added, dropped or the file "
+                          "was replaced. The run cannot be trusted.")
+    return True
 
 
 def load_runs(paths: list[Path | str]) -> list[Run]:

@@ -14,6 +14,7 @@ from arena.core.rl.data import (
     concat_turns,
     decision_samples,
     episode_sample,
+    mini_batches,
     sample_from_choice,
 )
 
@@ -59,6 +60,7 @@ __all__ = [
     "concat_turns",
     "decision_samples",
     "episode_sample",
+    "mini_batches",
     "group_advantages",
     "low_var_kl",
     "policy_loss",

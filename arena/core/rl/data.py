@@ -8,6 +8,7 @@ so the policy is never trained to predict what the world says.
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
@@ -150,3 +151,21 @@ def episode_sample(trajectory: Trajectory, *, role: str, group: str, reward: flo
     sample = concat_turns(turns, role=role, group=group, reward=reward)
     sample.advantage = advantage
     return sample
+
+
+def mini_batches(samples: Sequence[Sample], size: int | None, rng: random.Random | None = None
+                 ) -> list[list[Sample]]:
+    """The optimizer steps of one RL update: all samples in one (``size`` None: slime's one
+    step per rollout batch), or mini-batches of ``size`` samples, one step each (verl's
+    ``ppo_mini_batch_size``; the rollout log-probs stay the old policy's, so PPO's clip acts
+    from the second step on). With ``rng`` the samples are shuffled first; without, they are
+    split in order (verl's ``actor.shuffle: False``)."""
+    if size is not None and int(size) < 1:
+        raise ValueError(f"mini_batch_size must be at least 1 (or null), got {size}")
+    if not size or int(size) >= len(samples):
+        return [list(samples)]
+    order = list(samples)
+    if rng is not None:
+        rng.shuffle(order)
+    size = int(size)
+    return [order[start : start + size] for start in range(0, len(order), size)]

@@ -4,6 +4,7 @@ Per generated token ``t`` of a sample of role ``r``::
 
     ratio  = exp(logp - old_logp)
     pg     = -min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A)
+    pg     = min(pg, -c * A)   where A < 0, with dual clip c (Ye et al. 2019; off by default)
     kl     = exp(ref - logp) - (ref - logp) - 1          # "k3" / low_var_kl, clamped as in verl
     loss_t = pg + kl_coef * kl - entropy_coef[r] * H      # H: entropy of the full distribution
 
@@ -54,16 +55,29 @@ def clipped_surrogate(
     advantages: torch.Tensor,
     eps_low: float,
     eps_high: float,
+    dual_clip: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """PPO's clipped policy-gradient loss per token, and where the clipped branch was taken.
+    """PPO's clipped policy-gradient loss per token, and where a clipped branch was taken.
 
     The asymmetric range ``[1 - eps_low, 1 + eps_high]`` lets a token's probability rise further
-    than it may fall (DAPO's clip-higher).
+    than it may fall (DAPO's clip-higher). ``dual_clip`` (c > 1) also bounds the loss of a
+    negative advantage by ``-c * A``: a token whose probability already grew ``c``-fold gets no
+    further push, so one stale sample cannot dominate a step (verl's default c = 3; slime has
+    none unless ``--eps-clip-c`` is given).
     """
     ratio = torch.exp(logprobs - old_logprobs)
     unclipped = -ratio * advantages
     clipped = -ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * advantages
-    return torch.maximum(unclipped, clipped), clipped > unclipped
+    loss = torch.maximum(unclipped, clipped)
+    taken = clipped > unclipped
+    if dual_clip is not None:
+        if dual_clip <= 1.0:
+            raise ValueError(f"dual_clip must be greater than 1, got {dual_clip}")
+        bound = -dual_clip * advantages
+        capped = (advantages < 0) & (loss > bound)
+        loss = torch.where(capped, bound, loss)
+        taken = taken | capped
+    return loss, taken
 
 
 def low_var_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
@@ -125,6 +139,7 @@ def policy_loss(
     ref_logprobs: torch.Tensor | None = None,
     eps_low: float = 0.1,
     eps_high: float = 0.15,
+    dual_clip: float | None = None,
     kl_coef: float = 0.01,
     entropy_coef: Mapping[str, float] | None = None,
     token_weights: torch.Tensor | None = None,
@@ -155,7 +170,7 @@ def policy_loss(
     zero = torch.zeros_like(logprobs)
     logp = torch.where(mask, logprobs, zero)
     old = torch.where(mask, old_logprobs, zero)
-    pg, clipped = clipped_surrogate(logp, old, advantages, eps_low, eps_high)
+    pg, clipped = clipped_surrogate(logp, old, advantages, eps_low, eps_high, dual_clip)
     per_token = pg
     kl = zero
     if ref_logprobs is not None:

@@ -78,6 +78,8 @@ class TrainerConfig:
     adam_eps: float = 1e-8
     eps_low: float = 0.1
     eps_high: float = 0.15
+    #: Dual-clip bound c on the loss of a negative advantage (verl's 3.0; null: none, slime's).
+    dual_clip: float | None = None
     kl_coef: float = 0.01
     entropy_coef: Mapping[str, float] = field(default_factory=dict)
     advantage_scale: Mapping[str, float] = field(default_factory=dict)
@@ -100,6 +102,8 @@ class TrainerConfig:
             raise ValueError("trainer.micro_batch_size must be at least 1")
         if self.eps_low < 0 or self.eps_high < 0 or self.kl_coef < 0:
             raise ValueError("trainer.eps_low, eps_high and kl_coef must be non-negative")
+        if self.dual_clip is not None and not self.dual_clip > 1.0:
+            raise ValueError(f"trainer.dual_clip must be greater than 1 (or null), not {self.dual_clip}")
 
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, Any]) -> TrainerConfig:
@@ -242,6 +246,7 @@ class PolicyTrainer:
                     ref_logprobs=None if references is None else references[index],
                     eps_low=self.config.eps_low,
                     eps_high=self.config.eps_high,
+                    dual_clip=self.config.dual_clip,
                     kl_coef=self.config.kl_coef,
                     entropy_coef=self.config.entropy_coef,
                     token_weights=batch.weights,

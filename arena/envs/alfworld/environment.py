@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from arena.core.env import TEST_SPLITS, TRAIN_SPLIT, VALID_SPLIT, Environment, Episode
+from arena.core.env import POOL_SPLIT, TEST_SPLITS, TRAIN_SPLIT, VALID_SPLIT, Environment, Episode
 from arena.core.types import Observation, Task
 from arena.envs.alfworld import data
 
@@ -318,6 +318,13 @@ class AlfworldEnvironment(Environment):
             )
         alfworld_split, types = scheme[split]
         return [self.task_of(g, split) for g in self.games(alfworld_split) if g.task_type in types]
+
+    def pool_tasks(self) -> list[Task]:
+        """ALFWorld's train games of the types this scheme's train split holds out (under the
+        type split: pick_two and look_at; under ALFWorld's own split: none)."""
+        alfworld_split, types = SPLIT_SCHEMES[self.split_scheme][TRAIN_SPLIT]
+        return [self.task_of(g, POOL_SPLIT) for g in self.games(alfworld_split)
+                if g.task_type not in types]
 
     def all_tasks(self, alfworld_split: str) -> list[Task]:
         """Every game of an ALFWorld split as a task whose ``split`` is that ALFWorld split

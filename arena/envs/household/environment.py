@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from arena.core.env import TEST_SPLITS, TRAIN_SPLIT, VALID_SPLIT, Environment
+from arena.core.env import POOL_SPLIT, TEST_SPLITS, TRAIN_SPLIT, VALID_SPLIT, Environment
 from arena.core.types import Task
 from arena.envs.household import catalog as cat
 from arena.envs.household.layout import generate
@@ -19,6 +19,7 @@ SPLIT_SEED_BASE = {
     VALID_SPLIT: 1_000_000,
     TEST_SPLITS[0]: 2_000_000,
     TEST_SPLITS[1]: 3_000_000,
+    POOL_SPLIT: 4_000_000,
 }
 MAX_SPLIT_SIZE = 1_000_000
 
@@ -28,6 +29,8 @@ SPLIT_TASK_TYPES = {
     VALID_SPLIT: cat.SEEN_TASK_TYPES,
     TEST_SPLITS[0]: cat.SEEN_TASK_TYPES,
     TEST_SPLITS[1]: cat.UNSEEN_TASK_TYPES,
+    # The held-out types drawn like train, from their own rooms (``Environment.pool_tasks``).
+    POOL_SPLIT: cat.UNSEEN_TASK_TYPES,
 }
 
 
@@ -110,6 +113,16 @@ class HouseholdEnvironment(Environment):
                 make_task(self.seed, split, i, self.level) for i in range(self.sizes[split])
             ]
         return list(self._tasks[split])
+
+    def pool_tasks(self) -> list[Task]:
+        """The held-out types with as many tasks per type as train has (600 at the default
+        size), from a layout range of their own."""
+        per_type = -(-self.sizes[TRAIN_SPLIT] // len(cat.SEEN_TASK_TYPES))
+        size = per_type * len(cat.UNSEEN_TASK_TYPES)
+        if POOL_SPLIT not in self._tasks:
+            self._tasks[POOL_SPLIT] = [make_task(self.seed, POOL_SPLIT, i, self.level)
+                                       for i in range(size)]
+        return list(self._tasks[POOL_SPLIT])
 
     def protocol_fields(self) -> dict[str, object]:
         return {"level": self.level}

@@ -38,6 +38,7 @@ from arena.core.rl import (
     decision_samples,
     episode_sample,
     group_advantages,
+    mini_batches,
     sample_from_choice,
 )
 from arena.core.rundir import write_json_atomic
@@ -103,19 +104,6 @@ def most_similar(run: RunContext, queries: list[Task], pool: list[Task], k: int)
         order = sorted(range(len(pool)), key=lambda i: (-float(row[i]), i))
         ranked.append([pool[i] for i in order[:k]])
     return ranked
-
-
-def mini_batches(samples: list[Sample], size: int | None, rng: random.Random) -> list[list[Sample]]:
-    """The optimizer steps of one iteration: all samples in one (``size`` None, slime's one step
-    per rollout batch), or shuffled mini-batches of ``size`` samples, one step each (verl's
-    ``ppo_mini_batch_size``; the rollout log-probs stay the old policy's, so PPO's clip acts
-    from the second step on)."""
-    if not size or int(size) >= len(samples):
-        return [list(samples)]
-    order = list(samples)
-    rng.shuffle(order)
-    size = int(size)
-    return [order[start : start + size] for start in range(0, len(order), size)]
 
 
 #: How an episode becomes solver samples (``method.solver_samples``).
@@ -430,7 +418,9 @@ class EvolvingRL:
         if run.phase != EVALUATE or self.cfg.mode == "grpo" or not self.cfg.eval_with_skill:
             return None  # the harness's standard solver
         run_seed = run.current_seed()
-        (source_task,) = most_similar(run, [task], run.tasks("train"), 1)[0]
+        # The train tasks the protocol opens at test time (eval.source_pool: the train split, or
+        # train tasks of every type as the authors' pool).
+        (source_task,) = most_similar(run, [task], run.source_pool(), 1)[0]
         # The source episode is played as in learning (learn.max_steps), so the extractor reads
         # the kind of trajectory it was trained on.
         source_steps = self.cfg.get("eval_source_max_steps") or run.cfg.learn.get("max_steps")

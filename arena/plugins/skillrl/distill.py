@@ -9,8 +9,9 @@ its prompts are ours, following that structure:
 * a **failure** is asked where it went wrong, what should have been done and a rule that prevents
   it, as one common mistake;
 * the per-trajectory skills and mistakes are then **consolidated** into general skills;
-* **evolution**: up to 5 failed trajectories of one task type (their last steps, as the authors
-  send) -> 1 to 3 new skills, or revisions of named existing ones.
+* **evolution** (``evolution.scheme``): the authors' one call on the first failures of any type
+  (5 shown, their last steps) -> 1 to 3 new general skills; or, per weak task type, up to 5 of
+  its failures -> 1 to 3 new skills or revisions of named existing ones.
 
 Every teacher call is counted in :class:`TeacherCost` (calls, tokens in and out), kept apart from
 the policy's cost even when the teacher is the policy's own backend.
@@ -55,6 +56,13 @@ EVOLVE_REQUEST = (
     "skills that would have prevented these failures, or REVISE an existing skill by giving its "
     "id in \"revises\". Answer with a JSON list: "
     '[{{"title": "...", "principle": "...", "when_to_apply": "...", "revises": null}}, ...]'
+)
+
+EVOLVE_GENERAL_REQUEST = (
+    "The agent's validation success is {accuracy:.0%}. Above are {n_failures} of its failed attempts "
+    "(their last steps) and the titles of the skills it already has. Propose 1 to {n} NEW general "
+    "skills, different from those, that would have prevented these failures. Answer with a JSON "
+    'list: [{{"title": "...", "principle": "...", "when_to_apply": "..."}}, ...]'
 )
 
 #: The opening of each JSON answer, given as the start of the reply when ``reply_prefix`` is on
@@ -183,6 +191,20 @@ def evolve_prompt(task_type: str, accuracy: float, failures: list[Trajectory], s
     current = "\n".join(f"[{s.skill_id}] {s.render()}" for s in skills) or "(none)"
     request = EVOLVE_REQUEST.format(task_type=task_type, accuracy=accuracy, n_failures=len(failures), n=max_new)
     return "evolve", _chat("\n\n".join(attempts) + f"\n\nCurrent skills:\n{current}\n\n{request}")
+
+
+def evolve_general_prompt(accuracy: float, failures: list[Trajectory], titles: list[str], *, max_new: int,
+                          last_steps: int, max_chars: int) -> tuple[str, Chat]:
+    """The authors' one evolution call: failed attempts of any type, the existing skills' titles
+    only (nothing to revise), 1 to ``max_new`` new general skills."""
+    attempts = []
+    for number, trajectory in enumerate(failures, start=1):
+        attempts.append(f"Attempt {number} ({trajectory.task.task_type}): {trajectory.task.goal}\n"
+                        f"{clip(trajectory.render(max_steps=last_steps), max_chars // max(1, len(failures)))}\n"
+                        f"RESULT: failed ({trajectory.status.value}).")
+    current = "\n".join(f"- {title}" for title in titles) or "(none)"
+    request = EVOLVE_GENERAL_REQUEST.format(accuracy=accuracy, n_failures=len(failures), n=max_new)
+    return "evolve", _chat("\n\n".join(attempts) + f"\n\nExisting skills:\n{current}\n\n{request}")
 
 
 # -- parsing ---------------------------------------------------------------------------------

@@ -54,6 +54,7 @@ from arena.plugins.skillrl.distill import (
     Teacher,
     build_teacher,
     consolidate_prompt,
+    evolve_general_prompt,
     evolve_prompt,
     parse_mistakes,
     parse_skills,
@@ -69,6 +70,16 @@ DEMONSTRATIONS = ("teacher", "expert")
 
 
 # -- pure helpers (tested on their own) --------------------------------------------------------
+
+
+#: ``evolution.scheme``: the authors' one call on the first failures of any type, adding new
+#: general skills only; or one call per weak task type on its own failures, adding or revising.
+EVOLVE_AUTHORS, EVOLVE_PER_TYPE = "authors", "per_type"
+EVOLVE_SCHEMES = (EVOLVE_AUTHORS, EVOLVE_PER_TYPE)
+#: The failures group of the authors' scheme (every type together).
+ANY_TYPE = "any"
+#: ``evolution.visible_to``: which prompts show evolved skills.
+VISIBLE_TO_TRAINING, VISIBLE_TO_ALL = "training", "all"
 
 
 def types_to_evolve(accuracy_by_type: dict[str, float], threshold: float) -> list[str]:
@@ -146,6 +157,10 @@ class SkillRL:
         if self.cfg.sft.demonstrations not in DEMONSTRATIONS:
             raise ValueError(f"method.sft.demonstrations must be one of {DEMONSTRATIONS}, "
                              f"got '{self.cfg.sft.demonstrations}'")
+        for key, allowed in (("scheme", EVOLVE_SCHEMES), ("visible_to", (VISIBLE_TO_TRAINING, VISIBLE_TO_ALL))):
+            value = self.cfg.evolution.get(key)
+            if value not in allowed:
+                raise ValueError(f"method.evolution.{key} must be one of {allowed}, got '{value}'")
         self.work = run.run_dir.path / "skillrl"
         self.trainer: rl.PolicyTrainer | None = None
         self._teacher: Teacher | None = None
@@ -437,7 +452,8 @@ class SkillRL:
             clock = time.perf_counter()
             rng = random.Random(seed * 100_003 + step)
             tasks = rng.sample(train, min(int(cfg.tasks_per_step), len(train)))
-            requests = [EpisodeRequest(task, self.retrieve(run, task), seed, f"step{step}/task{i}/rollout{g}")
+            requests = [EpisodeRequest(task, self._experiences(run, task, rollout=True), seed,
+                                       f"step{step}/task{i}/rollout{g}")
                         for i, task in enumerate(tasks) for g in range(int(cfg.group_size))]
             episodes = self._play(run, requests)
             rollout_s, clock = time.perf_counter() - clock, time.perf_counter()
@@ -451,10 +467,15 @@ class SkillRL:
                                        "reward": _mean(rewards), "samples": len(samples),
                                        "time/rollout_s": rollout_s}
             if samples and any(s.n_trained for s in samples):
-                with run.progress(f"step{step}: update") as update:
-                    metrics.update(trainer.step(samples, on_micro_batch=update.update))
+                # verl-agent's updates: the step samples split in order into mini-batches of
+                # ``rl.mini_batch_size``, one optimizer step each (null: one step).
+                batches = rl.mini_batches(samples, cfg.get("mini_batch_size"))
+                for number, batch in enumerate(batches, start=1):
+                    with run.progress(f"step{step}: update {number}/{len(batches)}") as update:
+                        metrics.update(trainer.step(batch, on_micro_batch=update.update))
+                metrics["updates"] = len(batches)
                 metrics["time/update_s"] = time.perf_counter() - clock
-                run.charge(gradient_steps=1)
+                run.charge(gradient_steps=len(batches))
             trainer.save(self._checkpoint(step + 1))
             run.run_dir.discard_rollouts()
             state["steps_done"] = step + 1
@@ -466,53 +487,65 @@ class SkillRL:
             shown.update(step + 1, note=f"success {metrics['success']:.0%}")
 
     def _evolve(self, run: RunContext, state: dict[str, Any], step: int) -> None:
-        """Validate on the valid split; the teacher grows the bank for the weak task types."""
+        """Validate on the valid split; the teacher grows the bank when a task type is weak."""
         cfg, teacher = self.cfg.evolution, self.teacher(run)
         valid = list(run.tasks("valid"))  # recorded by the harness as learning from valid
         state["valid_used"] = True
         random.Random(int(run.cfg.learn.seed) * 31 + step).shuffle(valid)
         tasks = select_tasks(valid, None if cfg.valid_tasks is None else int(cfg.valid_tasks))
         seed = int(run.cfg.learn.seed)
-        requests = [EpisodeRequest(task, self.retrieve(run, task), seed, f"evolve{step}/valid")
-                    for task in tasks]
+        requests = [EpisodeRequest(task, self._experiences(run, task, rollout=False), seed,
+                                   f"evolve{step}/valid") for task in tasks]
         episodes = self._play(run, requests, temperature=float(cfg.temperature))
         accuracy = accuracy_by_type(episodes)
         weak = types_to_evolve(accuracy, float(cfg.threshold))
         bank = self.bank(state)
-        prompts, failures_by_type = [], {}
-        for task_type in weak:
-            failures = [t for t in episodes if t.task.task_type == task_type and not t.success]
-            failures = failures[: int(cfg.max_failures)]
-            if not failures:
-                continue
-            failures_by_type[task_type] = failures
-            shown = bank.general() + bank.for_type(task_type)
-            prompts.append(evolve_prompt(task_type, accuracy[task_type], failures, shown,
-                                         max_new=int(cfg.max_new_skills), last_steps=int(cfg.last_steps),
-                                         max_chars=teacher.transcript_chars))
+        prompts, failures_by_group = [], {}
+        scheme = str(cfg.get("scheme", EVOLVE_AUTHORS))
+        limits = {"max_new": int(cfg.max_new_skills), "last_steps": int(cfg.last_steps),
+                  "max_chars": teacher.transcript_chars}
+        if scheme == EVOLVE_AUTHORS and weak:
+            # One call: the first failures of any type, the titles of the bank, new general skills.
+            failures = [t for t in episodes if not t.success][: int(cfg.max_failures)]
+            if failures:
+                failures_by_group[ANY_TYPE] = failures
+                overall = _mean([t.success for t in episodes])
+                titles = [skill.title for skill in bank.skills.values()]
+                prompts.append(evolve_general_prompt(overall, failures, titles, **limits))
+        elif scheme == EVOLVE_PER_TYPE:
+            for task_type in weak:
+                failures = [t for t in episodes if t.task.task_type == task_type and not t.success]
+                failures = failures[: int(cfg.max_failures)]
+                if not failures:
+                    continue
+                failures_by_group[task_type] = failures
+                shown = bank.general() + bank.for_type(task_type)
+                prompts.append(evolve_prompt(task_type, accuracy[task_type], failures, shown, **limits))
         answers = teacher.ask(prompts, seed * 7 + step) if prompts else []
-        added, revised = self.apply_evolution(bank, failures_by_type, answers, step)
+        added, revised = self.apply_evolution(bank, failures_by_group, answers, step,
+                                              revisions=scheme == EVOLVE_PER_TYPE)
         state["bank"] = bank.to_dict()
         state["evolved_at"].append(step)
         state["evolution"].append({"step": step, "accuracy": {k: round(v, 4) for k, v in accuracy.items()},
-                                   "triggered": weak, "added": added, "revised": revised,
+                                   "triggered": weak, "scheme": scheme, "added": added, "revised": revised,
                                    "bank_version": bank.version})
         self._save(run, state)
         sync_store(run.store, bank)
         run.run_dir.discard_rollouts()  # validation episodes are not trained on
         self._log(run, f"evolve{step}", {"answers": answers})
 
-    def apply_evolution(self, bank: SkillBank, failures_by_type: dict[str, list[Trajectory]],
-                        answers: list[str], step: int) -> tuple[list[str], list[str]]:
-        """Add (``dyn_NNN`` general skills, as the authors) or revise skills from the teacher's
-        answers; every change records the failed valid tasks it came from."""
+    def apply_evolution(self, bank: SkillBank, failures_by_group: dict[str, list[Trajectory]],
+                        answers: list[str], step: int, *, revisions: bool = True) -> tuple[list[str], list[str]]:
+        """Add (``dyn_NNN`` general skills, as the authors) or, with ``revisions``, revise skills
+        from the teacher's answers (one per group of failures); every change records the failed
+        valid tasks it came from."""
         added, revised = [], []
         bank.begin()
-        for (task_type, failures), answer in zip(failures_by_type.items(), answers):
+        for failures, answer in zip(failures_by_group.values(), answers):
             sources = [t.task.task_id for t in failures]
             split = failures[0].task.split
             for skill in parse_skills(answer, limit=int(self.cfg.evolution.max_new_skills)):
-                if skill["revises"] and skill["revises"] in bank.skills:
+                if revisions and skill["revises"] and skill["revises"] in bank.skills:
                     bank.revise_skill(skill["revises"], title=skill["title"], principle=skill["principle"],
                                       when_to_apply=skill["when_to_apply"], source_split=split,
                                       source_task_ids=sources, added_at=f"evolve@step{step}")
@@ -535,13 +568,21 @@ class SkillRL:
 
     @arena.hookimpl
     def retrieve(self, run: RunContext, task: Task) -> list[Experience]:
+        return self._experiences(run, task, rollout=False)
+
+    def _experiences(self, run: RunContext, task: Task, *, rollout: bool) -> list[Experience]:
+        """The skills of ``task``'s prompt. Evolved skills are left out except in RL rollouts
+        when ``evolution.visible_to`` is ``training`` (the authors: only the training envs get
+        them; validation and test prompts do not)."""
         cfg = self.cfg.retrieval
+        evolved = rollout or str(self.cfg.evolution.get("visible_to", VISIBLE_TO_TRAINING)) == VISIBLE_TO_ALL
         if cfg.mode == "embedding":
             threshold = cfg.get("threshold")
-            return embedding_retrieve(run.store, task, top_k=int(cfg.top_k),
-                                      threshold=None if threshold is None else float(threshold))
+            found = embedding_retrieve(run.store, task, top_k=int(cfg.top_k),
+                                       threshold=None if threshold is None else float(threshold))
+            return [e for e in found if evolved or not e.metadata.get("dynamic", False)]
         return template_retrieve(run.store, task, top_general=int(cfg.top_general),
-                                 max_mistakes=int(cfg.max_mistakes))
+                                 max_mistakes=int(cfg.max_mistakes), evolved=evolved)
 
     def _solver(self, run: RunContext, backend: Any) -> StandardSolver:
         """The standard solver with SkillRL's prompt (every retrieved skill shown)."""

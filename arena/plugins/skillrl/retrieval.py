@@ -25,14 +25,16 @@ from arena.plugins.skillrl.skillbank import GENERAL, MISTAKE, SKILL
 HEADER = "Retrieved Relevant Experience:"
 
 
-def template_retrieve(store: Any, task: Task, *, top_general: int, max_mistakes: int) -> list[Experience]:
+def template_retrieve(store: Any, task: Task, *, top_general: int, max_mistakes: int,
+                      evolved: bool = True) -> list[Experience]:
     """Every dynamic (evolved) general skill, then distilled general skills up to
     ``top_general`` in all (the authors' skills_only_memory keeps every evolved one), the task
-    type's skills, then mistakes."""
+    type's skills, then mistakes. ``evolved=False``: as if no skill had evolved (the prompt of
+    an environment that never receives them)."""
     skills = store.all(kind=SKILL)
     general = sorted((e for e in skills if e.metadata.get("scope") == GENERAL),
                      key=lambda e: e.experience_id)
-    dynamic = [e for e in general if e.metadata.get("dynamic", False)]
+    dynamic = [e for e in general if e.metadata.get("dynamic", False)] if evolved else []
     static = [e for e in general if not e.metadata.get("dynamic", False)]
     typed = [e for e in skills if e.metadata.get("scope") == task.task_type]
     mistakes = store.all(kind=MISTAKE)

@@ -1,0 +1,433 @@
+"""Hostile methods: each tries one way to get a winning result credited; each must end invalid or
+be refused, while the honest methods stay valid (``docs/security.md`` lists the measures).
+
+All run with the fake backend on a small household world (about a second a run).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import types
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import arena
+from arena.cli import cli
+from arena.core import integrity, protocol
+from arena.core.context import ProtocolViolation
+from arena.core.rundir import RunDirError
+from arena.core.solver import Action, play
+from arena.core.types import Experience, Provenance, Step, Termination, Trajectory
+from arena.report import ReportError, build_tables, compare_runs, load_run, load_runs
+
+EVAL = ["eval.limit=2"]
+
+
+def register(plugins, **methods) -> None:
+    module = types.SimpleNamespace(__name__="hostile_test_plugin")
+
+    @arena.hookimpl
+    def register_methods(register):
+        for name, factory in methods.items():
+            register(name, factory)
+
+    module.register_methods = register_methods
+    plugins.register_plugin(module, name="hostile_test_plugin")
+
+
+def run(plugins, fast, tmp_path, method, *extra, name="r"):
+    return protocol.run(method, overrides=fast + EVAL + list(extra), out=tmp_path / name, plugins=plugins)
+
+
+def evaluated(path: Path) -> list[dict]:
+    lines = [json.loads(line) for line in (path / "episodes.jsonl").read_text().splitlines()]
+    return [e for e in lines if e["phase"] == "evaluate"]
+
+
+def successes(results: dict) -> list[float]:
+    return [results["splits"][s]["success_rate"] for s in ("test_seen", "test_unseen")]
+
+
+class Hostile:
+    def __init__(self, run):
+        self.run = run
+
+
+# -- 1. a made-up trajectory ----------------------------------------------------------------------
+
+
+class Forger(Hostile):
+    """Returns a won trajectory it never played."""
+
+    @arena.hookimpl
+    def solve(self, run, task, experiences, seed):
+        return Trajectory(task=task, initial_observation="You won.", steps=[Step("win", "You won.", True)],
+                          status=Termination.SUCCESS)
+
+
+class Editor(Hostile):
+    """Plays honestly, then marks the lost episode won."""
+
+    @arena.hookimpl
+    def solve(self, run, task, experiences, seed):
+        trajectory = run.standard_solve(task, experiences, seed)
+        trajectory.status = Termination.SUCCESS
+        return trajectory
+
+
+@pytest.mark.parametrize("method", ["forger", "editor"])
+def test_a_trajectory_the_harness_did_not_play_is_not_credited(plugins, fast, tmp_path, method):
+    register(plugins, forger=Forger, editor=Editor)
+    path, results = run(plugins, fast, tmp_path, method)
+    assert results["valid"] is False
+    assert any("does not reproduce" in v for v in results["violations"])
+    assert successes(results) == [0.0, 0.0]
+    assert all(e["status"] == "error" and "not reproduced" in e["error"] for e in evaluated(path))
+
+
+# -- 2. a shadow episode with the expert ----------------------------------------------------------
+
+
+class ShadowExpert(Hostile):
+    """At evaluation, opens its own episode of the test task and copies the expert's moves."""
+
+    payloads: list[dict] = []
+
+    @arena.hookimpl
+    def solve(self, run, task, experiences, seed):
+        ShadowExpert.payloads.append(dict(task.payload))
+        shadow = run.env.open(task)
+        shadow.reset()
+
+        def copy_expert(observation, trajectory):
+            action = shadow.expert_action() or "look"
+            shadow.step(action)
+            return Action(action)
+
+        return run.play_policy(task, copy_expert, experiences)
+
+
+def test_a_shadow_episode_at_evaluation_is_refused_and_test_payloads_are_hidden(plugins, fast, tmp_path):
+    register(plugins, shadow=ShadowExpert)
+    ShadowExpert.payloads = []
+    path, results = run(plugins, fast, tmp_path, "shadow")
+    assert results["valid"] is False
+    assert any("opened an episode" in v for v in results["violations"])
+    assert successes(results) == [0.0, 0.0]
+    assert ShadowExpert.payloads and all(p == {} for p in ShadowExpert.payloads)  # no layout seed
+
+
+# -- 3. test tasks and the expert while learning --------------------------------------------------
+
+
+class PeekingLearner(Hostile):
+    """While learning, reads test tasks through the environment and plays them with the expert."""
+
+    @arena.hookimpl
+    def learn(self, run):
+        for task in run.env.tasks("test_seen")[:2]:
+            run.env.open(task)
+        return True
+
+
+def test_test_tasks_through_the_environment_while_learning_are_refused(plugins, fast, tmp_path):
+    register(plugins, test_learner=PeekingLearner)
+    _, results = run(plugins, fast, tmp_path, "test_learner")
+    assert results["valid"] is False
+    assert any("test split 'test_seen' while learning" in v for v in results["violations"])
+
+
+def test_an_episode_of_a_test_task_while_learning_is_refused(plugins, fast, tmp_path):
+    class Opener(Hostile):
+        @arena.hookimpl
+        def learn(self, run):
+            test_task = run._env.tasks("test_seen")[0]  # reached past the view
+            with pytest.raises(ProtocolViolation):
+                run.env.open(test_task)
+            return True
+
+    register(plugins, opener=Opener)
+    _, results = run(plugins, fast, tmp_path, "opener")
+    assert results["valid"] is False and any("opened an episode of test_seen" in v for v in results["violations"])
+
+
+# -- 4. test-time memory, deleted before the end digest ------------------------------------------
+
+
+class HiddenMemory(Hostile):
+    """Writes a memory to the raw store at evaluation, shows it, deletes it at the last episode."""
+
+    @arena.hookimpl
+    def learn(self, run):
+        run.store.add([Experience("note", "learned honestly", Provenance(("t",), "train"))])
+        return True
+
+    @arena.hookimpl
+    def retrieve(self, run, task):
+        if run.phase != "evaluate":
+            return []
+        raw = run.store._store  # past the frozen view
+        memory = Experience("note", f"answer for {task.goal}", Provenance(("train-0",), "train"))
+        raw.add([memory])
+        return [memory]
+
+    @arena.hookimpl
+    def episode_end(self, run, result, trajectory):
+        if run.phase == "evaluate" and trajectory.experience_ids:
+            run.store._store.delete(trajectory.experience_ids)
+
+
+def test_memory_written_at_evaluation_and_deleted_is_caught(plugins, fast, tmp_path):
+    register(plugins, hidden=HiddenMemory)
+    _, results = run(plugins, fast, tmp_path, "hidden")
+    assert results["state"]["digest_before_eval"] == results["state"]["digest_after_eval"]  # evaded
+    assert results["valid"] is False
+    assert any("not in the frozen store" in v for v in results["violations"])
+
+
+def test_an_experience_of_test_provenance_is_refused(plugins, fast, tmp_path):
+    class TestNotes(Hostile):
+        @arena.hookimpl
+        def solve(self, run, task, experiences, seed):
+            note = Experience("note", "seen it", Provenance((task.task_id,), task.split))
+            return run.standard_solve(task, [note], seed)
+
+    register(plugins, test_notes=TestNotes)
+    _, results = run(plugins, fast, tmp_path, "test_notes")
+    assert results["valid"] is False and any("not in the frozen store" in v for v in results["violations"])
+
+
+# -- 5. weights changed for the test, put back inside state_digest --------------------------------
+
+
+class WeightSwapper(Hostile):
+    """Changes the served weights for every test episode; restores them in its state_digest."""
+
+    @arena.hookimpl
+    def solve(self, run, task, experiences, seed):
+        self.original = getattr(self, "original", run.llm.inner.weights)
+        run.llm.inner.weights = "tuned on the test"
+        return None
+
+    @arena.hookimpl
+    def state_digest(self, run):
+        run.llm.inner.weights = self.original
+        return ""
+
+
+def test_weights_restored_inside_state_digest_are_caught(plugins, fast, tmp_path):
+    register(plugins, swapper=WeightSwapper)
+    _, results = run(plugins, fast, tmp_path, "swapper")
+    assert results["valid"] is False
+    assert any("changed during frozen evaluation" in v or "random check" in v for v in results["violations"])
+
+
+class EpisodeSwapper(Hostile):
+    """Changes the weights while an episode plays and puts them back before it ends, so the end
+    digest sees nothing: only the random checks inside episodes can."""
+
+    @arena.hookimpl
+    def solve(self, run, task, experiences, seed):
+        self.original = getattr(self, "original", run.llm.inner.weights)
+        run.llm.inner.weights = "tuned on the test"
+        try:
+            return run.standard_solve(task, experiences, seed)
+        finally:
+            run.llm.inner.weights = self.original
+
+
+def test_weights_changed_within_each_episode_are_caught_by_random_checks(plugins, fast, tmp_path):
+    register(plugins, episode_swapper=EpisodeSwapper)
+    # every check made (12 per 12 steps): a test that could only pass by luck would test nothing
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(protocol, "SPOT_CHECKS", 10_000)
+    try:
+        _, results = run(plugins, fast, tmp_path, "episode_swapper")
+    finally:
+        monkey.undo()
+    assert results["state"]["digest_before_eval"] == results["state"]["digest_after_eval"]
+    assert results["valid"] is False and any("random check" in v for v in results["violations"])
+
+
+# -- 6 and 7. a forged record ---------------------------------------------------------------------
+
+
+def forge_successes(path: Path, recompute: bool) -> None:
+    """Mark every test episode of ``path`` won (recomputing the chain's hashes and results.json's
+    record of them if asked, as a forger who read integrity.py would; the MAC needs the key,
+    which the forger lacks)."""
+    lines = [json.loads(line) for line in (path / "episodes.jsonl").read_text().splitlines()]
+    prev = integrity.GENESIS
+    for line in lines:
+        if line["phase"] == "evaluate":
+            line.update(success=True, status="success")
+        if recompute:
+            line["chain"]["prev"] = prev
+            line["chain"]["hash"] = integrity.line_hash(prev, line)
+            prev = line["chain"]["hash"]
+    (path / "episodes.jsonl").write_text("".join(json.dumps(line, sort_keys=True) + "\n" for line in lines))
+    results = path / "results.json"
+    if recompute and results.exists():
+        data = json.loads(results.read_text())
+        data["record"]["head"] = prev
+        results.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_a_forged_record_is_refused_on_resume(plugins, fast, tmp_path, recompute):
+    path, _ = run(plugins, fast, tmp_path, "base")
+    (path / "results.json").unlink()  # "the run crashed once"
+    forge_successes(path, recompute)
+    with pytest.raises(RunDirError, match=r"episodes.jsonl, line \d+") as refused:
+        protocol.run(None, resume=path, plugins=plugins)
+    assert ("MAC" in str(refused.value)) is recompute
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_a_forged_record_is_refused_by_compare_leaderboard_and_show(plugins, fast, tmp_path, recompute):
+    honest, _ = run(plugins, fast, tmp_path, "base", name="honest")
+    forged, _ = run(plugins, fast, tmp_path, "base", "run.seeds=[1]", name="forged")
+    forge_successes(forged, recompute)
+    for read in (lambda: compare_runs(load_run(honest), load_run(forged)),
+                 lambda: build_tables(load_runs([honest, forged]))):
+        with pytest.raises(ReportError, match=r"forged/episodes.jsonl, line \d+"):
+            read()
+    shown = CliRunner().invoke(cli, ["show", str(forged)])
+    assert shown.exit_code != 0 and "episodes.jsonl, line" in shown.output
+
+
+def test_a_record_cut_short_or_replaced_is_refused(plugins, fast, tmp_path):
+    path, _ = run(plugins, fast, tmp_path, "base")
+    lines = (path / "episodes.jsonl").read_text().splitlines(keepends=True)
+    (path / "episodes.jsonl").write_text("".join(lines[:-1]))  # the last (lost) episode dropped
+    with pytest.raises(ReportError, match="does not end where"):
+        load_run(path)
+    (path / "episodes.jsonl").write_text("".join(lines))
+    load_run(path)  # restored: accepted
+
+
+def test_the_mac_is_checked_where_the_key_is(plugins, fast, tmp_path, monkeypatch):
+    path, results = run(plugins, fast, tmp_path, "base")
+    assert results["record"]["key_id"] == integrity.key_id(integrity.record_key())
+    forge_successes(path, recompute=True)
+    monkeypatch.setenv("ARENA_RECORD_KEY_FILE", str(tmp_path / "elsewhere.key"))  # another machine
+    load_run(path)  # without the key the recomputed hashes pass: the MAC is this machine's check
+    monkeypatch.undo()
+    with pytest.raises(ReportError, match="MAC"):
+        load_run(path)
+
+
+# -- phase, track, config and store ---------------------------------------------------------------
+
+
+class PhaseFlipper(Hostile):
+    @arena.hookimpl
+    def solve(self, run, task, experiences, seed):
+        run.phase = "learn"  # so that store writes are allowed again
+
+
+class TrackSetter(Hostile):
+    @arena.hookimpl
+    def learn(self, run):
+        run.track = "online"
+        return True
+
+
+@pytest.mark.parametrize("method, field", [("flipper", "run.phase"), ("track_setter", "run.track")])
+def test_phase_and_track_are_read_only_for_methods(plugins, fast, tmp_path, method, field):
+    register(plugins, flipper=PhaseFlipper, track_setter=TrackSetter)
+    _, results = run(plugins, fast, tmp_path, method)
+    assert results["valid"] is False and results["track"] == "frozen"
+    assert any(f"tried to set {field}" in v for v in results["violations"])
+
+
+class ConfigEditor(Hostile):
+    @arena.hookimpl
+    def episode_end(self, run, result, trajectory):
+        if run.phase == "evaluate":
+            config = run.run_dir.path / "config.yaml"
+            config.write_text(config.read_text().replace("max_steps: 12", "max_steps: 99"))
+
+
+class StoreDeleter(Hostile):
+    @arena.hookimpl
+    def learn(self, run):
+        run.store.add([Experience("note", "learned", Provenance(("t",), "train"))])
+        return True
+
+    @arena.hookimpl
+    def episode_end(self, run, result, trajectory):
+        if run.phase == "evaluate":
+            shutil.rmtree(run.run_dir.path / "store", ignore_errors=True)
+
+
+@pytest.mark.parametrize("method, message", [("config_editor", "config.yaml was changed"),
+                                             ("store_deleter", "store/ folder was deleted")])
+def test_config_edits_and_store_deletion_during_evaluation_are_caught(plugins, fast, tmp_path, method, message):
+    register(plugins, config_editor=ConfigEditor, store_deleter=StoreDeleter)
+    _, results = run(plugins, fast, tmp_path, method)
+    assert results["valid"] is False and any(message in v for v in results["violations"])
+
+
+def test_a_config_edited_before_resume_is_refused(plugins, fast, tmp_path):
+    path, _ = run(plugins, fast, tmp_path, "base")
+    (path / "results.json").unlink()
+    config = path / "config.yaml"
+    config.write_text(config.read_text().replace("max_steps: 12", "max_steps: 5"))
+    with pytest.raises(RunDirError, match="config.yaml was edited after the run started"):
+        protocol.run(None, resume=path, plugins=plugins)
+
+
+# -- failures keep the work -----------------------------------------------------------------------
+
+
+class BrokenDigest(Hostile):
+    @arena.hookimpl
+    def state_digest(self, run):
+        raise RuntimeError("cannot hash")
+
+
+class BrokenSize(Hostile):
+    @arena.hookimpl
+    def state_size(self, run):
+        raise RuntimeError("cannot count")
+
+
+@pytest.mark.parametrize("method, hook", [("broken_digest", "state_digest"), ("broken_size", "state_size")])
+def test_a_failing_state_hook_keeps_the_evaluation(plugins, fast, tmp_path, method, hook):
+    register(plugins, broken_digest=BrokenDigest, broken_size=BrokenSize)
+    path, results = run(plugins, fast, tmp_path, method)
+    assert (path / "results.json").is_file() and results["cost"]["evaluate"]["episodes"] == 4
+    assert results["valid"] is False and any(f"{hook} of method '{method}' raised" in v for v in results["violations"])
+
+
+class WrongTypes(Hostile):
+    @arena.hookimpl
+    def retrieve(self, run, task):
+        return "a string, not experiences"
+
+
+def test_a_hook_returning_the_wrong_type_is_named(plugins, fast, tmp_path):
+    register(plugins, wrong_types=WrongTypes)
+    path, results = run(plugins, fast, tmp_path, "wrong_types", "learn.budget.episodes=0")
+    errors = {e["error"] for e in evaluated(path)}
+    assert errors == {"retrieve failed: HookReturnError: retrieve of method 'wrong_types' returned str; "
+                      "expected a list of arena.core.types.Experience (or None)."}
+    row, = build_tables(load_runs([path]))[0].rows
+    assert any(flag.startswith("every test episode errored") for flag in row.flags)
+
+
+# -- the honest methods ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["base", "random", "rag", "memrl", "expel"])
+def test_honest_methods_stay_valid(plugins, fast, tmp_path, method):
+    extra = ["learn.budget.episodes=2", "learn.max_steps=3"] if method != "base" else []
+    if method == "expel":
+        extra = ["method.train_tasks=2", "learn.max_steps=3"]
+    path, results = run(plugins, fast, tmp_path, method, *extra)
+    assert results["valid"] is True, results["violations"]
+    assert load_run(path).chained
