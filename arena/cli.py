@@ -49,9 +49,11 @@ def cli() -> None:
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), help="YAML config file.")
 @click.option("--out", type=click.Path(file_okay=False), help="Run directory (default: runs/<time>-<method>-<env>).")
 @click.option("--resume", type=click.Path(file_okay=False, exists=True), help="Finish an interrupted run.")
+@click.option("--allow-version-change", is_flag=True,
+              help="Resume a run started by another Arena version or commit (recorded in results.json).")
 @click.argument("overrides", nargs=-1)
 def run(method: str | None, env_name: str | None, preset: str | None, config_file: str | None,
-        out: str | None, resume: str | None, overrides: tuple[str, ...]) -> None:
+        out: str | None, resume: str | None, allow_version_change: bool, overrides: tuple[str, ...]) -> None:
     """Learn on train, evaluate frozen on the test splits, write results.
 
     OVERRIDES are OmegaConf dotlist items, e.g. eval.limit=20 run.seeds=[0,1].
@@ -69,7 +71,8 @@ def run(method: str | None, env_name: str | None, preset: str | None, config_fil
             reporter = (RichReporter(progress) if progress is not None else
                         LineReporter(interval_s=float(os.environ.get("ARENA_PROGRESS_INTERVAL_S", 10))))
             path, results = protocol.run(method, env_name, config_file, list(overrides), out, resume,
-                                         reporter=reporter, preset=preset)
+                                         reporter=reporter, preset=preset,
+                                         allow_version_change=allow_version_change)
     except USER_ERRORS as exc:
         raise click.ClickException(str(exc)) from exc
     print_summary(results, path)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 import shutil
-import types
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from click.testing import CliRunner
@@ -19,23 +19,12 @@ from arena.cli import cli
 from arena.core import integrity, protocol
 from arena.core.context import ProtocolViolation
 from arena.core.rundir import RunDirError
-from arena.core.solver import Action, play
+from arena.core.solver import Action
 from arena.core.types import Experience, Provenance, Step, Termination, Trajectory
 from arena.report import ReportError, build_tables, compare_runs, load_run, load_runs
+from tests.test_protocol import register
 
 EVAL = ["eval.limit=2"]
-
-
-def register(plugins, **methods) -> None:
-    module = types.SimpleNamespace(__name__="hostile_test_plugin")
-
-    @arena.hookimpl
-    def register_methods(register):
-        for name, factory in methods.items():
-            register(name, factory)
-
-    module.register_methods = register_methods
-    plugins.register_plugin(module, name="hostile_test_plugin")
 
 
 def run(plugins, fast, tmp_path, method, *extra, name="r"):
@@ -94,7 +83,7 @@ def test_a_trajectory_the_harness_did_not_play_is_not_credited(plugins, fast, tm
 class ShadowExpert(Hostile):
     """At evaluation, opens its own episode of the test task and copies the expert's moves."""
 
-    payloads: list[dict] = []
+    payloads: ClassVar[list[dict]] = []  # what every instance was shown
 
     @arena.hookimpl
     def solve(self, run, task, experiences, seed):
@@ -113,7 +102,7 @@ class ShadowExpert(Hostile):
 def test_a_shadow_episode_at_evaluation_is_refused_and_test_payloads_are_hidden(plugins, fast, tmp_path):
     register(plugins, shadow=ShadowExpert)
     ShadowExpert.payloads = []
-    path, results = run(plugins, fast, tmp_path, "shadow")
+    _, results = run(plugins, fast, tmp_path, "shadow")
     assert results["valid"] is False
     assert any("opened an episode" in v for v in results["violations"])
     assert successes(results) == [0.0, 0.0]
@@ -209,8 +198,7 @@ class WeightSwapper(Hostile):
     @arena.hookimpl
     def solve(self, run, task, experiences, seed):
         self.original = getattr(self, "original", run.llm.inner.weights)
-        run.llm.inner.weights = "tuned on the test"
-        return None
+        run.llm.inner.weights = "tuned on the test"  # then the standard solver plays
 
     @arena.hookimpl
     def state_digest(self, run):
@@ -412,10 +400,10 @@ class WrongTypes(Hostile):
 
 def test_a_hook_returning_the_wrong_type_is_named(plugins, fast, tmp_path):
     register(plugins, wrong_types=WrongTypes)
-    path, results = run(plugins, fast, tmp_path, "wrong_types", "learn.budget.episodes=0")
+    path, _ = run(plugins, fast, tmp_path, "wrong_types", "learn.budget.episodes=0")
     errors = {e["error"] for e in evaluated(path)}
-    assert errors == {"retrieve failed: HookReturnError: retrieve of method 'wrong_types' returned str; "
-                      "expected a list of arena.core.types.Experience (or None)."}
+    assert errors == {("retrieve failed: HookReturnError: retrieve of method 'wrong_types' returned str; "
+                       "expected a list of arena.core.types.Experience (or None).")}
     row, = build_tables(load_runs([path]))[0].rows
     assert any(flag.startswith("every test episode errored") for flag in row.flags)
 

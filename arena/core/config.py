@@ -13,8 +13,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from arena.core import schema
 from arena.core.plugins import Plugins
 
 DEFAULTS_PATH = Path(__file__).parent / "configs" / "defaults.yaml"
@@ -63,10 +64,10 @@ def compose(
     """The resolved config of one run (``preset``: one of the method's registered presets)."""
     user_layers = [load_yaml(config_file)] if config_file else []
     user_layers.append(parse_overrides(overrides or []))
-    user = OmegaConf.merge(*user_layers)
+    user = _merged(user_layers, "your --config file and key=value overrides")
 
     base = load_yaml(DEFAULTS_PATH)
-    env_name = env or OmegaConf.select(user, "env.name") or base.env.name
+    env_name = env if env is not None else (OmegaConf.select(user, "env.name") or base.env.name)
     backend_name = OmegaConf.select(user, "llm.backend") or base.llm.backend
 
     method_entry = plugins.methods.get(method)
@@ -93,32 +94,52 @@ def compose(
                 "all methods. Move them out of the method's YAML."
             )
         layers.append(method_layer)
-    layers.append(user)
-    layers.append({"method": {"name": method, "preset": preset}, "env": {"name": env_name}})
-    cfg = OmegaConf.merge(*layers)
-    assert isinstance(cfg, DictConfig)
+    names = {"method": {"name": method, "preset": preset}, "env": {"name": env_name}}
+    defaults = _merged([*layers, names], "the plugins' YAML")
+    # A method without YAML of its own declares no keys: its section is its own to check.
+    problems = schema.unknown_keys(user, defaults, () if method_entry.configs else ("method",))
+    if problems:
+        raise ConfigError("\n".join(problems))
+    cfg = _merged([*layers, user, names], "your settings over the defaults")
     try:
         OmegaConf.resolve(cfg)
     except Exception as exc:
         raise ConfigError(f"Could not resolve config interpolations: {exc}") from exc
-    check_choices(cfg)
+    problems = schema.bad_values(cfg) + _repeated(cfg) + _embedder_problems(cfg)
+    if problems:
+        raise ConfigError("\n".join(problems))
     return cfg
 
 
-#: Harness keys that take one of a few named values.
-CHOICES: dict[str, tuple[str, ...]] = {
-    "run.track": ("frozen", "online"),
-    "eval.source_pool": ("train", "all_types"),
-}
+def _merged(layers: list[Any], what: str) -> DictConfig:
+    """OmegaConf's merge, its errors said in a user's words (``run: 5`` where a section goes)."""
+    try:
+        merged = OmegaConf.merge(*layers)
+    except Exception as exc:
+        detail = str(exc).splitlines()[0]
+        raise ConfigError(f"Could not merge {what}: {detail}. A section such as `run:` takes keys "
+                          "(run: {seeds: [0]}), not a single value.") from exc
+    assert isinstance(merged, DictConfig)
+    return merged
 
 
-def check_choices(cfg: DictConfig) -> None:
-    """Refuse a value of a :data:`CHOICES` key that is not one of its choices."""
-    for key, choices in CHOICES.items():
-        value = OmegaConf.select(cfg, key)
-        if value not in choices:
-            raise ConfigError(f"{key}={value!r} is not one of {', '.join(choices)}; "
-                              f"set {key}=<one of them>.")
+def _repeated(cfg: DictConfig) -> list[str]:
+    problems = []
+    for key in ("run.seeds", "eval.splits"):
+        values = OmegaConf.select(cfg, key)
+        if isinstance(values, ListConfig) and len(set(values)) != len(values):
+            problems.append(f"{key} lists a value twice ({list(values)}); each must appear once.")
+    return problems
+
+
+def _embedder_problems(cfg: DictConfig) -> list[str]:
+    from arena.core.embedder import check_embedder_config
+
+    try:
+        check_embedder_config(cfg.get("embedder") or {})
+    except ValueError as exc:
+        return [str(exc)]
+    return []
 
 
 def to_plain(cfg: DictConfig | Mapping[str, Any]) -> dict[str, Any]:

@@ -13,14 +13,20 @@ import random
 import secrets
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from omegaconf import DictConfig
 
-from arena.core.env import POOL_SPLIT, TEST_SPLITS, TRAIN_SPLIT, VALID_SPLIT, Environment
+from arena.core.env import (
+    POOL_SPLIT,
+    TEST_SPLITS,
+    TRAIN_SPLIT,
+    VALID_SPLIT,
+    Environment,
+)
 from arena.core.llm import LLMBackend
 from arena.core.progress import NullReporter, ProgressTask, Reporter
 from arena.core.rundir import RunDir

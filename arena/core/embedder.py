@@ -197,14 +197,20 @@ def make_embedder(cfg: Mapping[str, Any]) -> Embedder:
     Unknown names and options fail loudly: a typo must not silently change how similarity works.
     ``batch_size`` is accepted by the hashing embedder too so configs can switch names freely.
     """
+    check_embedder_config(cfg)
+    factory, _ = _EMBEDDERS[str(cfg.get("name", "minilm"))]
+    return factory(cfg)
+
+
+def check_embedder_config(cfg: Mapping[str, Any]) -> None:
+    """The checks of :func:`make_embedder`, without building anything (run before a run starts)."""
     name = str(cfg.get("name", "minilm"))
     if name not in _EMBEDDERS:
         raise ValueError(f"Unknown embedder '{name}'. Available: {', '.join(sorted(_EMBEDDERS))}")
-    factory, accepted = _EMBEDDERS[name]
+    _, accepted = _EMBEDDERS[name]
     unknown = sorted(set(cfg) - accepted - {"name"})
     if unknown:
         raise ValueError(
             f"Embedder '{name}' does not take option(s) {', '.join(unknown)}. "
             f"Accepted: {', '.join(sorted(accepted)) or 'none'}"
         )
-    return factory(cfg)

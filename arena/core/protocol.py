@@ -16,15 +16,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+import arena
 from arena.core import integrity, provenance, stats
 from arena.core.batching import BatchingBackend
 from arena.core.config import compose, to_plain
@@ -38,11 +41,11 @@ from arena.core.context import (
     run_in_threads,
 )
 from arena.core.defaults import HarnessDefaults
-from arena.core.progress import NullReporter, Reporter
 from arena.core.embedder import make_embedder
 from arena.core.env import POOL_SPLIT, TEST_SPLITS, TRAIN_SPLIT, Environment
 from arena.core.executors import build_environment
 from arena.core.plugins import Plugins, get_plugins, new_plugin_manager
+from arena.core.progress import NullReporter, Reporter
 from arena.core.rundir import RunDir, RunDirError, RunLock, new_run_dir
 from arena.core.store import ExperienceStore
 from arena.core.types import EpisodeResult, Experience, Task, Termination, Trajectory
@@ -61,6 +64,13 @@ class PreparedRun:
     resumed: bool
     #: Held from here until the run ends: no second process writes the same directory.
     lock: RunLock | None = None
+    #: The directory did not exist before: a run that fails before its first episode removes it.
+    created: bool = False
+
+    def discard(self) -> None:
+        """Remove a new run's directory (nothing was recorded in it yet)."""
+        if self.created and not self.resumed and not (self.run_dir.path / "episodes.jsonl").exists():
+            shutil.rmtree(self.run_dir.path, ignore_errors=True)
 
     def release(self) -> None:
         if self.lock is not None:
@@ -76,6 +86,7 @@ def prepare(
     resume: Path | str | None = None,
     plugins: Plugins | None = None,
     preset: str | None = None,
+    allow_version_change: bool = False,
 ) -> PreparedRun:
     """Resolve the config and the run directory (a new one, or the one to resume)."""
     plugins = plugins or get_plugins()
@@ -84,7 +95,8 @@ def prepare(
         run_dir.load_config()  # is it a run directory at all?
         lock = run_dir.lock().acquire()  # a second process on this folder stops here
         try:
-            return _resumed(run_dir, lock, method, env, config_file, overrides, plugins, preset)
+            return _resumed(run_dir, lock, method, env, config_file, overrides, plugins, preset,
+                            allow_version_change)
         except BaseException:
             lock.release()
             raise
@@ -93,19 +105,24 @@ def prepare(
     cfg = compose(plugins, method, env, config_file, overrides, preset)
     path = Path(out) if out else new_run_dir(cfg.run.root, method, cfg.env.name)
     run_dir = RunDir(path)
-    run_dir.path.mkdir(parents=True, exist_ok=True)
+    existed = run_dir.path.exists()
+    try:
+        run_dir.path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RunDirError(f"Cannot create the run directory {path}: {exc.strerror or exc}. "
+                          "Choose another --out.") from exc
     lock = run_dir.lock().acquire()
     try:
         run_dir.create(cfg)
     except BaseException:
         lock.release()
         raise
-    return PreparedRun(cfg, run_dir, resumed=False, lock=lock)
+    return PreparedRun(cfg, run_dir, resumed=False, lock=lock, created=not existed)
 
 
 def _resumed(run_dir: RunDir, lock: RunLock, method: str | None, env: str | None,
              config_file: Path | str | None, overrides: list[str] | None, plugins: Plugins,
-             preset: str | None) -> PreparedRun:
+             preset: str | None, allow_version_change: bool = False) -> PreparedRun:
     """The checks of ``--resume`` (made while holding the run's lock)."""
     resume = run_dir.path
     cfg = run_dir.load_config()
@@ -125,6 +142,16 @@ def _resumed(run_dir: RunDir, lock: RunLock, method: str | None, env: str | None
             f"{run_dir.path / 'config.yaml'} was edited after the run started; a resumed run keeps "
             "the config it started with. Undo the edit, or start a new run with the new settings."
         )
+    started = run_dir.state().get("provenance", {})
+    now = {"arena_version": arena.__version__, "git_sha": provenance.git_sha()}
+    changed = {k: (started.get(k), v) for k, v in now.items() if k in started and started.get(k) != v}
+    if changed:
+        named = "; ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in changed.items())
+        if not allow_version_change:
+            raise RunDirError(
+                f"{run_dir.path} was started by another Arena ({named}). Resume it with the version "
+                "that started it, or pass --allow-version-change (results.json then records it).")
+        run_dir.update_state(resumed_by=[*run_dir.state().get("resumed_by", []), now])
     plugins.methods.get(cfg.method.name)  # still installed?
     if (run_dir.path / "results.json").exists():
         raise RunDirError(f"{resume} already finished; see `arena show {resume}`.")
@@ -513,6 +540,8 @@ class Session:
                 "env_version": self.env.version,
                 "split_hashes": self._split_hashes(),
                 "model": self.llm.describe(),
+                # Versions that resumed this run after the one that started it (--allow-version-change).
+                "resumed_by": list(state.get("resumed_by", [])),
                 "embedder": dict(OmegaConf.to_container(cfg.embedder)),  # type: ignore[arg-type]
                 "config": to_plain(cfg),
             },
@@ -535,12 +564,21 @@ def run(
     reporter: Reporter | None = None,
     plugins: Plugins | None = None,
     preset: str | None = None,
+    allow_version_change: bool = False,
 ) -> tuple[Path, dict[str, Any]]:
     """Prepare and run; returns the run directory and its results."""
     plugins = plugins or get_plugins()
-    prepared = prepare(method, env, config_file, overrides, out, resume, plugins, preset)
+    prepared = prepare(method, env, config_file, overrides, out, resume, plugins, preset,
+                       allow_version_change)
     try:
-        session = Session(prepared, plugins, reporter)
+        try:
+            session = Session(prepared, plugins, reporter)
+        except BaseException:
+            # The environment, backend or method refused its config: no run happened, so no run
+            # directory is left behind (a resumed one is kept as it was).
+            prepared.release()
+            prepared.discard()
+            raise
         try:
             results = session.run()
         finally:

@@ -14,6 +14,7 @@ import io
 import json
 import os
 import shutil
+import tempfile
 import threading
 from datetime import datetime, timezone
 from pathlib import Path
@@ -48,34 +49,66 @@ def new_run_dir(root: Path | str, method: str, env: str) -> Path:
 
 
 def read_jsonl(path: Path, repair: bool = True) -> list[dict[str, Any]]:
-    """Every complete line; a torn last line (killed mid-write) is cut off the file, unless
-    ``repair`` is False (readers that must never change a run, e.g. reports)."""
+    """Every line of a JSONL record. Only a torn last line (no newline: killed mid-write) is
+    treated as lost: it is cut off the file, unless ``repair`` is False (readers that must never
+    change a run, e.g. reports). A damaged line anywhere else stops with a :class:`RunDirError`
+    naming the file and the line, and the file is left as it is: no good record is dropped."""
     if not path.exists():
         return []
+    data = path.read_bytes()
+    *complete, torn = data.split(b"\n")
     records: list[dict[str, Any]] = []
-    good_bytes = 0
-    with path.open("rb") as handle:
-        for raw in handle:
-            if not raw.endswith(b"\n"):
-                break
-            try:
-                records.append(json.loads(raw))
-            except json.JSONDecodeError:
-                break
-            good_bytes += len(raw)
-    if repair and good_bytes != path.stat().st_size:
+    for number, raw in enumerate(complete, start=1):
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            record = None
+        if not isinstance(record, dict):
+            raise RunDirError(
+                f"{path}, line {number} is damaged (not a JSON record); nothing was changed. "
+                "Restore the file from a copy, or start a new run: a record with a hole cannot "
+                "be resumed or reported.")
+        records.append(record)
+    if torn and repair:
         with path.open("r+b") as handle:
-            handle.truncate(good_bytes)
+            handle.truncate(len(data) - len(torn))
     return records
 
 
+def read_json(path: Path, what: str) -> dict[str, Any]:
+    """A JSON object from ``path``, or a :class:`RunDirError` that names the file and where it
+    is damaged."""
+    try:
+        data = json.loads(path.read_text())
+    except UnicodeDecodeError as exc:
+        raise RunDirError(f"{path} is not text ({what} is damaged).") from exc
+    except json.JSONDecodeError as exc:
+        raise RunDirError(f"{path} is damaged ({what}: {exc.msg} at line {exc.lineno}, column "
+                          f"{exc.colno}).") from exc
+    if not isinstance(data, dict):
+        raise RunDirError(f"{path} is damaged ({what} must be a JSON object, not "
+                          f"{type(data).__name__}).")
+    return data
+
+
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with tmp.open("w") as handle:
-        handle.write(json.dumps(data, indent=2, sort_keys=False) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    """Write ``path`` whole or not at all: a temporary file of its own (a unique name, so two
+    writers never share one), fsynced, then renamed over it."""
+    descriptor, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(descriptor, 0o666 & ~_UMASK)  # as open() would make it (mkstemp: 0600)
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(json.dumps(data, indent=2, sort_keys=False) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 #: The lock file ``arena run`` holds (an OS lock, released when its process ends however it ends).
@@ -190,8 +223,14 @@ class RunDir:
                 f"{self.path} is not an Arena run directory (no {CONFIG}). Pass the folder that "
                 "`arena run` printed, e.g. runs/20261129-080000-base-household."
             )
-        cfg = OmegaConf.load(path)
-        assert isinstance(cfg, DictConfig)
+        try:
+            cfg = OmegaConf.load(path)
+        except Exception as exc:
+            raise RunDirError(f"{path} cannot be read ({str(exc).splitlines()[0]}); the run's config "
+                              "is damaged. Restore it, or start a new run.") from exc
+        if not isinstance(cfg, DictConfig) or "method" not in cfg or "name" not in cfg.get("method", {}):
+            raise RunDirError(f"{path} holds no run config (it is empty or damaged). Restore it, or "
+                              "start a new run.")
         return cfg
 
     def count_episodes(self) -> int:
@@ -338,7 +377,7 @@ class RunDir:
 
     def state(self) -> dict[str, Any]:
         path = self.path / STATE
-        return json.loads(path.read_text()) if path.exists() else {}
+        return read_json(path, "the run's state") if path.exists() else {}
 
     def update_state(self, **changes: Any) -> dict[str, Any]:
         with self._lock:
@@ -360,4 +399,4 @@ class RunDir:
         path = self.path / RESULTS
         if not path.exists():
             raise RunDirError(unfinished_message(self.path))
-        return json.loads(path.read_text())
+        return read_json(path, "the run's results")

@@ -12,7 +12,8 @@ stops it then: replay verification and digests).
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from arena.core.env import POOL_SPLIT, TEST_SPLITS, Environment, Episode
 from arena.core.types import Task

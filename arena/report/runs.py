@@ -6,13 +6,22 @@ run it reads, so episode lines are parsed here without touching the file.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from arena.core import integrity
-from arena.core.rundir import CONFIG, EPISODES, RESULTS, STATE, TRAJECTORIES, read_jsonl, unfinished_message
+from arena.core.rundir import (
+    CONFIG,
+    EPISODES,
+    RESULTS,
+    STATE,
+    TRAJECTORIES,
+    RunDirError,
+    read_json,
+    read_jsonl,
+    unfinished_message,
+)
 from arena.core.types import EpisodeResult
 
 PRIMARY_VARIANT = "default"  # the protocol's primary variant (arena.core.protocol.PRIMARY_VARIANT)
@@ -111,19 +120,20 @@ def load_run(path: Path | str) -> Run:
             raise ReportError(unfinished_message(path))
         raise ReportError(f"{path} has no {RESULTS}: pass a folder that `arena run` wrote "
                           "(it holds results.json).")
-    results = json.loads(results_file.read_text())
+    try:
+        results = read_json(results_file, "its results")
+        lines = read_episode_lines(path / EPISODES) if (path / EPISODES).is_file() else None
+        state = read_json(path / STATE, "its state") if (path / STATE).is_file() else {}
+    except RunDirError as exc:
+        raise ReportError(str(exc)) from exc
     for key in ("method", "env", "splits", "provenance"):
         if key not in results:
             raise ReportError(f"{results_file} lacks '{key}': not an Arena results file.")
-    episodes_file = path / EPISODES
     episodes = None
     chained = False
-    if episodes_file.is_file():
-        lines = read_episode_lines(episodes_file)
+    if lines is not None:
         chained = check_record(path, lines, results.get("record"))
         episodes = [EpisodeResult.from_dict(r) for r in lines]
-    state_file = path / STATE
-    state = json.loads(state_file.read_text()) if state_file.is_file() else {}
     return Run(path=path, results=results, episodes=episodes, state=state, chained=chained)
 
 

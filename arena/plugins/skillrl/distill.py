@@ -180,31 +180,34 @@ def consolidate_prompt(lines: list[str], n_general: int, max_chars: int) -> tupl
     return "consolidate", _chat(f"{body}\n\n{CONSOLIDATE_REQUEST.format(n=n_general)}")
 
 
-def evolve_prompt(task_type: str, accuracy: float, failures: list[Trajectory], skills: list[Skill],
-                  *, max_new: int, last_steps: int, max_chars: int) -> tuple[str, Chat]:
+def _failed_attempts(failures: list[Trajectory], last_steps: int, max_chars: int, with_type: bool) -> str:
     """The authors send the last 5 steps of each failed validation trajectory."""
     attempts = []
     for number, trajectory in enumerate(failures, start=1):
-        attempts.append(f"Attempt {number}: {trajectory.task.goal}\n"
+        label = f" ({trajectory.task.task_type})" if with_type else ""
+        attempts.append(f"Attempt {number}{label}: {trajectory.task.goal}\n"
                         f"{clip(trajectory.render(max_steps=last_steps), max_chars // max(1, len(failures)))}\n"
                         f"RESULT: failed ({trajectory.status.value}).")
+    return "\n\n".join(attempts)
+
+
+def evolve_prompt(task_type: str, accuracy: float, failures: list[Trajectory], skills: list[Skill],
+                  *, max_new: int, last_steps: int, max_chars: int) -> tuple[str, Chat]:
+    """One weak task type's failures and the current skills: new skills or revisions."""
     current = "\n".join(f"[{s.skill_id}] {s.render()}" for s in skills) or "(none)"
     request = EVOLVE_REQUEST.format(task_type=task_type, accuracy=accuracy, n_failures=len(failures), n=max_new)
-    return "evolve", _chat("\n\n".join(attempts) + f"\n\nCurrent skills:\n{current}\n\n{request}")
+    attempts = _failed_attempts(failures, last_steps, max_chars, with_type=False)
+    return "evolve", _chat(f"{attempts}\n\nCurrent skills:\n{current}\n\n{request}")
 
 
 def evolve_general_prompt(accuracy: float, failures: list[Trajectory], titles: list[str], *, max_new: int,
                           last_steps: int, max_chars: int) -> tuple[str, Chat]:
     """The authors' one evolution call: failed attempts of any type, the existing skills' titles
     only (nothing to revise), 1 to ``max_new`` new general skills."""
-    attempts = []
-    for number, trajectory in enumerate(failures, start=1):
-        attempts.append(f"Attempt {number} ({trajectory.task.task_type}): {trajectory.task.goal}\n"
-                        f"{clip(trajectory.render(max_steps=last_steps), max_chars // max(1, len(failures)))}\n"
-                        f"RESULT: failed ({trajectory.status.value}).")
     current = "\n".join(f"- {title}" for title in titles) or "(none)"
     request = EVOLVE_GENERAL_REQUEST.format(accuracy=accuracy, n_failures=len(failures), n=max_new)
-    return "evolve", _chat("\n\n".join(attempts) + f"\n\nExisting skills:\n{current}\n\n{request}")
+    attempts = _failed_attempts(failures, last_steps, max_chars, with_type=True)
+    return "evolve", _chat(f"{attempts}\n\nExisting skills:\n{current}\n\n{request}")
 
 
 # -- parsing ---------------------------------------------------------------------------------

@@ -1,0 +1,176 @@
+"""Checks of a composed run config before anything is created: unknown keys and bad values.
+
+Every key a user sets (a ``key=value`` override or a ``--config`` file) must exist in the
+defaults the run composes (the harness's YAML, the environment's, the backend's, the method's
+and its preset: every plugin declares its keys in its own YAML), or sit under a key whose default
+is ``null`` or ``{}`` (a free-form section, e.g. ``method.teacher.llm``). A misspelt key is an
+error with a did-you-mean. The harness's own keys also have types and ranges (:data:`RULES`);
+the environment, backend and method check theirs when they are built.
+
+OmegaConf's structured configs would check types too, but every plugin's YAML would then need a
+dataclass beside it; this keeps the YAML the single declaration and checks against it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+
+class ConfigValueError(ValueError):
+    """A config key has a value outside what it accepts; the message names key and values."""
+
+
+def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested mappings as dotted keys; a leaf is any non-mapping value or an empty mapping."""
+    if isinstance(data, DictConfig):
+        data = OmegaConf.to_container(data, resolve=False)
+    flat: dict[str, Any] = {}
+    if isinstance(data, dict) and (data or not prefix):
+        for key, value in data.items():
+            flat.update(flatten(value, f"{prefix}{key}."))
+        return flat
+    flat[prefix[:-1]] = data
+    return flat
+
+
+#: Sections whose keys their own builder checks (the embedder's options depend on its name).
+OWN_CHECKS = ("embedder",)
+
+
+def unknown_keys(user: Any, defaults: Any, free_sections: tuple[str, ...] = ()) -> list[str]:
+    """Messages for the keys of ``user`` that ``defaults`` does not declare (keys under
+    ``free_sections`` are not checked: e.g. the ``method`` section of a plugin without YAML)."""
+    known = flatten(defaults)
+    free = {key for key, value in known.items() if value is None or value == {}}
+    sections = {key.rsplit(".", i)[0] for key in known for i in range(1, key.count(".") + 1)}
+    messages = []
+    for key in flatten(user):
+        if key in known or key in sections:
+            continue
+        if any(key.startswith(prefix + ".") for prefix in (*free, *OWN_CHECKS, *free_sections)):
+            continue
+        close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.75)
+        if not close:  # the right name in the wrong section: seeds -> run.seeds
+            last = key.rsplit(".", 1)[-1]
+            close = sorted(k for k in known if k.rsplit(".", 1)[-1] == last)[:1]
+        hint = f" Did you mean '{close[0]}'?" if close else ""
+        parent = key.rsplit(".", 1)[0] if "." in key else ""
+        siblings = sorted(k.rsplit(".", 1)[1] for k in known if k.rsplit(".", 1)[0] == parent and "." in k)
+        listed = f" Keys of '{parent}': {', '.join(siblings)}." if parent and siblings and not close else ""
+        messages.append(f"Unknown config key '{key}'.{hint}{listed}")
+    return messages
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What one harness key accepts."""
+
+    check: Callable[[Any], bool]
+    accepts: str  # in words, for the message
+    choices: tuple[str, ...] = ()  # named values, for a did-you-mean
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(float(value)))
+
+
+def integer(low: int, high: int, nullable: bool = False) -> Rule:
+    words = f"an integer from {low} to {high}" + (" (or null)" if nullable else "")
+    return Rule(lambda v: (nullable and v is None) or (_integer(v) and low <= v <= high), words)
+
+
+def number(low: float, high: float, low_open: bool = False) -> Rule:
+    bracket = "(" if low_open else "["
+    return Rule(lambda v: _number(v) and (low < v if low_open else low <= v) and v <= high,
+                f"a number in {bracket}{low}, {high}]")
+
+
+def choice(*values: str) -> Rule:
+    return Rule(lambda v: v in values, "one of " + ", ".join(values), values)
+
+
+def boolean() -> Rule:
+    return Rule(lambda v: isinstance(v, bool), "true or false")
+
+
+def text() -> Rule:
+    return Rule(lambda v: isinstance(v, str) and v.strip() != "", "a non-empty string")
+
+
+def int_list(low: int, high: int) -> Rule:
+    return Rule(lambda v: isinstance(v, list) and bool(v) and all(_integer(x) and low <= x <= high for x in v),
+                f"a non-empty list of integers from {low} to {high}, e.g. [0,1,2]")
+
+
+def split_list(*splits: str) -> Rule:
+    return Rule(lambda v: isinstance(v, list) and bool(v) and all(x in splits for x in v),
+                f"a non-empty list of {', '.join(splits)}")
+
+
+#: Far beyond any episode of either environment, near enough to refuse a typo'd 10**20.
+MAX_STEPS = 10_000
+BIG = 10**12
+RULES: dict[str, Rule] = {
+    "run.seeds": int_list(0, 2**31 - 1),
+    "run.track": choice("frozen", "online"),
+    "run.root": text(),
+    "learn.budget.episodes": integer(0, BIG, nullable=True),
+    "learn.budget.env_steps": integer(0, BIG, nullable=True),
+    "learn.budget.tokens": integer(0, BIG, nullable=True),
+    "learn.budget.gradient_steps": integer(0, BIG, nullable=True),
+    "learn.split": choice("train", "valid"),
+    "learn.seed": integer(0, 2**31 - 1),
+    "learn.max_steps": integer(1, MAX_STEPS, nullable=True),
+    "learn.sampling.temperature": number(0.0, 10.0),
+    "learn.sampling.top_p": number(0.0, 1.0, low_open=True),
+    "eval.splits": split_list("test_seen", "test_unseen"),
+    "eval.limit": integer(1, BIG, nullable=True),
+    "eval.max_steps": integer(1, MAX_STEPS, nullable=True),
+    "eval.source_pool": choice("train", "all_types"),
+    "eval.max_invalid_actions": integer(1, MAX_STEPS),
+    "eval.concurrency": integer(1, 1024),
+    "eval.sampling.temperature": number(0.0, 10.0),
+    "eval.sampling.top_p": number(0.0, 1.0, low_open=True),
+    "solver.layout": choice("window", "transcript"),
+    "solver.history": integer(0, MAX_STEPS),
+    "solver.show_admissible": boolean(),
+    "solver.admissible_turns": choice("full", "changes"),
+    "solver.mode": choice("choose", "react"),
+    "solver.reasoning_max_tokens": integer(1, 32_768),
+    "solver.max_experiences": integer(0, 1_000),
+    "solver.max_experience_chars": integer(1, BIG, nullable=True),
+    "llm.backend": text(),
+    "embedder.name": text(),
+    "store.collection": Rule(lambda v: isinstance(v, str) and 3 <= len(v) <= 63,
+                             "a name of 3 to 63 characters"),
+    "env.name": text(),
+}
+
+
+def bad_values(cfg: DictConfig) -> list[str]:
+    """Messages for the harness keys of ``cfg`` whose values :data:`RULES` refuse."""
+    messages = []
+    for key, rule in RULES.items():
+        try:
+            value = OmegaConf.select(cfg, key, throw_on_missing=True)
+        except Exception:  # noqa: BLE001 - any unresolvable value is reported the same way
+            messages.append(f"{key} has no value; set {key}=<{rule.accepts}>.")
+            continue
+        if isinstance(value, (DictConfig, ListConfig)):
+            value = OmegaConf.to_container(value, resolve=True)
+        if not rule.check(value):
+            close = difflib.get_close_matches(str(value), rule.choices, n=1, cutoff=0.6)
+            hint = f" Did you mean '{close[0]}'?" if close else ""
+            messages.append(f"{key}={value!r} is not {rule.accepts}.{hint} Set {key}=<{rule.accepts}>.")
+    return messages
