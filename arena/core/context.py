@@ -27,6 +27,7 @@ from arena.core.env import (
     VALID_SPLIT,
     Environment,
 )
+from arena.core.journal import StepJournal, crash_point
 from arena.core.llm import LLMBackend
 from arena.core.progress import NullReporter, ProgressTask, Reporter
 from arena.core.rundir import RunDir
@@ -179,6 +180,9 @@ class RunContext:
         self._sealed: set[str] = set()  # seals of the episodes the harness played (evaluation)
         self._spot_check: Callable[[], None] | None = None
         self._spot_rate = 0.0
+        self._journal = StepJournal(run_dir.path)  # exactly-once learning steps
+        self._step_open = False
+        self._journaled: dict[tuple, Trajectory] = {}  # a killed step's episode, to finish it
         self.violations: list[str] = []
         self.splits_used_for_learning: set[str] = set()
         self.hook: pluggy.HookRelay | None = None  # set by the protocol once the method exists
@@ -215,7 +219,9 @@ class RunContext:
         embedder = self.embedder
         with self._build_lock:
             if self._store is None:
-                self._store = GuardedStore(self._make_store(embedder), self.is_frozen)
+                raw = self._make_store(embedder)
+                raw.before_write = self._journal_undo
+                self._store = GuardedStore(raw, self.is_frozen)
             return self._store
 
     def has_store(self) -> bool:
@@ -339,6 +345,10 @@ class RunContext:
                 raise BudgetExhausted(f"Learning budget used up: {', '.join(exhausted)}")
         experiences = list(experiences or [])
         assert self.hook is not None, "the protocol sets run.hook before any episode"
+        journaled = self._journaled.pop((self.phase, task.split, task.task_id, seed, variant), None)
+        if journaled is not None:  # a step killed after its episode: finish it with that episode
+            self._seal(journaled)
+            return journaled
         if record and self.finished(task, seed, variant) is not None:
             # Recorded by an interrupted session (e.g. a helper episode of a method's own
             # solve): give back what was played instead of playing it again.
@@ -456,10 +466,61 @@ class RunContext:
                     trajectory = self.play(task, experiences, seed=seed, variant=variant, record=False)
                 except BudgetExhausted:
                     return
-                new = checked_experiences("extract", self.method_name,
-                                          self.hook.extract(run=self, trajectories=[trajectory]))
-                self.hook.update(run=self, trajectories=[trajectory], experiences=new)
-                self.record(trajectory, seed=seed, variant=variant)
+                self.commit_step(trajectory, seed=seed, variant=variant)
+
+    def commit_step(self, trajectory: Trajectory, *, seed: int, variant: str = "default") -> EpisodeResult:
+        """``extract``, ``update`` and the episode's record of one step, exactly once
+        (``arena.core.journal``): killed anywhere inside, a resumed run puts the store and
+        state.json back as they were and does the step again from the same episode."""
+        assert self.hook is not None, "the protocol sets run.hook before any step"
+        crash_point("step.played")
+        key = (self.phase, trajectory.task.split, trajectory.task.task_id, seed, variant)
+        self._journal.begin(key, trajectory, self.run_dir.state_text())
+        crash_point("step.begun")
+        self._step_open = True
+        try:
+            new = checked_experiences("extract", self.method_name,
+                                      self.hook.extract(run=self, trajectories=[trajectory]))
+            crash_point("step.extracted")
+            self.hook.update(run=self, trajectories=[trajectory], experiences=new)
+            crash_point("step.updated")
+        finally:
+            self._step_open = False
+        result = self.record(trajectory, seed=seed, variant=variant)
+        crash_point("step.recorded")
+        self._journal.clear()
+        return result
+
+    def _journal_undo(self, store: ExperienceStore, ids: list[str]) -> None:
+        """The store's ``before_write``: inside a step, the rows about to change go to the
+        journal first (outside one, e.g. a method's own bulk load, nothing is kept)."""
+        if self._step_open:
+            self._journal.undo(store.rows_of(ids))
+            crash_point("step.undo_logged")
+
+    def recover_step(self) -> None:
+        """On resume, before the method is built: undo a step that was killed inside its window
+        (its store writes, its state.json changes) and keep its episode to do the step again; a
+        step killed after its record only leaves its journal to drop."""
+        pending = self._journal.pending()
+        if pending is None:
+            return
+        if self.run_dir.finished(pending.key) is None:
+            if pending.undo:
+                raw = self.store._store  # the harness's own handle, frozen or not
+                for rows in reversed(pending.undo):
+                    raw.restore_rows(rows)
+            if pending.state_text is not None:
+                self.run_dir.restore_state_text(pending.state_text)
+            # The episode's own calls were made by the killed session, whose counters died
+            # with it: count them here, once (its extract's, unrecorded, are lost).
+            phase_cost = f"cost_{pending.key[0]}"
+            cost = dict(self.run_dir.state().get(phase_cost, {}))
+            for name in ("llm_calls", "tokens_in", "tokens_out"):
+                cost[name] = int(cost.get(name, 0)) + int(getattr(pending.trajectory, name))
+            self.run_dir.update_state(**{phase_cost: cost})
+            self._journaled[pending.key] = pending.trajectory
+        self._journal.clear()
 
     def start_learning(self, tokens_before: int = 0) -> None:
         """Enter the learning phase; token usage is measured from here (plus earlier sessions)."""

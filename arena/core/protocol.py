@@ -221,6 +221,11 @@ class Session:
             ),
             reporter=self.reporter,
         )
+        if self.resumed:
+            # The record first (checked), then a step killed mid-way undone, then the method:
+            # it is built from the state as the last committed step left it.
+            self.run_dir.load_episodes()
+            self.ctx.recover_step()
         method_entry = self.plugins.methods.get(cfg.method.name)
         self.pm = new_plugin_manager()
         self.pm.register(HarnessDefaults(), name="arena.defaults")
@@ -302,9 +307,7 @@ class Session:
     # -- the protocol -------------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
-        if self.resumed:
-            self.run_dir.load_episodes()
-        else:
+        if not self.resumed:
             self.run_dir.update_state(
                 started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 provenance=provenance.collect(),
@@ -436,10 +439,7 @@ class Session:
             self.ctx.record(experiences, seed=seed)
             return
         trajectory = self.ctx.play(public_task(task), experiences, seed=seed, record=False)
-        new = checked_experiences("extract", self.cfg.method.name,
-                                  self.pm.hook.extract(run=self.ctx, trajectories=[trajectory]))
-        self.pm.hook.update(run=self.ctx, trajectories=[trajectory], experiences=new)
-        self.ctx.record(trajectory, seed=seed)
+        self.ctx.commit_step(trajectory, seed=seed)
 
     def _run_concurrently(self, items: list[tuple[Task, int]],
                           episode: Callable[[Task, int], None]) -> None:

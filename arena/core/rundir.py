@@ -379,6 +379,15 @@ class RunDir:
         path = self.path / STATE
         return read_json(path, "the run's state") if path.exists() else {}
 
+    def state_text(self) -> str | None:
+        """state.json as it is on disk (the step journal keeps it to put back)."""
+        path = self.path / STATE
+        return path.read_text() if path.exists() else None
+
+    def restore_state_text(self, text: str) -> None:
+        with self._lock:
+            write_json_atomic(self.path / STATE, json.loads(text))
+
     def update_state(self, **changes: Any) -> dict[str, Any]:
         with self._lock:
             state = self.state()

@@ -25,7 +25,7 @@ import hashlib
 import json
 import os
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from arena.core.embedder import Embedder
+from arena.core.journal import crash_point
 from arena.core.types import Experience, Provenance
 
 DEFAULT_COLLECTION = "experiences"
@@ -242,6 +243,51 @@ class ExperienceStore:
         # this store is its collection's only writer in a run, so a cache that every write
         # path below evicts stays exact.
         self._rows: dict[str, tuple[str, dict[str, Any]]] = {}
+        #: Called with this store and the ids a write is about to change, before it changes
+        #: them (the run's step journal keeps their rows, :meth:`rows_of`, to roll a killed
+        #: learning step back).
+        self.before_write: Callable[[ExperienceStore, list[str]], None] | None = None
+
+    # -- undo: the rows as they were, and putting them back ---------------------------------
+
+    def rows_of(self, ids: Iterable[str]) -> dict[str, Any]:
+        """The stored rows of ``ids`` as JSON (``None`` for an id not in the store)."""
+        wanted = list(dict.fromkeys(ids))
+        rows: dict[str, Any] = dict.fromkeys(wanted)
+        for start in range(0, len(wanted), self._max_batch):
+            result = self._collection.get(ids=wanted[start:start + self._max_batch],
+                                          include=["documents", "metadatas", "embeddings"])
+            for experience_id, document, metadata, embedding in zip(
+                    result["ids"], result["documents"], result["metadatas"], result["embeddings"]):
+                rows[experience_id] = {"document": document, "metadata": dict(metadata or {}),
+                                       "embedding": [float(x) for x in embedding]}
+        return rows
+
+    def restore_rows(self, rows: dict[str, Any]) -> None:
+        """Put rows back as :meth:`rows_of` saw them: absent ones deleted, the others rewritten
+        whole (metadata keys added since are dropped). Applying it twice changes nothing."""
+        absent = [experience_id for experience_id, row in rows.items() if row is None]
+        present = {experience_id: row for experience_id, row in rows.items() if row is not None}
+        self._forget(rows)
+        if absent:
+            self._collection.delete(ids=absent)
+        if present:
+            ids = list(present)
+            now = self._stored_rows(ids)
+            metadatas = []
+            for experience_id in ids:
+                metadata = dict(present[experience_id]["metadata"])
+                stale = now.get(experience_id, ("", {}))[1].keys() - metadata.keys()
+                metadata.update(dict.fromkeys(stale))
+                metadatas.append(metadata)
+            self._forget(ids)
+            self._collection.upsert(ids=ids, documents=[present[i]["document"] for i in ids],
+                                    metadatas=metadatas,
+                                    embeddings=[present[i]["embedding"] for i in ids])
+
+    def _before_write(self, ids: Iterable[str]) -> None:
+        if self.before_write is not None:
+            self.before_write(self, list(ids))
 
     # -- writes --------------------------------------------------------------------------------
 
@@ -272,6 +318,7 @@ class ExperienceStore:
         # Last one wins for a repeated id, as an upsert of each in turn would do.
         latest = {experience.experience_id: index for index, experience in enumerate(experiences)}
         order = list(latest.values())
+        self._before_write(latest)
         for start in range(0, len(order), self._max_batch):
             batch = order[start:start + self._max_batch]
             ids = [experiences[i].experience_id for i in batch]
@@ -291,6 +338,7 @@ class ExperienceStore:
                 embeddings=(self.embedder.embed([keys[i] for i in batch]) if vectors is None
                             else vectors[batch]),
             )
+        crash_point("store.written")
 
     def _checked_vectors(self, embeddings: Any, n: int) -> np.ndarray:
         vectors = np.asarray(embeddings, dtype=np.float32)
@@ -321,17 +369,21 @@ class ExperienceStore:
             raise KeyError(f"No experience {missing} in store '{self.name}'")
         for experience_id in ids:
             found[experience_id].metadata.update(changes[experience_id])
+        self._before_write(ids)
         self._forget(ids)
         self._collection.update(
             ids=ids, metadatas=[_encode_metadata(found[experience_id]) for experience_id in ids]
         )
+        crash_point("store.written")
 
     def delete(self, ids: Iterable[str]) -> None:
         """Remove experiences; unknown ids are ignored."""
         ids = list(ids)
         if ids:
+            self._before_write(ids)
             self._forget(ids)
             self._collection.delete(ids=ids)
+            crash_point("store.written")
 
     # -- reads ---------------------------------------------------------------------------------
 

@@ -1,0 +1,92 @@
+"""Exactly-once learning steps: a learning step (or an online test step) commits whole or not at
+all.
+
+A step is: the episode played, ``extract``, ``update`` (which may write the store and
+state.json), the episode's record. Before ``extract`` the harness writes the step's journal
+(``step.journal``: the episode, state.json as it was), and before every store write the rows it
+is about to change (the store's ``before_write``); each line is fsynced before the change it
+guards. The episode's record commits the step; the journal is then removed. A run killed inside
+the window resumes by putting the store rows and state.json back as the journal has them and
+doing the step again from its recorded episode (not a new one), so ``update`` is applied exactly
+once. Killed after the record, the journal is simply dropped.
+
+What the journal covers is where Arena keeps a method's state: the store and state.json. Files a
+method writes itself are the method's to keep consistent (checkpoints written atomically).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from arena.core.types import Trajectory
+
+JOURNAL = "step.journal"
+#: ``ARENA_CRASH_AT=point:N`` ends the process (as kill -9 would: no cleanup) the N-th time it
+#: reaches ``point``: the fault injection of the exactly-once tests, nothing else reads it.
+CRASH_ENV = "ARENA_CRASH_AT"
+_reached: dict[str, int] = {}
+
+
+def crash_point(name: str) -> None:
+    """A place inside a step's window where a test may kill the process."""
+    wanted = os.environ.get(CRASH_ENV)
+    if not wanted:
+        return
+    point, _, count = wanted.partition(":")
+    if point != name:
+        return
+    _reached[name] = _reached.get(name, 0) + 1
+    if _reached[name] == int(count or 1):
+        os._exit(137)
+
+
+@dataclass
+class PendingStep:
+    """A step the journal holds: its record key, its episode, and what to put back."""
+
+    key: tuple
+    trajectory: Trajectory
+    state_text: str | None
+    undo: list[dict[str, Any]] = field(default_factory=list)
+
+
+class StepJournal:
+    """The journal file of one run directory."""
+
+    def __init__(self, run_path: Path) -> None:
+        self.path = Path(run_path) / JOURNAL
+
+    def begin(self, key: tuple, trajectory: Trajectory, state_text: str | None) -> None:
+        self.path.write_text("")  # a new step: nothing of an older one is left
+        self._append({"key": list(key), "trajectory": trajectory.to_dict(), "state": state_text})
+
+    def undo(self, rows: dict[str, Any]) -> None:
+        """The store rows a write is about to change (durable before the write happens)."""
+        self._append({"undo": rows})
+
+    def clear(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+    def pending(self) -> PendingStep | None:
+        """The step the journal holds, if any (a torn last line was never acted on)."""
+        if not self.path.exists():
+            return None
+        lines = self.path.read_bytes().split(b"\n")
+        entries = []
+        for raw in lines[:-1]:  # the part after the last newline is torn: its change never ran
+            entries.append(json.loads(raw))
+        if not entries or "key" not in entries[0]:
+            return None
+        head = entries[0]
+        return PendingStep(tuple(head["key"]), Trajectory.from_dict(head["trajectory"]), head["state"],
+                           [entry["undo"] for entry in entries[1:] if "undo" in entry])
+
+    def _append(self, entry: dict[str, Any]) -> None:
+        with self.path.open("a") as handle:
+            handle.write(json.dumps(entry, sort_keys=True) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())

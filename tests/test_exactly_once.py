@@ -1,0 +1,76 @@
+"""Exactly-once steps: a run killed (``os._exit``, as kill -9: no cleanup) at every point of a
+learning step's window, and of an online test step's, resumes to the state and record of a run
+never killed. Fault injection (``ARENA_CRASH_AT``), not sleeps: each kill lands where it says.
+
+MemRL is the method: its ``update`` writes the store twice per step (the Q-values of the memories
+used, then the new memory), so a repeated update is visible in its learned state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from arena.core import protocol
+from tests.conftest import FAST
+
+LEARN = [*FAST, "eval.limit=1", "learn.budget.episodes=4", "learn.max_steps=4"]
+ONLINE = [*FAST, "eval.limit=2", "learn.budget.episodes=0", "run.track=online"]
+#: Every point of a step's window, in order: after its episode, once its journal is written,
+#: once each store write's rows are journaled and once each write is done, after extract,
+#: after update, after the record.
+POINTS = ["step.played", "step.begun", "step.extracted", "step.undo_logged", "store.written",
+          "step.updated", "step.recorded"]
+
+
+def killed_run(out: Path, overrides: list[str], crash_at: str) -> int:
+    code = ("import sys; from arena.core import protocol; "
+            "protocol.run('memrl', overrides=sys.argv[2:], out=sys.argv[1])")
+    env = {**os.environ, "ARENA_CRASH_AT": crash_at}
+    return subprocess.run([sys.executable, "-c", code, str(out), *overrides], env=env,
+                          capture_output=True, text=True, timeout=300).returncode
+
+
+def record(path: Path) -> list[tuple]:
+    lines = [json.loads(line) for line in (path / "episodes.jsonl").read_text().splitlines()]
+    return [(e["phase"], e["split"], e["task_id"], e["seed"], e["variant"], e["success"], e["steps"],
+             tuple(e["experience_ids"])) for e in lines]
+
+
+def learned(path: Path, results: dict) -> dict:
+    """What must match an uninterrupted run: the learned state's digest, every record."""
+    state = json.loads((path / "state.json").read_text())
+    return {"digest_before_eval": results["state"]["digest_before_eval"],
+            "digest_after_eval": results["state"]["digest_after_eval"],
+            "memories": results["state"]["memory_items"],
+            "episodes": sorted(record(path)), "valid": results["valid"],
+            "learned_on": state.get("learn_used", {}).get("episodes")}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> dict[str, dict]:
+    root = tmp_path_factory.mktemp("whole")
+    out = {}
+    for name, overrides in (("learn", LEARN), ("online", ONLINE)):
+        path, results = protocol.run("memrl", overrides=overrides, out=root / name)
+        out[name] = learned(path, results)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("track, overrides", [("learn", LEARN), ("online", ONLINE)])
+@pytest.mark.parametrize("point", POINTS)
+def test_a_step_killed_anywhere_resumes_as_if_never_killed(tmp_path, uninterrupted, track, overrides, point):
+    # The second time the point is reached: the store already holds what an earlier write put
+    # there (online learns nothing before its test steps, so every kill lands in one of those).
+    out = tmp_path / "run"
+    assert killed_run(out, overrides, f"{point}:2") == 137, "the crash point was never reached"
+    assert not (out / "results.json").exists()
+    path, results = protocol.run(None, resume=out)
+    assert learned(path, results) == uninterrupted[track]
+    assert not (out / "step.journal").exists()
