@@ -51,9 +51,13 @@ def cli() -> None:
 @click.option("--resume", type=click.Path(file_okay=False, exists=True), help="Finish an interrupted run.")
 @click.option("--allow-version-change", is_flag=True,
               help="Resume a run started by another Arena version or commit (recorded in results.json).")
+@click.option("--repair", is_flag=True,
+              help="With --resume: move damaged lines of episodes.jsonl aside and play those episodes "
+                   "again (after learning only; recorded in results.json).")
 @click.argument("overrides", nargs=-1)
 def run(method: str | None, env_name: str | None, preset: str | None, config_file: str | None,
-        out: str | None, resume: str | None, allow_version_change: bool, overrides: tuple[str, ...]) -> None:
+        out: str | None, resume: str | None, allow_version_change: bool, repair: bool,
+        overrides: tuple[str, ...]) -> None:
     """Learn on train, evaluate frozen on the test splits, write results.
 
     OVERRIDES are OmegaConf dotlist items, e.g. eval.limit=20 run.seeds=[0,1].
@@ -72,7 +76,7 @@ def run(method: str | None, env_name: str | None, preset: str | None, config_fil
                         LineReporter(interval_s=float(os.environ.get("ARENA_PROGRESS_INTERVAL_S", 10))))
             path, results = protocol.run(method, env_name, config_file, list(overrides), out, resume,
                                          reporter=reporter, preset=preset,
-                                         allow_version_change=allow_version_change)
+                                         allow_version_change=allow_version_change, repair=repair)
     except USER_ERRORS as exc:
         raise click.ClickException(str(exc)) from exc
     print_summary(results, path)

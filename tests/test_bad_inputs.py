@@ -184,13 +184,46 @@ def test_a_corrupted_middle_line_stops_resume_and_loses_nothing(finished):
     (finished / "results.json").unlink()
     lines = (finished / "episodes.jsonl").read_text().splitlines(keepends=True)
     assert len(lines) >= 2
-    lines[0] = lines[0][:20] + "#garbage#" + lines[0][20:]
+    lines[0] = "#garbage#" + lines[0][1:]  # no longer JSON (a disk error, a bad edit)
     (finished / "episodes.jsonl").write_text("".join(lines))
     before = (finished / "episodes.jsonl").read_bytes()
     result = CliRunner().invoke(cli, ["run", "--resume", str(finished)])
     assert result.exit_code != 0 and "Traceback" not in result.output
-    assert "episodes.jsonl, line 1" in result.output
+    assert "episodes.jsonl, line 1" in result.output and "--repair" in result.output
     assert (finished / "episodes.jsonl").read_bytes() == before  # no good record dropped
+
+    # --repair: the damaged line moves aside, every good line stays, its episode is played again
+    repaired = CliRunner().invoke(cli, ["run", "--resume", str(finished), "--repair"])
+    assert repaired.exit_code == 0, repaired.output
+    after = (finished / "episodes.jsonl").read_text().splitlines(keepends=True)
+    assert all(line in after for line in lines[1:])
+    moved = [json.loads(line) for line in (finished / "episodes.damaged.jsonl").read_text().splitlines()]
+    assert [entry["line"] for entry in moved] == [1] and "#garbage#" in moved[0]["bytes"]
+    results = json.loads((finished / "results.json").read_text())
+    assert results["valid"] is True and results["record"]["damaged_lines"] == [1]
+    assert results["cost"]["evaluate"]["episodes"] == len(lines)
+    board = CliRunner().invoke(cli, ["leaderboard", str(finished), "--out", str(finished.parent / "b")])
+    assert board.exit_code == 0, board.output
+    assert "record repaired" in (finished.parent / "b" / "README.md").read_text()
+
+
+def test_repair_is_refused_for_a_record_damaged_before_learning_finished(finished):
+    (finished / "results.json").unlink()
+    state = json.loads((finished / "state.json").read_text())
+    state["learn_done"] = False
+    (finished / "state.json").write_text(json.dumps(state))
+    lines = (finished / "episodes.jsonl").read_text().splitlines(keepends=True)
+    (finished / "episodes.jsonl").write_text("".join(["{broken\n", *lines[1:]]))
+    before = (finished / "episodes.jsonl").read_bytes()
+    result = CliRunner().invoke(cli, ["run", "--resume", str(finished), "--repair"])
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert "from before learning finished" in result.output
+    assert (finished / "episodes.jsonl").read_bytes() == before
+
+
+def test_repair_without_resume_is_refused(tmp_path):
+    result = CliRunner().invoke(cli, run_args(tmp_path, ["--repair"]))
+    assert_refused(result, "--repair applies to --resume RUN_DIR only", tmp_path)
 
 
 def test_only_a_torn_last_line_is_repaired(finished):

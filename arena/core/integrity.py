@@ -97,11 +97,13 @@ class ChainReport:
 
 def verify(episodes: list[dict[str, Any]], path: Path | str, *,
            trajectories: list[bytes] | None = None, key: bytes | None = None,
-           expected_key_id: str | None = None) -> ChainReport:
+           expected_key_id: str | None = None, breaks: set[str] | None = None) -> ChainReport:
     """Check the chain of ``episodes`` (the parsed lines of ``path``); raise
     :class:`RecordError` naming the first bad line. ``trajectories`` (the raw lines of
     ``trajectories.jsonl``, in order) are checked against each line's ``trajectory`` hash;
-    MACs are checked when ``key`` is the one that signed the record (``expected_key_id``)."""
+    MACs are checked when ``key`` is the one that signed the record (``expected_key_id``).
+    ``breaks``: hashes of lines that follow a damaged line moved aside by a repair; their link
+    to the line before is not checked (their own hash and MAC are)."""
     if not any(CHAIN in line for line in episodes):
         return ChainReport(len(episodes), GENESIS, chained=False, macs_checked=False)
     check_macs = key is not None and expected_key_id is not None and key_id(key) == expected_key_id
@@ -115,10 +117,11 @@ def verify(episodes: list[dict[str, Any]], path: Path | str, *,
         if not isinstance(chain, dict):
             raise RecordError(f"{where} carries no chain while the lines around it do: a line was "
                               "added or edited outside Arena. The record cannot be trusted.")
-        if chain.get("prev") != prev:
+        after_hole = chain.get("hash") in (breaks or set())
+        if chain.get("prev") != prev and not after_hole:
             raise RecordError(f"{where} does not follow the line before it (a line was dropped, "
                               "inserted or reordered). The record cannot be trusted.")
-        if chain.get("hash") != line_hash(prev, record):
+        if chain.get("hash") != line_hash(str(chain.get("prev")) if after_hole else prev, record):
             raise RecordError(f"{where} was changed after it was written (its hash does not "
                               "match). The record cannot be trusted.")
         if check_macs and (not isinstance(chain.get("mac"), str)

@@ -66,6 +66,8 @@ class PreparedRun:
     lock: RunLock | None = None
     #: The directory did not exist before: a run that fails before its first episode removes it.
     created: bool = False
+    #: ``--repair``: move damaged lines of episodes.jsonl aside before resuming.
+    repair: bool = False
 
     def discard(self) -> None:
         """Remove a new run's directory (nothing was recorded in it yet)."""
@@ -87,6 +89,7 @@ def prepare(
     plugins: Plugins | None = None,
     preset: str | None = None,
     allow_version_change: bool = False,
+    repair: bool = False,
 ) -> PreparedRun:
     """Resolve the config and the run directory (a new one, or the one to resume)."""
     plugins = plugins or get_plugins()
@@ -95,11 +98,15 @@ def prepare(
         run_dir.load_config()  # is it a run directory at all?
         lock = run_dir.lock().acquire()  # a second process on this folder stops here
         try:
-            return _resumed(run_dir, lock, method, env, config_file, overrides, plugins, preset,
-                            allow_version_change)
+            prepared = _resumed(run_dir, lock, method, env, config_file, overrides, plugins, preset,
+                                allow_version_change)
+            prepared.repair = repair
+            return prepared
         except BaseException:
             lock.release()
             raise
+    if repair:
+        raise ValueError("--repair applies to --resume RUN_DIR only.")
     if method is None:
         raise ValueError("Name a method with --method (see `arena plugins`).")
     cfg = compose(plugins, method, env, config_file, overrides, preset)
@@ -224,7 +231,7 @@ class Session:
         if self.resumed:
             # The record first (checked), then a step killed mid-way undone, then the method:
             # it is built from the state as the last committed step left it.
-            self.run_dir.load_episodes()
+            self.run_dir.load_episodes(repair=prepared.repair)
             self.ctx.recover_step()
         method_entry = self.plugins.methods.get(cfg.method.name)
         self.pm = new_plugin_manager()
@@ -548,7 +555,11 @@ class Session:
             # The chain of episodes.jsonl as this run left it (arena.core.integrity): reports
             # refuse a file whose chain does not end here.
             "record": {"episodes": len(records), "head": self.run_dir.head,
-                       "key_id": self.run_dir.record_key_id()},
+                       "key_id": self.run_dir.record_key_id(),
+                       # Lines --repair moved aside (their episodes were played again) and the
+                       # lines after those holes, whose links to the line before are not checked.
+                       "damaged_lines": list(state.get("record_damaged", [])),
+                       "breaks": list(state.get("record_breaks", []))},
             "started": state.get("started"),
             "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
@@ -565,11 +576,12 @@ def run(
     plugins: Plugins | None = None,
     preset: str | None = None,
     allow_version_change: bool = False,
+    repair: bool = False,
 ) -> tuple[Path, dict[str, Any]]:
     """Prepare and run; returns the run directory and its results."""
     plugins = plugins or get_plugins()
     prepared = prepare(method, env, config_file, overrides, out, resume, plugins, preset,
-                       allow_version_change)
+                       allow_version_change, repair)
     try:
         try:
             session = Session(prepared, plugins, reporter)

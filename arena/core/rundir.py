@@ -31,6 +31,8 @@ TRAJECTORIES = "trajectories.jsonl"
 CONFIG = "config.yaml"
 STATE = "state.json"
 RESULTS = "results.json"
+#: Where ``--repair`` puts the lines of episodes.jsonl that were not records.
+DAMAGED = "episodes.damaged.jsonl"
 ROLLOUTS = "rollouts"
 
 
@@ -240,15 +242,23 @@ class RunDir:
             return 0
         return sum(1 for line in path.read_bytes().splitlines(keepends=True) if line.endswith(b"\n"))
 
-    def load_episodes(self) -> list[EpisodeResult]:
+    def load_episodes(self, repair: bool = False) -> list[EpisodeResult]:
         """Finished episodes recorded so far (used by --resume), after checking their chain and
-        signatures: a changed record is refused, naming its first bad line."""
-        lines = read_jsonl(self.path / EPISODES)
+        signatures: a changed record is refused, naming its first bad line. ``repair`` first
+        moves damaged lines aside (:meth:`move_damaged_lines`)."""
+        if repair:
+            self.move_damaged_lines()
+        try:
+            lines = read_jsonl(self.path / EPISODES)
+        except RunDirError as exc:
+            raise RunDirError(f"{exc} If learning had finished, `arena run --resume {self.path} "
+                              "--repair` moves damaged lines aside and plays those episodes again.") from exc
         # Whatever state.json says: where this machine has a key, every line must carry its MAC
         # (a run resumed on another machine, or rewritten by a forger, is refused).
         try:
             report = integrity.verify(lines, self.path / EPISODES, key=self._key,
-                                      expected_key_id=integrity.key_id(self._key))
+                                      expected_key_id=integrity.key_id(self._key),
+                                      breaks=set(self.state().get("record_breaks", [])))
         except integrity.RecordError as exc:
             raise RunDirError(f"{exc} Start a new run; this one cannot be resumed (a run resumes "
                               "only on the machine that started it).") from exc
@@ -261,6 +271,50 @@ class RunDir:
             self._episodes = {r.key: r for r in records}
             self._head = report.head
         return records
+
+    def move_damaged_lines(self) -> int:
+        """Move the lines of episodes.jsonl that are not JSON records to episodes.damaged.jsonl
+        (with their line numbers); every good line stays, as written. Only once learning has
+        finished: a damaged learning record cannot be told from a step not yet taken, and taking
+        it again could apply an update twice. The good line after each hole is recorded as a
+        break of the chain (``record_breaks``), checked by its own hash and MAC; boards flag the
+        run as repaired. Returns the number of lines moved."""
+        path = self.path / EPISODES
+        if not path.exists():
+            return 0
+        data = path.read_bytes()
+        *complete, torn = data.split(b"\n")
+        good, damaged, breaks, after_hole = [], [], [], False
+        for number, raw in enumerate(complete, start=1):
+            try:
+                record = json.loads(raw)
+            except ValueError:
+                record = None
+            if not isinstance(record, dict):
+                damaged.append({"line": number, "bytes": raw.decode("utf-8", "replace")})
+                after_hole = True
+                continue
+            if after_hole and isinstance(record.get(integrity.CHAIN), dict):
+                breaks.append(record[integrity.CHAIN].get("hash"))
+            after_hole = False
+            good.append(raw)
+        if not damaged:
+            return 0
+        if not self.state().get("learn_done"):
+            raise RunDirError(
+                f"{path} has damaged lines ({', '.join(str(d['line']) for d in damaged)}) from before "
+                "learning finished; a lost learning step cannot be repaired without risking its update "
+                "twice. Restore the file from a copy, or start a new run.")
+        with (self.path / DAMAGED).open("a") as handle:
+            for entry in damaged:
+                handle.write(json.dumps(entry) + "\n")
+        tmp = path.with_suffix(".jsonl.repair")
+        tmp.write_bytes(b"".join(line + b"\n" for line in good) + torn)
+        os.replace(tmp, path)
+        self.update_state(record_breaks=[*self.state().get("record_breaks", []), *breaks],
+                          record_damaged=[*self.state().get("record_damaged", []),
+                                          *[d["line"] for d in damaged]])
+        return len(damaged)
 
     @property
     def head(self) -> str:

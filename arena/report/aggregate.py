@@ -305,6 +305,10 @@ def row_flags(runs: list[Run], mixed: dict[str, Any]) -> list[str]:
                and all(e.status == "error" for e in r.evaluated())]
     if errored:
         flags.append(f"every test episode errored: {', '.join(errored)}")
+    repaired = [f"{r.label} ({len(r.results['record']['damaged_lines'])} lines)" for r in runs
+                if (r.results.get("record") or {}).get("damaged_lines")]
+    if repaired:
+        flags.append(f"record repaired, damaged lines moved aside and replayed: {', '.join(repaired)}")
     unchained = [r.label for r in runs if not r.chained]
     if unchained:
         flags.append(f"record not chained (made before Arena chained its records): {', '.join(unchained)}")

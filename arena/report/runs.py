@@ -147,7 +147,8 @@ def check_record(path: Path, lines: list[dict[str, Any]], record: dict[str, Any]
     try:
         report = integrity.verify(lines, episodes_file, trajectories=trajectories,
                                   key=integrity.record_key(create=False),
-                                  expected_key_id=(record or {}).get("key_id"))
+                                  expected_key_id=(record or {}).get("key_id"),
+                                  breaks=set((record or {}).get("breaks", [])))
     except integrity.RecordError as exc:
         raise ReportError(str(exc)) from exc
     if record is None:
