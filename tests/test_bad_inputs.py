@@ -79,6 +79,8 @@ RUN_CASES: list[tuple[list[str], str]] = [
     (["env.level=impossible"], "env.level"),
     (["env.n_train=-1"], "train size must be in [0, 1000000]"),
     (["llm.backend=transfomers"], "Did you mean 'transformers'?"),
+    (["env.n_test=many"], "env.n_test='many' is not a number (its default is 120)"),
+    (["llm.reply=[1,2]"], "llm.reply=[1, 2] is not a string"),
     (["eval.max_steps"], "key=value"),
 ]
 
@@ -89,6 +91,8 @@ CLI_CASES: list[tuple[list[str], str]] = [
     (["run", "--method", "base", "--env", ""], "Unknown environment ''"),
     (["run", "--method", "base", "--preset", "nosuch"], "Unknown preset 'nosuch' for method 'base'"),
     (["run"], "Name a method with --method"),
+    (["run", "--method", "evolving_rl", "method.iterations=abc"],
+     "method.iterations='abc' is not a number (its default is 2)"),
 ]
 
 

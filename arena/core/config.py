@@ -98,6 +98,7 @@ def compose(
     defaults = _merged([*layers, names], "the plugins' YAML")
     # A method without YAML of its own declares no keys: its section is its own to check.
     problems = schema.unknown_keys(user, defaults, () if method_entry.configs else ("method",))
+    problems += schema.kind_mismatches(user, defaults)
     if problems:
         raise ConfigError("\n".join(problems))
     cfg = _merged([*layers, user, names], "your settings over the defaults")

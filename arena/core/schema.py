@@ -67,6 +67,46 @@ def unknown_keys(user: Any, defaults: Any, free_sections: tuple[str, ...] = ()) 
     return messages
 
 
+def _kind(value: Any) -> str | None:
+    """The kind of a declared default that a user's value must keep (None: any)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "true or false"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return None
+
+
+def _is_kind(value: Any, kind: str) -> bool:
+    return {"true or false": lambda v: isinstance(v, bool),
+            "a number": _number,
+            "a string": lambda v: isinstance(v, str),
+            "a list": lambda v: isinstance(v, list),
+            "a mapping": lambda v: isinstance(v, dict)}[kind](value)
+
+
+def kind_mismatches(user: Any, defaults: Any) -> list[str]:
+    """Messages for the keys of ``user`` whose values are not of their declared default's kind
+    (``null`` is always accepted; the harness's own keys are left to :data:`RULES`)."""
+    known = flatten(defaults)
+    messages = []
+    for key, value in flatten(user).items():
+        if key in RULES or key not in known or value is None:
+            continue
+        kind = _kind(known[key])
+        if kind is not None and not _is_kind(value, kind):
+            messages.append(f"{key}={value!r} is not {kind} (its default is {known[key]!r}); "
+                            f"set {key}=<{kind}>.")
+    return messages
+
+
 @dataclass(frozen=True)
 class Rule:
     """What one harness key accepts."""
