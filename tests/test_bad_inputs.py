@@ -80,7 +80,7 @@ RUN_CASES: list[tuple[list[str], str]] = [
     (["env.n_train=-1"], "train size must be in [0, 1000000]"),
     (["llm.backend=transfomers"], "Did you mean 'transformers'?"),
     (["env.n_test=many"], "env.n_test='many' is not a number (its default is 120)"),
-    (["llm.reply=[1,2]"], "llm.reply=[1, 2] is not a string"),
+    (["llm.reply=[1,2]"], "llm.reply=[1, 2] is not a single value"),
     (["eval.max_steps"], "key=value"),
 ]
 

@@ -69,14 +69,10 @@ def unknown_keys(user: Any, defaults: Any, free_sections: tuple[str, ...] = ()) 
 
 def _kind(value: Any) -> str | None:
     """The kind of a declared default that a user's value must keep (None: any)."""
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        return "true or false"
+    if value is None or isinstance(value, (bool, str)):
+        return None if value is None else "a single value"  # 'auto' | true | false keys exist
     if isinstance(value, (int, float)):
         return "a number"
-    if isinstance(value, str):
-        return "a string"
     if isinstance(value, list):
         return "a list"
     if isinstance(value, dict):
@@ -85,9 +81,8 @@ def _kind(value: Any) -> str | None:
 
 
 def _is_kind(value: Any, kind: str) -> bool:
-    return {"true or false": lambda v: isinstance(v, bool),
+    return {"a single value": lambda v: not isinstance(v, (list, dict)),
             "a number": _number,
-            "a string": lambda v: isinstance(v, str),
             "a list": lambda v: isinstance(v, list),
             "a mapping": lambda v: isinstance(v, dict)}[kind](value)
 
