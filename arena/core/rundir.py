@@ -50,6 +50,20 @@ def new_run_dir(root: Path | str, method: str, env: str) -> Path:
     return path
 
 
+def parsed_lines(data: bytes) -> tuple[list[tuple[int, bytes, dict[str, Any] | None]], bytes]:
+    """Each complete line of a JSONL file as (number, bytes, record or None when it is not a
+    JSON object), and the torn tail after the last newline (empty if none)."""
+    *complete, torn = data.split(b"\n")
+    lines = []
+    for number, raw in enumerate(complete, start=1):
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            record = None
+        lines.append((number, raw, record if isinstance(record, dict) else None))
+    return lines, torn
+
+
 def read_jsonl(path: Path, repair: bool = True) -> list[dict[str, Any]]:
     """Every line of a JSONL record. Only a torn last line (no newline: killed mid-write) is
     treated as lost: it is cut off the file, unless ``repair`` is False (readers that must never
@@ -58,14 +72,10 @@ def read_jsonl(path: Path, repair: bool = True) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     data = path.read_bytes()
-    *complete, torn = data.split(b"\n")
+    lines, torn = parsed_lines(data)
     records: list[dict[str, Any]] = []
-    for number, raw in enumerate(complete, start=1):
-        try:
-            record = json.loads(raw)
-        except ValueError:
-            record = None
-        if not isinstance(record, dict):
+    for number, _, record in lines:
+        if record is None:
             raise RunDirError(
                 f"{path}, line {number} is damaged (not a JSON record); nothing was changed. "
                 "Restore the file from a copy, or start a new run: a record with a hole cannot "
@@ -282,15 +292,10 @@ class RunDir:
         path = self.path / EPISODES
         if not path.exists():
             return 0
-        data = path.read_bytes()
-        *complete, torn = data.split(b"\n")
+        lines, torn = parsed_lines(path.read_bytes())
         good, damaged, breaks, after_hole = [], [], [], False
-        for number, raw in enumerate(complete, start=1):
-            try:
-                record = json.loads(raw)
-            except ValueError:
-                record = None
-            if not isinstance(record, dict):
+        for number, raw, record in lines:
+            if record is None:
                 damaged.append({"line": number, "bytes": raw.decode("utf-8", "replace")})
                 after_hole = True
                 continue
