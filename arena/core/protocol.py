@@ -28,7 +28,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 import arena
-from arena.core import integrity, provenance, stats
+from arena.core import provenance, stats
 from arena.core.batching import BatchingBackend
 from arena.core.config import compose, to_plain
 from arena.core.context import (
@@ -143,8 +143,7 @@ def _resumed(run_dir: RunDir, lock: RunLock, method: str | None, env: str | None
             "A resumed run keeps its saved config; drop --env, --preset, --config and "
             "key=value overrides, or start a new run."
         )
-    written = run_dir.state().get("config_sha256")
-    if written is not None and integrity.file_sha256(run_dir.path / "config.yaml") != written:
+    if run_dir.config_changed():
         raise RunDirError(
             f"{run_dir.path / 'config.yaml'} was edited after the run started; a resumed run keeps "
             "the config it started with. Undo the edit, or start a new run with the new settings."
@@ -243,6 +242,7 @@ class Session:
         self.ctx.on_episode = self._on_episode
         self._usage_lock = threading.Lock()
         self._frozen_digests: dict[str, str] | None = None  # set when evaluation starts
+        self._last_harness_digests: dict[str, str] | None = None  # of the last state_digest
         self._phase_started = time.perf_counter()
         self._usage_at_phase_start = self.llm.usage.snapshot()
 
@@ -292,6 +292,7 @@ class Session:
         The harness hashes the store and the weights *before* any method hook runs, so a method
         cannot put back a copy of its learned state inside its own ``state_digest``."""
         parts: dict[str, Any] = dict(self._harness_digests())
+        self._last_harness_digests = dict(parts)  # evaluation's reference, not hashed again
         try:
             parts["method"] = sorted(str(d) for d in self.pm.hook.state_digest(run=self.ctx) if d)
         except Exception as exc:  # the finished work is kept; the run is invalid
@@ -363,11 +364,7 @@ class Session:
         state = self.run_dir.state()
         plan = evaluation_plan(self.env, self.cfg)
         frozen = ctx.track == "frozen"
-        self._frozen_digests = self._harness_digests() if frozen else None
-        ctx.start_evaluation([task for task, _ in plan],
-                             spot_check=self._spot_check if frozen else None,
-                             spot_checks=SPOT_CHECKS, steps=len(plan) * ctx.eval_max_steps() // 2)
-        if self.resumed and ctx.track == "frozen":
+        if self.resumed and frozen:
             digest_now = self.state_digest()
             if state["digest_before_eval"] != digest_now:
                 ctx.violation(
@@ -375,6 +372,11 @@ class Session:
                     f"({state['digest_before_eval'][:12]} -> {digest_now[:12]}): the method must "
                     "restore its learned state when constructed (e.g. load its checkpoint)."
                 )
+        if frozen:  # what the random checks compare with: hashed once, by the last state_digest
+            self._frozen_digests = self._last_harness_digests or self._harness_digests()
+        ctx.start_evaluation([task for task, _ in plan],
+                             spot_check=self._spot_check if frozen else None,
+                             spot_checks=SPOT_CHECKS, steps=len(plan) * ctx.eval_max_steps() // 2)
         todo = [(task, seed) for task, seed in plan if ctx.finished(task, seed) is None]
         self._start_phase(EVALUATE)
         self.reporter.phase(EVALUATE, len(plan), len(plan) - len(todo))
@@ -416,8 +418,7 @@ class Session:
 
     def _check_run_files(self, state: dict[str, Any]) -> None:
         """config.yaml as the run started, and the store still on disk where there was one."""
-        written = state.get("config_sha256")
-        if written is not None and integrity.file_sha256(self.run_dir.path / "config.yaml") != written:
+        if self.run_dir.config_changed():
             self.ctx.violation("config.yaml was changed while the run ran: its results would not "
                                "describe the config they came from.")
         if self._frozen_digests and self._frozen_digests["store"] != "empty" \
@@ -425,27 +426,30 @@ class Session:
             self.ctx.violation("The run's store/ folder was deleted during evaluation.")
 
     def _retrieve(self, task: Task) -> list[Experience] | Trajectory:
-        """The method's experiences for ``task``, or an error trajectory if retrieval failed."""
+        """The method's experiences for ``task`` (as methods see it), or an error trajectory if
+        retrieval failed."""
         try:
             return checked_experiences("retrieve", self.cfg.method.name,
-                                       self.pm.hook.retrieve(run=self.ctx, task=public_task(task)))
+                                       self.pm.hook.retrieve(run=self.ctx, task=task))
         except Exception as exc:
-            return Trajectory(task=public_task(task), initial_observation="", status=Termination.ERROR,
+            return Trajectory(task=task, initial_observation="", status=Termination.ERROR,
                               error=f"retrieve failed: {type(exc).__name__}: {exc}")
 
     def _frozen_episode(self, task: Task, seed: int) -> None:
+        task = public_task(task)
         experiences = self._retrieve(task)
         if isinstance(experiences, Trajectory):
             self.ctx.record(experiences, seed=seed)
             return
-        self.ctx.play(public_task(task), experiences, seed=seed)
+        self.ctx.play(task, experiences, seed=seed)
 
     def _online_episode(self, task: Task, seed: int) -> None:
+        task = public_task(task)
         experiences = self._retrieve(task)
         if isinstance(experiences, Trajectory):
             self.ctx.record(experiences, seed=seed)
             return
-        trajectory = self.ctx.play(public_task(task), experiences, seed=seed, record=False)
+        trajectory = self.ctx.play(task, experiences, seed=seed, record=False)
         self.ctx.commit_step(trajectory, seed=seed)
 
     def _run_concurrently(self, items: list[tuple[Task, int]],

@@ -212,7 +212,8 @@ class RunDir:
         self._lock = threading.Lock()
         self._episodes: dict[tuple, EpisodeResult] = {}
         self._head = integrity.GENESIS  # the chain hash of the last episode line
-        self._key: bytes | None = integrity.record_key()  # None where none can be made
+        self._key: bytes | None = None  # the record key, made on first write (readers need none)
+        self._key_loaded = False
 
     # -- creation and resume ------------------------------------------------------------------
 
@@ -226,7 +227,7 @@ class RunDir:
         OmegaConf.save(cfg, self.path / CONFIG)
         # What --resume and the end of the run check: the config as written, the signing key.
         self.update_state(config_sha256=integrity.file_sha256(self.path / CONFIG),
-                          record_key_id=integrity.key_id(self._key))
+                          record_key_id=integrity.key_id(self._signing_key()))
 
     def load_config(self) -> DictConfig:
         path = self.path / CONFIG
@@ -266,8 +267,9 @@ class RunDir:
         # Whatever state.json says: where this machine has a key, every line must carry its MAC
         # (a run resumed on another machine, or rewritten by a forger, is refused).
         try:
-            report = integrity.verify(lines, self.path / EPISODES, key=self._key,
-                                      expected_key_id=integrity.key_id(self._key),
+            key = self._signing_key()
+            report = integrity.verify(lines, self.path / EPISODES, key=key,
+                                      expected_key_id=integrity.key_id(key),
                                       breaks=set(self.state().get("record_breaks", [])))
         except integrity.RecordError as exc:
             raise RunDirError(f"{exc} Start a new run; this one cannot be resumed (a run resumes "
@@ -327,7 +329,19 @@ class RunDir:
         return self._head
 
     def record_key_id(self) -> str | None:
-        return integrity.key_id(self._key)
+        return integrity.key_id(self._signing_key())
+
+    def _signing_key(self) -> bytes | None:
+        """This machine's record key, read (or made) once, when the run first writes or checks
+        its record; None where none can be made."""
+        if not self._key_loaded:
+            self._key, self._key_loaded = integrity.record_key(), True
+        return self._key
+
+    def config_changed(self) -> bool:
+        """config.yaml differs from the one the run started with (state.json's hash of it)."""
+        written = self.state().get("config_sha256")
+        return written is not None and integrity.file_sha256(self.path / CONFIG) != written
 
     def _drop_orphan_trajectories(self, keys: set[tuple]) -> None:
         """Keep only trajectories of recorded episodes (one killed between the two writes)."""
@@ -418,7 +432,7 @@ class RunDir:
             if result.key in self._episodes:
                 raise RunDirError(f"Episode {result.key} was recorded twice; this is a bug.")
             line = self._append(TRAJECTORIES, {"key": list(result.key), **trajectory.to_dict()})
-            sealed = integrity.seal(result.to_dict(), self._head, line, self._key)
+            sealed = integrity.seal(result.to_dict(), self._head, line, self._signing_key())
             self._append(EPISODES, sealed)
             self._head = sealed[integrity.CHAIN]["hash"]
             self._episodes[result.key] = result

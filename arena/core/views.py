@@ -49,11 +49,10 @@ class EnvironmentView:
     def pool_tasks(self) -> list[Task]:
         """The source pool's extra tasks: only at evaluation, and only under
         ``eval.source_pool: all_types`` (use :meth:`RunContext.source_pool`)."""
-        pool = [t for t in self._run.source_pool() if t.split == POOL_SPLIT]
-        if not pool and self._run.is_learning():
+        if self._run.is_learning():
             raise self._refuse(f"Method '{self._run.method_name}' asked for the test-time source "
                                "pool while learning; it is open at evaluation only.")
-        return pool
+        return [t for t in self._run.source_pool() if t.split == POOL_SPLIT]
 
     def split_hash(self, split: str) -> str:
         return self._env.split_hash(split)
