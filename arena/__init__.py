@@ -2,6 +2,6 @@
 
 from arena.core.hookspecs import hookimpl, hookspec
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = ["__version__", "hookimpl", "hookspec"]

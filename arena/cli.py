@@ -127,7 +127,7 @@ def plugins(as_json: bool) -> None:
     from arena.core.plugins import get_plugins
 
     loaded = get_plugins()
-    listing = {
+    listing: dict[str, list[dict[str, Any]]] = {
         kind: [
             {
                 "name": e.name, "package": e.package, "version": e.version, "plugin": e.plugin,
@@ -207,7 +207,8 @@ def leaderboard(run_dirs: tuple[str, ...], out: str | None, allow_mixed: bool, s
     envs = [table.env for table in tables]
     if out is None:
         if len(envs) > 1:
-            raise click.UsageError(f"The runs cover several environments ({', '.join(envs)}): choose a folder with --out.")
+            raise click.UsageError(f"The runs cover several environments ({', '.join(envs)}): "
+                                   "choose a folder with --out.")
         out = str(Path("leaderboards") / envs[0])
     written = write_board(tables, out)
     for table in tables:

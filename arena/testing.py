@@ -26,10 +26,10 @@ import re
 import time
 import types
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import arena
 from arena.core.llm import (
@@ -322,7 +322,7 @@ def learning_context(
     settings = [*(FAST_OVERRIDES if fast else ()), *overrides]
     prepared = protocol.prepare(method, None, None, settings, out, None, loaded)
     session = protocol.Session(prepared, loaded)
-    session.ctx.start_learning()
+    session.ctx.budget.start_metering()
     return session.ctx
 
 

@@ -28,12 +28,12 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from omegaconf import OmegaConf  # noqa: E402
+from omegaconf import OmegaConf
 
-from arena.core.embedder import HashingEmbedder, MiniLMEmbedder  # noqa: E402
-from arena.core.store import ExperienceStore  # noqa: E402
-from arena.core.types import Experience, Provenance  # noqa: E402
-from arena.plugins.memrl.method import INTENT, MEMORY, MemRL  # noqa: E402
+from arena.core.embedder import HashingEmbedder, MiniLMEmbedder
+from arena.core.store import ExperienceStore
+from arena.core.types import Experience, Provenance
+from arena.plugins.memrl.method import INTENT, MEMORY, MemRL
 
 DIM = 384  # MiniLM's dimension: the vectors a default run stores
 SIZES = {"10k": 10_000, "100k": 100_000}

@@ -19,8 +19,8 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from arena.backends.transformers_backend import TransformersBackend  # noqa: E402
-from arena.core.rl import PolicyTrainer, Sample, Turn, assign_advantages, concat_turns  # noqa: E402
+from arena.backends.transformers_backend import TransformersBackend
+from arena.core.rl import PolicyTrainer, Sample, Turn, assign_advantages, concat_turns
 
 N_SAMPLES = 8
 PROMPT, ACTION, OBSERVATION, ROUNDS = 256, 32, 32, 4  # 256 + 4 * 64 = 512 tokens

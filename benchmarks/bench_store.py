@@ -17,9 +17,9 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from arena.core.embedder import HashingEmbedder, MiniLMEmbedder  # noqa: E402
-from arena.core.store import ExperienceStore  # noqa: E402
-from arena.core.types import Experience, Provenance  # noqa: E402
+from arena.core.embedder import HashingEmbedder, MiniLMEmbedder
+from arena.core.store import ExperienceStore
+from arena.core.types import Experience, Provenance
 
 N_ITEMS = 1_000
 TASK_TYPES = ("pick", "clean", "heat", "cool", "examine", "pick_two")

@@ -12,9 +12,9 @@ os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
 os.environ.setdefault("ARENA_RECORD_KEY_FILE",
                       os.path.join(tempfile.mkdtemp(prefix="arena-tests-"), "record.key"))
 
-import pytest  # noqa: E402
+import pytest
 
-from arena.core.plugins import Plugins  # noqa: E402
+from arena.core.plugins import Plugins
 
 #: A small household world, the fake LLM and the model-free embedder: a whole run in a second.
 FAST = [
@@ -68,4 +68,4 @@ def oracle_episode(run, task):
     code can (``docs/security.md``). The harness still replays what comes back before it
     credits it: the game really is won, so it counts.
     """
-    return run._env.open(run._full_task(task))
+    return run.env._env.open(run.gate.full_task(task))

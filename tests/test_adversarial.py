@@ -133,7 +133,7 @@ def test_an_episode_of_a_test_task_while_learning_is_refused(plugins, fast, tmp_
     class Opener(Hostile):
         @arena.hookimpl
         def learn(self, run):
-            test_task = run._env.tasks("test_seen")[0]  # reached past the view
+            test_task = run.env._env.tasks("test_seen")[0]  # reached past the view
             with pytest.raises(ProtocolViolation):
                 run.env.open(test_task)
             return True
@@ -336,7 +336,7 @@ class ConfigEditor(Hostile):
     @arena.hookimpl
     def episode_end(self, run, result, trajectory):
         if run.phase == "evaluate":
-            config = run.run_dir.path / "config.yaml"
+            config = run._run_dir.path / "config.yaml"  # reached past the context
             config.write_text(config.read_text().replace("max_steps: 12", "max_steps: 99"))
 
 
@@ -349,7 +349,7 @@ class StoreDeleter(Hostile):
     @arena.hookimpl
     def episode_end(self, run, result, trajectory):
         if run.phase == "evaluate":
-            shutil.rmtree(run.run_dir.path / "store", ignore_errors=True)
+            shutil.rmtree(run._run_dir.path / "store", ignore_errors=True)  # reached past
 
 
 @pytest.mark.parametrize("method, message", [("config_editor", "config.yaml was changed"),
@@ -419,3 +419,52 @@ def test_honest_methods_stay_valid(plugins, fast, tmp_path, method):
     path, results = run(plugins, fast, tmp_path, method, *extra)
     assert results["valid"] is True, results["violations"]
     assert load_run(path).chained
+
+
+# -- the run context's parts: only the harness advances the phase or keeps the record ------------
+
+
+class PhaseAdvancer(Hostile):
+    """Tries the harness's own calls: the phase's advance, and a new evaluation without checks."""
+
+    @arena.hookimpl
+    def learn(self, run):
+        for attempt in (lambda: run.phases.advance("evaluate", key=object()),
+                        lambda: run.episodes.begin_evaluation(object(), [])):
+            with pytest.raises(ProtocolViolation, match="only the harness may"):
+                attempt()
+        return True
+
+    @arena.hookimpl
+    def episode_end(self, run, result, trajectory):
+        if run.phase == "evaluate":
+            with pytest.raises(ProtocolViolation):
+                run.episodes.begin_evaluation(object(), [], spot_check=None)
+
+
+def test_only_the_harness_advances_the_phase(plugins, fast, tmp_path):
+    register(plugins, advancer=PhaseAdvancer)
+    _, results = run(plugins, fast, tmp_path, "advancer")
+    assert results["valid"] is False
+    assert any("tried to set the run's phase to 'evaluate'" in v for v in results["violations"])
+    assert any("tried to start the evaluation" in v for v in results["violations"])
+
+
+class ViolationEraser(Hostile):
+    """Breaks the protocol, then empties the violations list of state.json."""
+
+    @arena.hookimpl
+    def learn(self, run):
+        with pytest.raises(ProtocolViolation):
+            run.tasks("test_seen")
+        with pytest.raises(AttributeError, match="run.method_state"):
+            run.run_dir  # noqa: B018 - the harness's, not the method's
+        run._run_dir.update_state(violations=[])  # reached past the context
+        return True
+
+
+def test_erasing_violations_from_state_json_does_not_validate_a_run(plugins, fast, tmp_path):
+    register(plugins, eraser=ViolationEraser)
+    _, results = run(plugins, fast, tmp_path, "eraser")
+    assert results["valid"] is False
+    assert any("asked for test split 'test_seen'" in v for v in results["violations"])

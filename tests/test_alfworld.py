@@ -185,7 +185,7 @@ def test_data_folder_comes_from_config_then_alfworld_data_then_user_folder(tmp_p
 
 
 def test_data_command(fake_source, tmp_path):
-    source, sums = fake_source
+    source, _sums = fake_source
     dest = tmp_path / "data"
     runner = CliRunner()
     status = runner.invoke(cli, ["data", "alfworld", "--to", str(dest)])

@@ -17,17 +17,17 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from omegaconf import OmegaConf  # noqa: E402
+from omegaconf import OmegaConf
 
-from arena.backends import embedded  # noqa: E402
-from arena.backends.plugin import register_backends  # noqa: E402
-from arena.backends.transformers_backend import (  # noqa: E402
+from arena.backends import embedded
+from arena.backends.plugin import register_backends
+from arena.backends.transformers_backend import (
     TransformersBackend,
     TransformersConfig,
 )
-from arena.core.llm import Chat, SamplingParams  # noqa: E402
+from arena.core.llm import Chat, SamplingParams
 
-WORDS = "go to take open close desk drawer 1 2 3 apple mug from in on look fridge north".split()
+WORDS = ["go", "to", "take", "open", "close", "desk", "drawer", "1", "2", "3", "apple", "mug", "from", "in", "on", "look", "fridge", "north"]
 GREEDY = SamplingParams()
 
 

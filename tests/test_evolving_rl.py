@@ -24,6 +24,7 @@ CARD_JSON = json.dumps({
     "decision_rules": ["open closed receptacles"], "error_handling": [],
 })
 CFG = OmegaConf.create({"train_extractor": True, "train_solver": True, "lambda_extractor": 0.2,
+                        "advantage_std": "population", "solver_samples": "decision",
                         "lambda_solver": 1.0, "solver_win_reward": 10.0})
 
 
@@ -96,7 +97,7 @@ def test_unparseable_cards_are_played_as_raw_text_by_default(plugins, tmp_path):
     downstream = [e for e in episodes if e["phase"] == "learn" and "/skill" in e["variant"]]
     assert len(downstream) == 2 * 2 * 2  # every (card, task) pair, though no card parses
     assert all(e["experience_ids"] for e in downstream)
-    state = json.loads((path / "state.json").read_text())["evolving_rl"]
+    state = json.loads((path / "method" / "state.json").read_text())
     assert state["metrics"][0]["solver/n_tokens"] > 0
     # at test time the primary episode is played with the raw card, not copied
     primary = [e for e in episodes if e["phase"] != "learn" and e["variant"] == "default"]
@@ -163,8 +164,8 @@ def test_one_coevolution_iteration_end_to_end(plugins, tmp_path, monkeypatch):
     assert all("/skill" in e["variant"] for e in learn if "/source0/" in e["variant"] or "/source1/" in e["variant"])
     assert all(e["experience_ids"] for e in learn if "/skill" in e["variant"])
     assert results["learn"]["used"]["gradient_steps"] == 1
-    assert [p.name for p in (path / "evolving_rl").iterdir()] == ["checkpoint-00001"]
-    state = json.loads((path / "state.json").read_text())["evolving_rl"]
+    assert [p.name for p in (path / "method").glob("checkpoint-*")] == ["checkpoint-00001"]
+    state = json.loads((path / "method" / "state.json").read_text())
     assert state["iterations_done"] == 1 and state["metrics"][0]["samples"] > 0
     assert state["metrics"][0]["extractor/n_tokens"] > 0 and state["metrics"][0]["solver/n_tokens"] > 0
     # the shared weights moved: the served model is no longer the tiny model as built
@@ -177,12 +178,7 @@ def test_one_coevolution_iteration_end_to_end(plugins, tmp_path, monkeypatch):
         assert results["splits"][split]["variants"]["without_skill"]["n_episodes"] == 1
     assert results["cost"]["evaluate"]["episodes"] == 2 * 3
 
-    # Killed during evaluation, resumed: the learned weights are restored before the digest,
-    # even if the kill fell between the checkpoint and the state update.
-    state_file = path / "state.json"
-    saved = json.loads(state_file.read_text())
-    saved["evolving_rl"]["iterations_done"] = 0
-    state_file.write_text(json.dumps(saved))
+    # Killed during evaluation, resumed: the learned weights are restored before the digest.
     lines = (path / "episodes.jsonl").read_text().splitlines(keepends=True)
     (path / "episodes.jsonl").write_text("".join(lines[:-1]))
     (path / "results.json").unlink()
@@ -281,7 +277,7 @@ def test_kill_mid_iteration_resumes_without_replaying_or_losing_rollouts(plugins
     assert len(extractor) == 2 * 2
     assert results["valid"] is True and results["learn"]["used"]["gradient_steps"] == 1
     assert not (path / "rollouts").exists()  # discarded once the update was checkpointed
-    assert sorted(p.name for p in (path / "evolving_rl").iterdir()) == ["checkpoint-00001"]
+    assert sorted(p.name for p in (path / "method").glob("checkpoint-*")) == ["checkpoint-00001"]
 
 
 def test_extractor_reply_prefix_is_prompt_and_part_of_the_card():

@@ -361,7 +361,7 @@ def test_expel_learns_on_train_and_evaluates_frozen(plugins, oracle, tmp_path):
         assert bool(meta["reflection"]) == (not meta["success"] and meta["trial"] < 3)
 
     # Insights: one compare job per task solved at its second trial, one success chunk.
-    state = json.loads((path / "state.json").read_text())["expel"]
+    state = json.loads((path / "method" / "state.json").read_text())
     solved_late = sum(1 for t in trials if group_of(t) == 1)
     assert solved_late == 2
     critiques = solved_late + 1
@@ -406,7 +406,8 @@ def outcome(path):
     episodes = sorted((e["task_id"], e["variant"], e["success"], e["steps"])
                       for e in read_jsonl(path / "episodes.jsonl") if e["phase"] == "learn")
     state = json.loads((path / "state.json").read_text())
-    return episodes, state["expel"]["book"], state["expel"]["critique"], state["digest_before_eval"]
+    method = json.loads((path / "method" / "state.json").read_text())
+    return episodes, method["book"], method["critique"], state["digest_before_eval"]
 
 
 def test_a_killed_run_resumes_without_redoing_or_losing_anything(plugins, oracle, tmp_path):
@@ -420,7 +421,7 @@ def test_a_killed_run_resumes_without_redoing_or_losing_anything(plugins, oracle
     OracleLLM.crash = ("critique", 2)  # during extraction, after one critique was applied
     with pytest.raises(Killed):
         protocol.run(None, resume=killed, plugins=plugins)
-    assert json.loads((killed / "state.json").read_text())["expel"]["jobs_done"] == 1
+    assert json.loads((killed / "method" / "state.json").read_text())["jobs_done"] == 1
     OracleLLM.crash = None
     _, results = protocol.run(None, resume=killed, plugins=plugins)
 

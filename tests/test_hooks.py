@@ -7,6 +7,7 @@ import sys
 import types
 import warnings
 from pathlib import Path
+from typing import ClassVar
 
 import pluggy
 import pytest
@@ -23,7 +24,7 @@ class ExpertMethod:
     """Overrides the default solver with the environment's expert (reached as test code only
     can): always succeeds, and the harness's replay credits it."""
 
-    calls: list[str] = []
+    calls: ClassVar[list[str]] = []
 
     def __init__(self, run):
         self.run = run

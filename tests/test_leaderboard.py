@@ -42,7 +42,7 @@ class ScriptedMethod:
     """Solves a task with the environment's expert when :func:`scripted_success` says so, else
     with the standard solver (which the fake LLM never wins with). Plays a ``without_skill``
     helper episode per test task (a paired variant like Evolving-RL's), and learns nothing but
-    records per-iteration metrics in state.json, as RL methods do."""
+    records per-iteration metrics in its method state, as RL methods do."""
 
     def __init__(self, run: Any) -> None:
         self.run = run
@@ -53,14 +53,14 @@ class ScriptedMethod:
         for iteration, task in enumerate(run.tasks("train")[:4]):
             trajectory = run.play(task, [], seed=0)
             metrics.append({"iteration": iteration, "success": float(trajectory.success), "time/x_s": 0.1})
-        run.run_dir.update_state(scripted={"metrics": metrics})
+        run.method_state.save({"metrics": metrics})
         return True
 
     @arena.hookimpl
     def solve(self, run: Any, task: Any, experiences: Any, seed: int) -> Any:
         run_seed = run.current_seed()  # the run seed (``seed`` is the episode's sampling seed)
         if run.phase == "evaluate":
-            run.play(task, [], seed=run_seed, variant="without_skill", standard=True)
+            run.play(task, [], seed=run_seed, variant="without_skill", policy="standard")
         if not scripted_success(task.task_id, run_seed, int(run.cfg.method.get("salt", 0))):
             return None  # the standard solver
         episode = oracle_episode(run, task)

@@ -181,9 +181,9 @@ def test_two_phase_retrieval_on_a_constructed_memory(plugins, run):
     assert retrieved[0].experience_id == items[1].experience_id  # most similar intent, best Q
     assert items[3].experience_id not in {m.experience_id for m in retrieved}  # worst Q, dropped
 
-    run.cfg.method.k1 = 1  # top k1 intents only
+    method.cfg.k1 = 1  # top k1 intents only
     assert {m.metadata["intent_id"] for m in method.retrieve(run, task("cool"))} == {intents["cool"]}
-    run.cfg.method.sim_threshold = 1.01  # nothing similar enough: nothing retrieved
+    method.cfg.sim_threshold = 1.01  # nothing similar enough: nothing retrieved
     assert method.retrieve(run, task("cool")) == []
 
 
@@ -244,7 +244,7 @@ def test_merge_threshold_decides_between_joining_and_a_new_intent(plugins, run):
     method.update(run, [], method.extract(run, [episode(task("cool"), won=True)]))
     [cool_intent] = run.store.all(kind=INTENT)
 
-    run.cfg.method.merge_threshold = similarity - 0.005  # just below: joins the existing intent
+    method.cfg.merge_threshold = similarity - 0.005  # just below: joins the existing intent
     method.update(run, [], method.extract(run, [episode(task("cool2", number=1), won=True)]))
     assert run.store.count(kind=INTENT) == 1
     [joined] = run.store.all(kind=MEMORY, where={"intent": GOALS["cool2"]})
@@ -253,7 +253,7 @@ def test_merge_threshold_decides_between_joining_and_a_new_intent(plugins, run):
     [listing] = run.store.get([cool_intent.experience_id])
     assert listing.metadata["memory_ids"] == [first.experience_id, joined.experience_id]
 
-    run.cfg.method.merge_threshold = similarity + 0.005  # just above: a new intent of its own
+    method.cfg.merge_threshold = similarity + 0.005  # just above: a new intent of its own
     method.update(run, [], method.extract(run, [episode(task("cool2", number=2), won=False)]))
     assert run.store.count(kind=INTENT) == 2 and run.store.count(kind=MEMORY) == 3
     [own] = run.store.all(kind=MEMORY, where={"success": False})
@@ -261,7 +261,7 @@ def test_merge_threshold_decides_between_joining_and_a_new_intent(plugins, run):
     assert own.metadata["intent_id"] == new_intent.experience_id != cool_intent.experience_id
     assert new_intent.text == GOALS["cool2"]
 
-    run.cfg.method.merge_threshold = 0.9  # the authors' value: same-goal tasks share an intent
+    method.cfg.merge_threshold = 0.9  # the authors' value: same-goal tasks share an intent
     method.update(run, [], method.extract(run, [episode(task("cool2", number=3), won=True)]))
     assert run.store.count(kind=INTENT) == 2
     assert len(run.store.all(kind=MEMORY, where={"intent_id": new_intent.experience_id})) == 2
@@ -324,7 +324,7 @@ def test_learns_on_train_and_evaluates_frozen(plugins, tmp_path):
     # frozen: nothing used at evaluation was visited again
     visits_from_learning = sum(m.metadata["visits"] for m in memories.values())
     assert visits_from_learning == sum(len(e["experience_ids"]) for e in learned)
-    header = ExperienceStore.read_snapshot_header(path / "memrl" / SNAPSHOT_NAME)
+    header = ExperienceStore.read_snapshot_header(path / "method" / SNAPSHOT_NAME)
     assert header["digest"] == store.digest() and header["count"] == store.count()
 
 
@@ -335,7 +335,7 @@ def test_online_track_updates_q_on_test_episodes(plugins, tmp_path):
     assert results["track"] == "online" and results["valid"] is True, results["violations"]
     assert results["state"]["digest_before_eval"] != results["state"]["digest_after_eval"]
     after_learning = ExperienceStore(None, HashingEmbedder())
-    after_learning.restore(path / "memrl" / SNAPSHOT_NAME)
+    after_learning.restore(path / "method" / SNAPSHOT_NAME)
     learned_q = {m.experience_id: m.metadata for m in after_learning.all(kind=MEMORY)}
     store = ExperienceStore(path / "store", HashingEmbedder())
     now = {m.experience_id: m for m in store.all(kind=MEMORY)}

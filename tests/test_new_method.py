@@ -3,6 +3,7 @@ at once, and runs by name."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -83,12 +84,18 @@ def test_plugin_module_stubs_every_method_hook(tmp_path: Path) -> None:
 
     files = create_method_package("demo", tmp_path / "pkg")
     plugin_file = next(f for f in files if f.name == "plugin.py")
-    namespace: dict[str, object] = {"__name__": "demo_plugin"}
-    exec(compile(plugin_file.read_text(), str(plugin_file), "exec"), namespace)
+    spec = importlib.util.spec_from_file_location("demo_plugin", plugin_file)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["demo_plugin"] = module  # dataclasses look their module up while being made
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules["demo_plugin"]
     method_hooks = set(hook_names()) - {"register_methods", "register_envs", "register_backends"}
-    assert set(implemented_hooks(namespace["Demo"])) == method_hooks
+    assert set(implemented_hooks(module.Demo)) == method_hooks
     for hook in method_hooks:  # each stub says what it is for
-        assert (getattr(namespace["Demo"], hook).__doc__ or "").strip(), hook
+        assert (getattr(module.Demo, hook).__doc__ or "").strip(), hook
 
 
 @pytest.mark.slow

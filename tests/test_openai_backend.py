@@ -107,7 +107,7 @@ class Stub:
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            def do_POST(self) -> None:
                 length = int(self.headers.get("content-length", 0))
                 body = json.loads(self.rfile.read(length) or b"{}")
                 with stub._lock:
@@ -175,7 +175,7 @@ def backend(base_url: str, **settings: Any) -> OpenAIBackend:
 # ----------------------------------------------------------------------------------------------
 
 
-def test_registered_as_openai_with_its_config(plugins) -> None:  # noqa: ANN001 - conftest fixture
+def test_registered_as_openai_with_its_config(plugins) -> None:
     entry = plugins.backends.get("openai")
     assert entry.factory.__qualname__ == "arena.backends.openai_backend.make_openai_backend"  # imported when built
     assert [path.name for path in entry.configs] == ["openai_config.yaml"]

@@ -58,9 +58,8 @@ def test_line_reporter_writes_a_line_per_phase_step_and_rate_limits_the_rest() -
 
 def test_an_interrupted_step_says_so() -> None:
     stream = io.StringIO()
-    with pytest.raises(KeyboardInterrupt):
-        with ProgressTask(LineReporter(stream), "downstream episodes", total=5):
-            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt), ProgressTask(LineReporter(stream), "downstream episodes", total=5):
+        raise KeyboardInterrupt
     assert stream.getvalue().splitlines()[-1].endswith("done in 0s: interrupted")
 
 

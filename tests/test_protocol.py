@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import types
 from collections import Counter
+from typing import ClassVar
 
 import pytest
 
@@ -41,7 +42,7 @@ def note(trajectory):
 class MemoryMethod:
     """A tiny memory method: stores one note per episode, retrieves the 2 most similar."""
 
-    updates: list[str] = []
+    updates: ClassVar[list[str]] = []
 
     def __init__(self, run):
         self.run = run
@@ -159,7 +160,7 @@ def test_every_test_task_once_per_seed(plugins, fast, tmp_path):
 
 def test_frozen_store_refuses_writes_and_marks_run_invalid(plugins, fast, tmp_path):
     register(plugins, sneaky=SneakyWriter)
-    path, results = protocol.run("sneaky", overrides=fast + ["learn.budget.episodes=3", "eval.limit=2"],
+    _, results = protocol.run("sneaky", overrides=fast + ["learn.budget.episodes=3", "eval.limit=2"],
                                  out=tmp_path / "s", plugins=plugins)
     assert results["valid"] is False
     assert any("frozen" in v.lower() for v in results["violations"])
@@ -334,7 +335,7 @@ class PoolReader:
     """Records the task types of the source pool in each phase; in learning it also plays a
     task of the environment's pool, which the harness must refuse."""
 
-    seen: dict[str, set[str]] = {}
+    seen: ClassVar[dict[str, set[str]]] = {}
 
     def __init__(self, run):
         PoolReader.seen = {}
@@ -347,7 +348,7 @@ class PoolReader:
                 run.tasks("pool")
             with pytest.raises(ProtocolViolation, match="source pool while learning"):
                 run.env.pool_tasks()
-            run.play(run._env.pool_tasks()[0], seed=0)  # reached past the view: still refused
+            run.play(run.env._env.pool_tasks()[0], seed=0)  # reached past the view: still refused
         return True
 
     @arena.hookimpl

@@ -83,11 +83,11 @@ def test_retrieval_excludes_only_the_task_itself_while_learning(run):
     probe = task(9, "put a mug in cabinet.", split="test_seen")
     expected = [e.experience_id for e, _ in run.store.query(probe.goal, k=3)]
     assert [e.experience_id for e in method.retrieve(run, probe)] == expected
-    run.cfg.method.k = 10
+    method.cfg.k = 10
     assert len(method.retrieve(run, probe)) == 4
 
     run.phase = LEARN
-    run.cfg.method.retrieve_while_learning = False
+    method.cfg.retrieve_while_learning = False
     assert method.retrieve(run, same_goal[0]) == []
 
 

@@ -76,7 +76,7 @@ def test_rl_trains_on_every_generated_token_of_react_episodes(plugins: Plugins, 
                         "learn.sampling.temperature=1.0", "method.trainer.micro_batch_size=8"]
     path, results = protocol.run(method, overrides=overrides, out=tmp_path / "g", plugins=plugins)
     assert results["learn"]["used"]["gradient_steps"] == 1
-    state = json.loads((path / "state.json").read_text())["evolving_rl"]
+    state = json.loads((path / "method" / "state.json").read_text())
     trained_on = "/rollout" if method == "grpo" else "/skill"  # sources are not trained on
     learned = [e for e in lines(path / "episodes.jsonl")
                if e["phase"] == "learn" and trained_on in e["variant"]]
@@ -96,7 +96,7 @@ def test_skillrl_runs_and_trains_with_the_react_solver_on_the_tiny_model(plugins
                                 "solver.reasoning_max_tokens=8"]
     path, results = protocol.run("skillrl", overrides=overrides, out=tmp_path / "s", plugins=plugins)
     assert results["valid"] and results["solver"]["mode"] == "react"
-    state = json.loads((path / "state.json").read_text())["skillrl"]
+    state = json.loads((path / "method" / "state.json").read_text())
     assert state["stage"] == "done" and state["steps_done"] == 1
     assert state["metrics"][0]["samples"] > 0  # the RL step trained on react decisions
     evaluated = [e for e in lines(path / "episodes.jsonl") if e["phase"] != "learn"]

@@ -17,12 +17,12 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from omegaconf import OmegaConf  # noqa: E402
+from omegaconf import OmegaConf
 
-from arena.backends.embedded import tiny_model_dir  # noqa: E402
-from arena.backends.transformers_backend import TransformersBackend  # noqa: E402
-from arena.core.llm import SamplingParams  # noqa: E402
-from arena.core.rl import (  # noqa: E402
+from arena.backends.embedded import tiny_model_dir
+from arena.backends.transformers_backend import TransformersBackend
+from arena.core.llm import SamplingParams
+from arena.core.rl import (
     LoraSettings,
     PolicyTrainer,
     Sample,

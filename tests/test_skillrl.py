@@ -387,7 +387,7 @@ def test_tiny_end_to_end_learns_from_valid_and_evaluates_frozen(plugins, tmp_pat
     path, results = protocol.run("skillrl", overrides=TINY, out=tmp_path / "t", plugins=plugins)
     assert results["valid"] is True, results["violations"]
     assert results["learn"]["used_valid_split"] is True and "valid" in results["learn"]["splits_used"]
-    state = json.loads((path / "state.json").read_text())["skillrl"]
+    state = json.loads((path / "method" / "state.json").read_text())
     assert state["stage"] == "done" and state["sft"]["examples"] > 0 and state["steps_done"] == 1
     assert state["evolved_at"] == [1] and set(state["evolution"][0]["accuracy"]) == {
         e["task_type"] for e in map(json.loads, (path / "episodes.jsonl").read_text().splitlines())
@@ -396,7 +396,7 @@ def test_tiny_end_to_end_learns_from_valid_and_evaluates_frozen(plugins, tmp_pat
     # the final evaluation's prompts do not show (evolution.visible_to: training).
     (evolution,) = state["evolution"]
     assert evolution["scheme"] == "authors" and evolution["triggered"] and evolution["revised"] == []
-    logged = [json.loads(line) for line in (path / "skillrl_teacher.jsonl").read_text().splitlines()]
+    logged = [json.loads(line) for line in (path / "method" / "teacher.jsonl").read_text().splitlines()]
     assert [len(r["answers"]) for r in logged if r["stage"] == "evolve1"] == [1]
     assert evolution["added"] and all(i.startswith("dyn_") for i in evolution["added"])
     evaluated = [json.loads(line) for line in (path / "episodes.jsonl").read_text().splitlines()]
@@ -405,7 +405,7 @@ def test_tiny_end_to_end_learns_from_valid_and_evaluates_frozen(plugins, tmp_pat
     sizes = results["state"]["method"]
     assert sizes["sft_examples"] > 0 and sizes["rl_steps"] == 1 and sizes["teacher_calls"] >= 3
     assert results["learn"]["used"]["gradient_steps"] == 1 + 1  # one SFT step, one GRPO step
-    assert [p.name for p in (path / "skillrl").glob("checkpoint-*")] == ["checkpoint-00001"]
+    assert [p.name for p in (path / "method").glob("checkpoint-*")] == ["checkpoint-00001"]
     fresh = plugins.backends.get("transformers").factory({"model": "tiny"})
     assert results["provenance"]["model"]["weights_sha256"] != fresh.weights_digest()
     assert results["state"]["digest_before_eval"] == results["state"]["digest_after_eval"]
@@ -424,7 +424,7 @@ def test_tiny_end_to_end_learns_from_valid_and_evaluates_frozen(plugins, tmp_pat
     assert resumed["learn"]["used_valid_split"] is True
 
 
-def test_separate_teacher_backend_is_counted_apart_from_the_policy(plugins, fast, tmp_path):
+def test_a_separate_teacher_is_counted_in_the_run_cost_and_apart_in_the_method_sizes(plugins, fast, tmp_path):
     config = tmp_path / "teacher.yaml"
     config.write_text(json.dumps({"method": {"teacher": {"llm": {"backend": "fake", "reply": RECORD},
                                                          "reply_prefix": False}}}))
@@ -437,7 +437,8 @@ def test_separate_teacher_backend_is_counted_apart_from_the_policy(plugins, fast
     assert sizes["general_skills"] == 1  # the teacher's reply, not the policy's "A short insight."
     learn = [json.loads(line) for line in (path / "episodes.jsonl").read_text().splitlines()]
     policy_calls = sum(e["llm_calls"] for e in learn if e["phase"] == "learn")
-    assert results["cost"]["learn"]["llm_calls"] == policy_calls  # teacher calls not in the policy's cost
+    # The teacher is the run's auxiliary model: its calls are in the run's cost beside the policy's.
+    assert results["cost"]["learn"]["llm_calls"] == policy_calls + sizes["teacher_calls"]
 
 
 def test_an_rl_step_makes_one_update_per_mini_batch_of_step_samples(plugins, tmp_path):
@@ -446,7 +447,7 @@ def test_an_rl_step_makes_one_update_per_mini_batch_of_step_samples(plugins, tmp
     overrides = [*TINY, "method.sft.enabled=false", "method.evolution.every=0", "method.rl.mini_batch_size=2",
                  "eval.splits=[test_seen]"]
     path, results = protocol.run("skillrl", overrides=overrides, out=tmp_path / "m", plugins=plugins)
-    (metrics,) = json.loads((path / "state.json").read_text())["skillrl"]["metrics"]
+    (metrics,) = json.loads((path / "method" / "state.json").read_text())["metrics"]
     assert metrics["samples"] >= 3  # 2 rollouts of up to 3 steps: more than one mini-batch
     assert metrics["updates"] == -(-metrics["samples"] // 2)
     assert results["learn"]["used"]["gradient_steps"] == metrics["updates"]

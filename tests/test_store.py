@@ -12,13 +12,13 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from arena.core.embedder import (  # noqa: E402
+from arena.core.embedder import (
     HashingEmbedder,
     MiniLMEmbedder,
     make_embedder,
 )
-from arena.core.store import ExperienceStore, FrozenStoreError, WriteViolation  # noqa: E402
-from arena.core.types import Experience, Provenance  # noqa: E402
+from arena.core.store import ExperienceStore, FrozenStoreError, WriteViolation
+from arena.core.types import Experience, Provenance
 
 
 def experience(

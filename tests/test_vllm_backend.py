@@ -29,7 +29,7 @@ from arena.core.llm import Chat, SamplingParams
 from arena.core.rl.data import sample_from_choice
 from arena.core.rl.trainer import PolicyTrainer
 
-WORDS = "go to take open close desk drawer 1 2 3 apple mug from in on look fridge north".split()
+WORDS = ["go", "to", "take", "open", "close", "desk", "drawer", "1", "2", "3", "apple", "mug", "from", "in", "on", "look", "fridge", "north"]
 GREEDY = SamplingParams()
 #: A small block, so that prompts span several blocks and options cross block boundaries.
 BLOCK = 32
@@ -140,7 +140,7 @@ def test_missing_vllm_names_the_install_command(monkeypatch: pytest.MonkeyPatch)
         vllm_backend.make_vllm_backend({"model": "tiny"})
 
 
-def test_registered_as_vllm_with_its_config(plugins) -> None:  # noqa: ANN001 - conftest fixture
+def test_registered_as_vllm_with_its_config(plugins) -> None:
     entry = plugins.backends.get("vllm")
     assert entry.factory.__qualname__ == "arena.backends.vllm_backend.make_vllm_backend"  # imported when built
     assert [path.name for path in entry.configs] == ["vllm_config.yaml"]

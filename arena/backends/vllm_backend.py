@@ -288,7 +288,7 @@ class VLLMBackend(LLMBackend):
             return
         if not current_platform.is_cpu():
             return
-        config = self.model.config
+        config: Any = self.model.config
         head_dim = getattr(config, "head_dim", None)
         head_dim = head_dim or config.hidden_size // config.num_attention_heads
         supported = list(CPUAttentionBackend.get_supported_head_sizes())
@@ -376,15 +376,15 @@ class VLLMBackend(LLMBackend):
             self._vllm.SamplingParams(
                 max_tokens=1,
                 temperature=0.0,
-                logprob_token_ids=targets,
+                logprob_token_ids=chosen,
                 flat_logprobs=True,
                 detokenize=False,
             )
-            for _, _, targets in contexts
+            for _, _, chosen in contexts
         ]
         outputs = self._run([rows[pid] + list(prefix) for pid, prefix, _ in contexts], params)
-        for (pid, prefix, targets), output in zip(contexts, outputs):
-            for token in targets:
+        for (pid, prefix, chosen), output in zip(contexts, outputs):
+            for token in chosen:
                 found[pid, (*prefix, token)] = _logprob(output.outputs[0].logprobs, 0, token)
         self.rescored_contexts += len(contexts)
 
@@ -410,7 +410,7 @@ def effective_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tenso
         from peft.tuners.tuners_utils import BaseTunerLayer
     except ImportError:  # no peft, no adapters
         BaseTunerLayer = ()  # type: ignore[assignment,misc]
-    tuners = {
+    tuners: dict[str, Any] = {
         name: module for name, module in model.named_modules() if isinstance(module, BaseTunerLayer)
     }
     for key, tensor in model.state_dict().items():

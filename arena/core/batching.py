@@ -2,8 +2,8 @@
 
 Each episode stays a plain sequential loop (easy to write a solver for), while the model sees one
 batched forward for all episodes that are waiting on it, which is what makes a small CPU model
-usable for hundreds of episodes. Calls are grouped by kind: choices of any sampling params share a batch (each prompt keeps its own params),
-generations share one only with identical params.
+usable for hundreds of episodes. Calls are grouped by kind: choices of any sampling params share a
+batch (each prompt keeps its own params), generations share one only with identical params.
 """
 
 from __future__ import annotations
@@ -125,7 +125,9 @@ class BatchingBackend(WrappingBackend):
                 params = [p for r in batch for p in per_prompt(r.params, len(r.prompts))]
                 results: list[Any] = self.inner.choose(prompts, options, params)
             else:
-                results = self.inner.generate(prompts, batch[0].params)
+                shared = batch[0].params  # generations share a batch only with equal params
+                assert isinstance(shared, SamplingParams)
+                results = self.inner.generate(prompts, shared)
         except BaseException as exc:
             for request in batch:
                 request.future.set_exception(exc)

@@ -80,7 +80,9 @@ def serve_request(env: Environment, episodes: dict[int, Episode], op: str, episo
             result: Any = None
         elif op == "close":
             episode = episodes.pop(episode_id, None)
-            result = episode.close() if episode is not None else None
+            if episode is not None:
+                episode.close()
+            result = None
         elif op in _EPISODE_CALLS:
             method = getattr(episodes[episode_id], op)
             result = method() if argument is None else method(argument)

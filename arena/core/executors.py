@@ -80,6 +80,7 @@ def in_process_config(env_cfg: DictConfig) -> DictConfig:
     """The environment's config for one actor: an environment with worker processes of its own
     (``workers``) plays in-process there, since the actors are its workers."""
     cfg = OmegaConf.create(OmegaConf.to_container(env_cfg, resolve=True))
+    assert isinstance(cfg, DictConfig)
     if "workers" in cfg:
         cfg.workers = 0
     return cfg

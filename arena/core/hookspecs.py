@@ -32,7 +32,8 @@ the experience store is read-only, and the method's ``state_digest`` must not ch
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 

@@ -1,17 +1,19 @@
 """Exactly-once learning steps: a learning step (or an online test step) commits whole or not at
 all.
 
-A step is: the episode played, ``extract``, ``update`` (which may write the store and
-state.json), the episode's record. Before ``extract`` the harness writes the step's journal
-(``step.journal``: the episode, state.json as it was), and before every store write the rows it
+A step is: the episode played, ``extract``, ``update`` (which may write the store, state.json
+and the method's state file), the episode's record. Before ``extract`` the harness writes the
+step's journal (``step.journal``: the episode, those two files as they were), and before every
+store write the rows it
 is about to change (the store's ``before_write``); each line is fsynced before the change it
 guards. The episode's record commits the step; the journal is then removed. A run killed inside
-the window resumes by putting the store rows and state.json back as the journal has them and
+the window resumes by putting the store rows and the files back as the journal has them and
 doing the step again from its recorded episode (not a new one), so ``update`` is applied exactly
 once. Killed after the record, the journal is simply dropped.
 
-What the journal covers is where Arena keeps a method's state: the store and state.json. Files a
-method writes itself are the method's to keep consistent (checkpoints written atomically).
+What the journal covers is where Arena keeps a method's state: the store and
+``run.method_state`` (``method/state.json``). Other files a method writes in its folder are the
+method's to keep consistent (checkpoints written atomically).
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ class PendingStep:
 
     key: tuple
     trajectory: Trajectory
-    state_text: str | None
+    #: Each file the step may change (a path in the run directory), as it was: None, absent.
+    files: dict[str, str | None]
     undo: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -60,9 +63,9 @@ class StepJournal:
     def __init__(self, run_path: Path) -> None:
         self.path = Path(run_path) / JOURNAL
 
-    def begin(self, key: tuple, trajectory: Trajectory, state_text: str | None) -> None:
+    def begin(self, key: tuple, trajectory: Trajectory, files: dict[str, str | None]) -> None:
         self.path.write_text("")  # a new step: nothing of an older one is left
-        self._append({"key": list(key), "trajectory": trajectory.to_dict(), "state": state_text})
+        self._append({"key": list(key), "trajectory": trajectory.to_dict(), "files": files})
 
     def undo(self, rows: dict[str, Any]) -> None:
         """The store rows a write is about to change (durable before the write happens)."""
@@ -82,7 +85,7 @@ class StepJournal:
         if not entries or "key" not in entries[0]:
             return None
         head = entries[0]
-        return PendingStep(tuple(head["key"]), Trajectory.from_dict(head["trajectory"]), head["state"],
+        return PendingStep(tuple(head["key"]), Trajectory.from_dict(head["trajectory"]), head["files"],
                            [entry["undo"] for entry in entries[1:] if "undo" in entry])
 
     def _append(self, entry: dict[str, Any]) -> None:

@@ -11,7 +11,7 @@ import random
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 #: A chat message, e.g. ``{"role": "user", "content": "..."}``.
 Message = dict[str, str]
@@ -127,6 +127,22 @@ class LLMBackend(ABC):
     def close(self) -> None:
         """Release what the backend holds (request threads, connections, an engine); the harness
         calls it when a run ends. Nothing to release by default."""
+
+
+@runtime_checkable
+class TrainableBackend(Protocol):
+    """A backend whose model a method may train in-process (``run.trainable_backend()``).
+
+    ``model`` is the torch module that serves the agent (a trainer updates it in place, or a
+    method replaces it, e.g. with an SFT result); after any change the method calls
+    :meth:`mark_weights_changed`, so the backend serves the new weights and rehashes them.
+    The transformers and vLLM backends implement it.
+    """
+
+    model: Any
+    tokenizer: Any
+
+    def mark_weights_changed(self) -> None: ...
 
 
 class WrappingBackend(LLMBackend):

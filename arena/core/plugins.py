@@ -21,15 +21,15 @@ import importlib.metadata
 import os
 import sys
 import warnings
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import ModuleType
-from collections.abc import Mapping
-from typing import Any, Callable
+from typing import Any
 
 import pluggy
 
 from arena.core import hookspecs
-from arena.core.registry import Entry, RegistrationError, Registry  # noqa: F401
+from arena.core.registry import Entry, RegistrationError, Registry
 
 ENTRY_POINT_GROUP = "arena"
 

@@ -19,8 +19,7 @@ import json
 import shutil
 import threading
 import time
-from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,28 +29,26 @@ from omegaconf import DictConfig, OmegaConf
 import arena
 from arena.core import provenance, stats
 from arena.core.batching import BatchingBackend
-from arena.core.config import compose, to_plain
-from arena.core.context import (
-    EVALUATE,
-    LEARN,
-    BudgetExhausted,
-    ProtocolViolation,
-    RunContext,
-    checked_experiences,
-    run_in_threads,
-)
+from arena.core.config import compose, load_yaml, to_plain
+from arena.core.context import RunContext
 from arena.core.defaults import HarnessDefaults
 from arena.core.embedder import make_embedder
 from arena.core.env import POOL_SPLIT, TEST_SPLITS, TRAIN_SPLIT, Environment
+from arena.core.episodes import checked_experiences, run_in_threads
+from arena.core.errors import BudgetExhausted, ProtocolViolation
 from arena.core.executors import build_environment
+from arena.core.llm import LLMBackend
+from arena.core.phase import EVALUATE, LEARN
 from arena.core.plugins import Plugins, get_plugins, new_plugin_manager
 from arena.core.progress import NullReporter, Reporter
+from arena.core.results import SCHEMA_VERSION
+from arena.core.results import validate as validate_results
 from arena.core.rundir import RunDir, RunDirError, RunLock, new_run_dir
 from arena.core.store import ExperienceStore
+from arena.core.tasks import select_tasks
 from arena.core.types import EpisodeResult, Experience, Task, Termination, Trajectory
 from arena.core.views import public_task
 
-SCHEMA_VERSION = 1
 #: Random moments of a frozen evaluation at which the harness re-hashes store and weights.
 SPOT_CHECKS = 8
 PRIMARY_VARIANT = "default"
@@ -164,32 +161,13 @@ def _resumed(run_dir: RunDir, lock: RunLock, method: str | None, env: str | None
     return PreparedRun(cfg, run_dir, resumed=True, lock=lock)
 
 
-def select_tasks(tasks: list[Task], limit: int | None) -> list[Task]:
-    """All tasks, or the first ``limit`` taken round-robin over task types (stable order)."""
-    if limit is None or limit >= len(tasks):
-        return list(tasks)
-    by_type: dict[str, list[Task]] = defaultdict(list)
-    for task in tasks:
-        by_type[task.task_type].append(task)
-    queues = [by_type[name] for name in sorted(by_type)]
-    chosen: list[Task] = []
-    position = 0
-    while len(chosen) < limit:
-        for queue in queues:
-            if position < len(queue) and len(chosen) < limit:
-                chosen.append(queue[position])
-        position += 1
-    order = {task.task_id: i for i, task in enumerate(tasks)}
-    return sorted(chosen, key=lambda task: order[task.task_id])
-
-
 def evaluation_plan(env: Environment, cfg: DictConfig) -> list[tuple[Task, int]]:
     """Every (task, seed) of the evaluation, in a fixed order: no random draws."""
     limit = cfg.eval.limit
     for name, values in (("run.seeds", list(cfg.run.seeds)), ("eval.splits", list(cfg.eval.splits))):
         if len(set(values)) != len(values):
             raise ValueError(f"{name} lists a value twice ({values}); each must appear once.")
-    plan = []
+    plan: list[tuple[Task, int]] = []
     for split in cfg.eval.splits:
         if split not in TEST_SPLITS:
             raise ValueError(
@@ -212,46 +190,60 @@ class Session:
         self.resumed = prepared.resumed
         self.reporter = reporter or NullReporter()
         cfg = self.cfg
+        self._usage_lock = threading.Lock()
+        self._frozen_digests: dict[str, str] | None = None  # set when evaluation starts
+        self._last_harness_digests: dict[str, str] | None = None  # of the last state_digest
+        self._key = object()  # the harness's: only it advances the run's phase
         self.env: Environment = build_environment(self.plugins.envs, cfg)
         inner = self.plugins.backends.get(cfg.llm.backend).factory(cfg.llm)
         self.llm = BatchingBackend(inner, max_batch=max(1, int(cfg.eval.concurrency)))
+        self.pm = new_plugin_manager()
+        self.pm.register(HarnessDefaults(), name="arena.defaults")
         embedder_cfg = cfg.embedder
+        store_path = self.run_dir.path / "store"
         self.ctx = RunContext(
-            cfg,
-            self.run_dir,
-            self.env,
-            self.llm,
+            cfg, self.run_dir, self.env, self.llm,
+            hooks=self.pm.hook,
+            key=self._key,
             make_embedder=lambda: make_embedder(embedder_cfg),
-            make_store=lambda embedder: ExperienceStore(
-                self.run_dir.path / "store", embedder, name=str(cfg.store.collection)
-            ),
+            make_store=lambda embedder, before_write: ExperienceStore(
+                store_path, embedder, name=str(cfg.store.collection), before_write=before_write),
+            make_backend=self._auxiliary_backend,
+            on_episode=self._on_episode,
             reporter=self.reporter,
         )
         if self.resumed:
             # The record first (checked), then a step killed mid-way undone, then the method:
             # it is built from the state as the last committed step left it.
             self.run_dir.load_episodes(repair=prepared.repair)
-            self.ctx.recover_step()
+            self.ctx.steps.recover(self.ctx.services)
         method_entry = self.plugins.methods.get(cfg.method.name)
-        self.pm = new_plugin_manager()
-        self.pm.register(HarnessDefaults(), name="arena.defaults")
         self.method = method_entry.factory(self.ctx)
         self.pm.register(self.method, name=f"method:{cfg.method.name}")
         self.pm.check_pending()
-        self.ctx.hook = self.pm.hook
-        self.ctx.on_episode = self._on_episode
-        self._usage_lock = threading.Lock()
-        self._frozen_digests: dict[str, str] | None = None  # set when evaluation starts
-        self._last_harness_digests: dict[str, str] | None = None  # of the last state_digest
         self._phase_started = time.perf_counter()
-        self._usage_at_phase_start = self.llm.usage.snapshot()
+        self._usage_at_phase_start = self.ctx.services.usage()
+
+    def _auxiliary_backend(self, settings: Mapping[str, Any]) -> LLMBackend:
+        """A backend a method asked for (``run.auxiliary_llm``): ``settings`` over the YAML
+        defaults of the backend it names (the run's own backend if it names none)."""
+        name = str(settings.get("backend", self.cfg.llm.backend))
+        entry = self.plugins.backends.get(name)
+        merged = OmegaConf.merge(*[load_yaml(path) for path in entry.configs], dict(settings),
+                                 {"backend": name})
+        return entry.factory(merged)
+
+    def close(self) -> None:
+        """Close the environment and every backend of the run."""
+        self.env.close()
+        self.ctx.services.close()
 
     # -- cost bookkeeping (persisted so it survives a resume) --------------------------------
 
     def _phase_cost_now(self, phase: str) -> dict[str, float]:
         state = self.run_dir.state()
         before = state.get(f"cost_{phase}", {})
-        now = self.llm.usage.snapshot()
+        now = self.ctx.services.usage()
         cost = {
             key: before.get(f"base_{key}", 0) + now[key] - self._usage_at_phase_start[key]
             for key in ("llm_calls", "tokens_in", "tokens_out")
@@ -266,7 +258,7 @@ class Session:
         base = {f"base_{k}": before.get(k, 0) for k in ("llm_calls", "tokens_in", "tokens_out", "wall_s")}
         self.run_dir.update_state(**{f"cost_{phase}": {**before, **base}})
         self._phase_started = time.perf_counter()
-        self._usage_at_phase_start = self.llm.usage.snapshot()
+        self._usage_at_phase_start = self.ctx.services.usage()
 
     def _save_phase_cost(self, phase: str) -> None:
         with self._usage_lock:
@@ -282,9 +274,12 @@ class Session:
     # -- state digest -------------------------------------------------------------------------
 
     def _harness_digests(self) -> dict[str, str]:
-        """What the harness hashes itself: the store and the served weights."""
+        """What the harness hashes itself: the store, the served weights and the method's
+        state file."""
+        text = self.ctx.method_state.text()
         return {"store": self.ctx.store.digest() if self._store_exists() else "empty",
-                "weights": self.llm.weights_digest(fresh=True)}
+                "weights": self.llm.weights_digest(fresh=True),
+                "method_state": hashlib.sha256(text.encode()).hexdigest() if text else "empty"}
 
     def state_digest(self) -> str:
         """Digest of everything the method could have learned: store, method state, weights.
@@ -310,7 +305,7 @@ class Session:
                                "while being evaluated.")
 
     def _store_exists(self) -> bool:
-        return self.ctx.has_store() or (self.run_dir.path / "store").exists()
+        return self.ctx.store_exists()
 
     # -- the protocol -------------------------------------------------------------------------
 
@@ -323,22 +318,22 @@ class Session:
         self._learn()
         self._evaluate()
         results = self.results()
+        validate_results(results, f"the results of {self.run_dir.path}")  # a harness bug if not
         self.run_dir.write_results(results)
         return results
 
     def _learn(self) -> None:
         state = self.run_dir.state()
+        budget = self.ctx.budget
         if state.get("learn_done"):
-            self.ctx.budget.used.update(state.get("learn_used", {}))
+            budget.restore(state.get("learn_used", {}))
             return
         learned = [r for r in self.run_dir.episodes() if r.phase == LEARN]
-        self.ctx.budget.used["episodes"] = len(learned)
-        self.ctx.budget.used["env_steps"] = sum(r.steps for r in learned)
-        self.ctx.budget.used["gradient_steps"] = state.get("gradient_steps", 0)
+        budget.restore({"episodes": len(learned), "env_steps": sum(r.steps for r in learned),
+                        "gradient_steps": int(state.get("gradient_steps", 0))})
         cost_before = state.get("cost_learn", {})
-        self.ctx.start_learning(
-            tokens_before=int(cost_before.get("tokens_in", 0) + cost_before.get("tokens_out", 0))
-        )
+        budget.start_metering(
+            tokens_before=int(cost_before.get("tokens_in", 0) + cost_before.get("tokens_out", 0)))
         self._start_phase(LEARN)
         if self.ctx.budget.limits.get("episodes") != 0:
             self.reporter.phase(LEARN, self.ctx.budget.limits.get("episodes"), len(learned))
@@ -348,14 +343,14 @@ class Session:
             pass  # the harness stopped the method's learning; evaluation follows as usual
         except ProtocolViolation:
             pass  # already in ctx.violations: the run goes on and is reported invalid
-        self.ctx.refresh_token_usage()
+        budget.refresh()
         self._save_phase_cost(LEARN)
         # One write: a session killed between "learning is over" and "this is the state that
         # evaluation must keep" would otherwise let a resumed session digest another state.
         self.run_dir.update_state(
             learn_done=True,
-            learn_used=dict(self.ctx.budget.used),
-            splits_used_for_learning=sorted(self.ctx.splits_used_for_learning),
+            learn_used=budget.used,
+            splits_used_for_learning=sorted(self.ctx.gate.used_for_learning),
             digest_before_eval=self.state_digest(),
         )
 
@@ -374,9 +369,10 @@ class Session:
                 )
         if frozen:  # what the random checks compare with: hashed once, by the last state_digest
             self._frozen_digests = self._last_harness_digests or self._harness_digests()
-        ctx.start_evaluation([task for task, _ in plan],
-                             spot_check=self._spot_check if frozen else None,
-                             spot_checks=SPOT_CHECKS, steps=len(plan) * ctx.eval_max_steps() // 2)
+        ctx.episodes.begin_evaluation(self._key, [task for task, _ in plan],
+                                      spot_check=self._spot_check if frozen else None,
+                                      spot_checks=SPOT_CHECKS,
+                                      steps=len(plan) * ctx.eval_max_steps() // 2)
         todo = [(task, seed) for task, seed in plan if ctx.finished(task, seed) is None]
         self._start_phase(EVALUATE)
         self.reporter.phase(EVALUATE, len(plan), len(plan) - len(todo))
@@ -441,7 +437,7 @@ class Session:
         if isinstance(experiences, Trajectory):
             self.ctx.record(experiences, seed=seed)
             return
-        self.ctx.play(task, experiences, seed=seed)
+        self.ctx.episodes.play(task, experiences, seed=seed)
 
     def _online_episode(self, task: Task, seed: int) -> None:
         task = public_task(task)
@@ -449,8 +445,8 @@ class Session:
         if isinstance(experiences, Trajectory):
             self.ctx.record(experiences, seed=seed)
             return
-        trajectory = self.ctx.play(task, experiences, seed=seed, record=False)
-        self.ctx.commit_step(trajectory, seed=seed)
+        trajectory = self.ctx.episodes.play(task, experiences, seed=seed, record=False)
+        self.ctx.steps.commit(trajectory, seed=seed)
 
     def _run_concurrently(self, items: list[tuple[Task, int]],
                           episode: Callable[[Task, int], None]) -> None:
@@ -485,7 +481,7 @@ class Session:
         if self.ctx.has_store():
             for refused in self.ctx.store.violations:
                 self.ctx.violation(f"Refused store write during frozen evaluation: {refused}")
-        violations = list(self.run_dir.state().get("violations", []))
+        violations = self.ctx.violations_log.messages  # the harness's record, not state.json's
         used = state.get("splits_used_for_learning", [])
         cost = {}
         for phase in (LEARN, EVALUATE):
@@ -506,7 +502,7 @@ class Session:
         except Exception as exc:  # the evaluation is kept; the run is invalid
             self.ctx.violation(f"state_size of method '{cfg.method.name}' raised "
                                f"{type(exc).__name__}: {exc}.")
-            violations = list(self.run_dir.state().get("violations", []))
+            violations = self.ctx.violations_log.messages
         return {
             "schema_version": SCHEMA_VERSION,
             "method": cfg.method.name,
@@ -598,8 +594,7 @@ def run(
         try:
             results = session.run()
         finally:
-            session.env.close()
-            session.llm.close()
+            session.close()
     finally:
         prepared.release()
     return prepared.run_dir.path, results

@@ -7,9 +7,10 @@ closest names and the full list, so a typo is fixed from the error message alone
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 
 class UnknownNameError(KeyError):

@@ -16,7 +16,7 @@ import os
 import shutil
 import tempfile
 import threading
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,8 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from arena.core import integrity
+from arena.core.results import ResultsError
+from arena.core.results import validate as validate_results
 from arena.core.types import EpisodeResult, RolloutTokens, Trajectory
 
 EPISODES = "episodes.jsonl"
@@ -41,7 +43,7 @@ class RunDirError(RuntimeError):
 
 
 def new_run_dir(root: Path | str, method: str, env: str) -> Path:
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     path = Path(root) / f"{stamp}-{method}-{env}"
     suffix = 1
     while path.exists():
@@ -394,7 +396,7 @@ class RunDir:
             arrays[field_name] = np.asarray([v for row in values for v in row], dtype=dtype)
             arrays[f"{field_name}_lengths"] = np.asarray([len(row) for row in values], dtype=np.int64)
         buffer = io.BytesIO()
-        np.savez(buffer, **arrays)
+        np.savez(buffer, **arrays)  # type: ignore[arg-type]  # numpy's stub reads **kwds as allow_pickle
         path = self._rollout_path(key)
         path.parent.mkdir(exist_ok=True)
         tmp = path.with_suffix(".tmp")
@@ -481,4 +483,9 @@ class RunDir:
         path = self.path / RESULTS
         if not path.exists():
             raise RunDirError(unfinished_message(self.path))
-        return read_json(path, "the run's results")
+        data = read_json(path, "the run's results")
+        try:
+            validate_results(data, str(path))
+        except ResultsError as exc:
+            raise RunDirError(str(exc)) from exc
+        return data

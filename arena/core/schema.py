@@ -199,7 +199,7 @@ def bad_values(cfg: DictConfig) -> list[str]:
     for key, rule in RULES.items():
         try:
             value = OmegaConf.select(cfg, key, throw_on_missing=True)
-        except Exception:  # noqa: BLE001 - any unresolvable value is reported the same way
+        except Exception:  # any unresolvable value is reported the same way
             messages.append(f"{key} has no value; set {key}=<{rule.accepts}>.")
             continue
         if isinstance(value, (DictConfig, ListConfig)):

@@ -11,9 +11,9 @@ import re
 import time
 import traceback
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from arena.core.env import Episode
 from arena.core.llm import Chat, Choice, Generation, LLMBackend, SamplingParams

@@ -208,7 +208,8 @@ class ExperienceStore:
     """
 
     def __init__(
-        self, path: str | Path | None, embedder: Embedder, name: str = DEFAULT_COLLECTION
+        self, path: str | Path | None, embedder: Embedder, name: str = DEFAULT_COLLECTION,
+        before_write: Callable[[ExperienceStore, list[str]], None] | None = None,
     ) -> None:
         self.path = Path(path) if path is not None else None
         self.embedder = embedder
@@ -225,7 +226,8 @@ class ExperienceStore:
             self.path.mkdir(parents=True, exist_ok=True)
             client = chromadb.PersistentClient(path=str(self.path), settings=_settings())
         embedder_info = {"embedder": embedder.name, "embedding_dim": embedder.dim}
-        self._collection = client.get_or_create_collection(
+        # Any: chromadb types every field of a result as optional, whatever ``include`` asked for.
+        self._collection: Any = client.get_or_create_collection(
             name,
             embedding_function=None,
             configuration={"hnsw": {"space": "cosine"}},
@@ -246,7 +248,7 @@ class ExperienceStore:
         #: Called with this store and the ids a write is about to change, before it changes
         #: them (the run's step journal keeps their rows, :meth:`rows_of`, to roll a killed
         #: learning step back).
-        self.before_write: Callable[[ExperienceStore, list[str]], None] | None = None
+        self.before_write = before_write
 
     # -- undo: the rows as they were, and putting them back ---------------------------------
 

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
-class Termination(str, enum.Enum):
+class Termination(str, enum.Enum):  # noqa: UP042 - StrEnum changes str() of members
     """Why an episode ended. Recorded per episode so failure modes can be told apart."""
 
     SUCCESS = "success"

@@ -12,14 +12,10 @@ stops it then: replay verification and digests).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-from arena.core.env import POOL_SPLIT, TEST_SPLITS, Environment, Episode
+from arena.core.env import POOL_SPLIT, TEST_SPLITS, TRAIN_SPLIT, VALID_SPLIT, Environment, Episode
+from arena.core.phase import PhaseGuard, ViolationLog
 from arena.core.types import Task
-
-if TYPE_CHECKING:
-    from arena.core.context import RunContext
 
 
 def public_task(task: Task) -> Task:
@@ -27,14 +23,66 @@ def public_task(task: Task) -> Task:
     return dataclasses.replace(task, payload={}) if task.payload else task
 
 
+class TaskGate:
+    """The tasks a method may ask for, by phase: while learning, train (and valid, recorded);
+    at evaluation the test tasks without their payload (the gate keeps the full copies the
+    harness plays) and, with ``eval.source_pool: all_types``, the environment's source pool."""
+
+    def __init__(self, env: Environment, phases: PhaseGuard, violations: ViolationLog,
+                 source_pool: str) -> None:
+        self._env = env
+        self._phases = phases
+        self._violations = violations
+        self._source_pool = source_pool
+        self._test_tasks: dict[str, Task] = {}
+        #: The splits a method learned from (train, and valid if it asked for it).
+        self.used_for_learning: set[str] = set()
+
+    def tasks(self, split: str) -> list[Task]:
+        """Tasks of a split. While learning only train (and valid, which is recorded) are open."""
+        if self._phases.is_learning():
+            if split in (*TEST_SPLITS, POOL_SPLIT):
+                kind = "the test-time source pool" if split == POOL_SPLIT else f"test split '{split}'"
+                raise self._violations.refusal(
+                    f"Method '{self._violations.method}' asked for {kind} while learning; "
+                    f"learn from '{TRAIN_SPLIT}' (or '{VALID_SPLIT}', recorded as such).")
+            self.used_for_learning.add(split)
+        tasks = self._env.tasks(split)
+        return [public_task(t) for t in tasks] if split in TEST_SPLITS else tasks
+
+    def source_pool(self) -> list[Task]:
+        """The train tasks a method may consult at test time (to retrieve a source game, say).
+
+        The train split; at evaluation with ``eval.source_pool: all_types`` also the
+        environment's pool of train-like tasks of the types train holds out. While learning it is
+        the train split alone: the pool is for test time, never for learning.
+        """
+        train = self.tasks(TRAIN_SPLIT)
+        if self._phases.is_learning() or self._source_pool == "train":
+            return train
+        return train + self._env.pool_tasks()
+
+    def open_evaluation(self, tasks: list[Task]) -> None:
+        """The evaluation's test tasks with their payloads (the harness's call)."""
+        self._test_tasks = {task.task_id: task for task in tasks}
+
+    def is_test_task(self, task_id: str) -> bool:
+        return task_id in self._test_tasks
+
+    def full_task(self, task: Task) -> Task:
+        """The harness's own copy of a test task (a method's copy has no payload)."""
+        return self._test_tasks.get(task.task_id, task) if task.split in TEST_SPLITS else task
+
+
 class EnvironmentView:
     """``run.env`` for methods: the environment's public face, guarded by the run's phase."""
 
-    def __init__(self, env: Environment, run: RunContext,
-                 refuse: Callable[[str], Exception]) -> None:
+    def __init__(self, env: Environment, gate: TaskGate, phases: PhaseGuard,
+                 violations: ViolationLog) -> None:
         self._env = env
-        self._run = run
-        self._refuse = refuse
+        self._gate = gate
+        self._phases = phases
+        self._violations = violations
         self.name = env.name
         self.version = env.version
         self.max_steps = env.max_steps
@@ -44,15 +92,16 @@ class EnvironmentView:
 
     def tasks(self, split: str) -> list[Task]:
         """As :meth:`RunContext.tasks`: the phase's guard applies (and is recorded)."""
-        return self._run.tasks(split)
+        return self._gate.tasks(split)
 
     def pool_tasks(self) -> list[Task]:
         """The source pool's extra tasks: only at evaluation, and only under
         ``eval.source_pool: all_types`` (use :meth:`RunContext.source_pool`)."""
-        if self._run.is_learning():
-            raise self._refuse(f"Method '{self._run.method_name}' asked for the test-time source "
-                               "pool while learning; it is open at evaluation only.")
-        return [t for t in self._run.source_pool() if t.split == POOL_SPLIT]
+        if self._phases.is_learning():
+            raise self._violations.refusal(
+                f"Method '{self._violations.method}' asked for the test-time source pool while "
+                "learning; it is open at evaluation only.")
+        return [t for t in self._gate.source_pool() if t.split == POOL_SPLIT]
 
     def split_hash(self, split: str) -> str:
         return self._env.split_hash(split)
@@ -62,15 +111,16 @@ class EnvironmentView:
 
     def open(self, task: Task) -> Episode:
         """An episode of a learning task, while learning only. At evaluation the harness plays
-        every episode (``run.play``, ``run.standard_solve``, ``run.play_policy``)."""
-        if not self._run.is_learning():
-            raise self._refuse(
-                f"Method '{self._run.method_name}' opened an episode of {task.task_id} itself "
-                "during evaluation; play episodes through run.play / run.standard_solve / "
-                "run.play_policy, which the harness verifies.")
+        every episode (``run.play``, with the method's ``solve`` or a policy it passes)."""
+        method = self._violations.method
+        if not self._phases.is_learning():
+            raise self._violations.refusal(
+                f"Method '{method}' opened an episode of {task.task_id} itself during "
+                "evaluation; play episodes through run.play (with a policy if need be), which "
+                "the harness verifies.")
         if task.split in (*TEST_SPLITS, POOL_SPLIT):
-            raise self._refuse(f"Method '{self._run.method_name}' opened an episode of "
-                               f"{task.split} task {task.task_id} while learning.")
+            raise self._violations.refusal(f"Method '{method}' opened an episode of "
+                                           f"{task.split} task {task.task_id} while learning.")
         return self._env.open(task)
 
     def close(self) -> None:

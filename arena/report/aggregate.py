@@ -10,8 +10,9 @@ one run shows exactly the numbers of that run's results.json.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from arena.core import stats
 from arena.report.runs import PRIMARY_VARIANT, ReportError, Run
@@ -335,10 +336,12 @@ def row_provenance(runs: list[Run]) -> dict[str, Any]:
 
 
 def learning_curves(run: Run) -> dict[str, list[list[float]]]:
-    """What the run recorded of its learning: per-iteration success/reward metrics a method wrote
-    to state.json (``<method>.metrics``), else a rolling success of its learning episodes."""
+    """What the run recorded of its learning: per-iteration success/reward metrics a method kept
+    in its state (``metrics``: ``method/state.json``, or ``<method>.metrics`` in the state.json
+    of runs before Arena 0.2), else a rolling success of its learning episodes."""
     curves: dict[str, list[list[float]]] = {}
-    for owner, value in sorted(run.state.items()):
+    owners = {**run.state, run.method: run.method_state} if run.method_state else run.state
+    for owner, value in sorted(owners.items()):
         if not isinstance(value, dict) or not isinstance(value.get("metrics"), list):
             continue
         for entry in value["metrics"]:

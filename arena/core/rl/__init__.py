@@ -19,6 +19,7 @@ from arena.core.rl.data import (
 )
 
 if TYPE_CHECKING:
+    from arena.core.rl.checkpointed import CheckpointedTrainer
     from arena.core.rl.loss import (
         LossOutput,
         RoleStats,
@@ -36,6 +37,7 @@ _LAZY = {
     **dict.fromkeys(("LossOutput", "RoleStats", "clipped_surrogate", "low_var_kl", "policy_loss",
                      "token_entropy", "token_logprobs"), "loss"),
     **dict.fromkeys(("LoraSettings", "PolicyTrainer", "TrainerConfig"), "trainer"),
+    "CheckpointedTrainer": "checkpointed",
 }
 
 
@@ -48,6 +50,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "CheckpointedTrainer",
     "LoraSettings",
     "LossOutput",
     "PolicyTrainer",
@@ -60,9 +63,9 @@ __all__ = [
     "concat_turns",
     "decision_samples",
     "episode_sample",
-    "mini_batches",
     "group_advantages",
     "low_var_kl",
+    "mini_batches",
     "policy_loss",
     "sample_from_choice",
     "token_entropy",

@@ -143,7 +143,7 @@ def episode_sample(trajectory: Trajectory, *, role: str, group: str, reward: flo
     seen: list[int] = []  # the tokens of all turns so far
     for rollout in decisions:
         prompt = list(rollout.prompt_token_ids)
-        if prompt[: len(seen)] != seen or len(prompt) == len(seen) and seen:
+        if prompt[: len(seen)] != seen or (len(prompt) == len(seen) and seen):
             return None
         turns.append(Turn(prompt[len(seen):], False))
         turns.append(Turn(rollout.token_ids, True, rollout.logprobs))

@@ -180,7 +180,9 @@ class PolicyTrainer:
         self.on_weights_changed = on_weights_changed
         pad = tokenizer.pad_token_id
         self.pad_id: int = pad if pad is not None else tokenizer.eos_token_id
-        self.model = self._with_lora(model) if self.config.lora else model
+        #: A transformers model, inside peft's wrapper with LoRA (typed Any: peft's and
+        #: transformers' methods are not on torch.nn.Module).
+        self.model: Any = self._with_lora(model) if self.config.lora else model
         self.is_lora = _is_peft(self.model)
         self.device = next(self.model.parameters()).device
         self.autocast_dtype = resolve_autocast(self.config.precision, self.device)
@@ -418,7 +420,7 @@ class PolicyTrainer:
         # Adapters of a bf16 model are created in float32 (peft's autocast_adapter_dtype).
         return get_peft_model(model, peft_config)
 
-    def _lm(self) -> torch.nn.Module:
+    def _lm(self) -> Any:
         """The transformers model itself (inside peft's wrapper with LoRA)."""
         return self.model.get_base_model() if self.is_lora else self.model
 
@@ -488,7 +490,7 @@ class PolicyTrainer:
         )
 
     def _policy_outputs(
-        self, lm: torch.nn.Module, batch: _MicroBatch, entropy: bool = True
+        self, lm: Any, batch: _MicroBatch, entropy: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (and entropies) at trained positions as ``(B, T-1)`` float32 tensors.
 

@@ -36,7 +36,7 @@ def make_alfworld(cfg: Mapping[str, Any]) -> Environment:
     require_engine()
     root, source = data.resolve_data_dir(cfg.get("data_dir"))
     data.require_data(root, source=source)
-    settings = {
+    settings: dict[str, Any] = {
         "data_dir": str(root.resolve()),  # workers see the same folder whatever their cwd/env
         "split_scheme": str(cfg.get("split", "type")),
         "max_steps": int(cfg.get("max_steps", 50)),

@@ -88,10 +88,10 @@ def _draw_goal(
         if task_type in cat.TRANSFORM_OBJECTS:
             if obj not in cat.TRANSFORM_OBJECTS[task_type]:
                 continue
-            targets = (cat.TRANSFORM_TARGETS[task_type] | cat.EXTRA_TARGETS.get(obj, set()))
-            targets = targets & present
+            targets = frozenset((cat.TRANSFORM_TARGETS[task_type] | cat.EXTRA_TARGETS.get(obj, set()))
+                                & present)
         else:
-            targets = homes
+            targets = frozenset(homes)
         for target in sorted(targets):
             starts = homes - {target}
             if starts:

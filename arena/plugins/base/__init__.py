@@ -6,8 +6,8 @@ solver, nothing retrieved, nothing learned. It is registered exactly like a thir
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import arena
 from arena.core.context import RunContext

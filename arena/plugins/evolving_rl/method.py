@@ -21,34 +21,33 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
 import arena
 from arena.core import rl
-from arena.core.context import EVALUATE, EpisodeRequest, RunContext
+from arena.core.context import EVALUATE, STANDARD, EpisodeRequest, RunContext
 from arena.core.llm import SamplingParams
+from arena.core.method_config import typed_config
 from arena.core.rl import (
     Sample,
     decision_samples,
     episode_sample,
     group_advantages,
-    mini_batches,
     sample_from_choice,
 )
 from arena.core.rundir import write_json_atomic
 from arena.core.types import Experience, Provenance, Task, Trajectory
 from arena.plugins.evolving_rl.prompts import extractor_prompt
+from arena.plugins.evolving_rl.settings import (
+    EvolvingRLSettings,
+)
 from arena.plugins.evolving_rl.skills import SkillCard, SkillParseError, parse_skill
 
 EXTRACTOR = "extractor"
 SOLVER = "solver"
-MODES = ("coevolve", "grpo")
 
 
 @dataclass
@@ -92,10 +91,6 @@ def candidate_experience(candidate: Candidate, source: Task) -> Experience:
     )
 
 
-#: What happens to a card that did not parse or failed the audit (``method.unusable_cards``).
-UNUSABLE_CARDS = ("raw_text", "skip")
-
-
 def most_similar(run: RunContext, queries: list[Task], pool: list[Task], k: int) -> list[list[Task]]:
     """For each query, the ``k`` pool tasks whose goals are most similar (the query included)."""
     matrix = run.embedder.similarity([q.goal for q in queries], [t.goal for t in pool])
@@ -104,10 +99,6 @@ def most_similar(run: RunContext, queries: list[Task], pool: list[Task], k: int)
         order = sorted(range(len(pool)), key=lambda i: (-float(row[i]), i))
         ranked.append([pool[i] for i in order[:k]])
     return ranked
-
-
-#: How an episode becomes solver samples (``method.solver_samples``).
-SOLVER_SAMPLES = ("decision", "episode")
 
 
 def solver_samples(trajectory: Trajectory, group: str, reward: float, advantage: float,
@@ -125,7 +116,7 @@ def solver_samples(trajectory: Trajectory, group: str, reward: float, advantage:
 
 
 def build_samples(candidates: list[Candidate], owners: list[tuple[Candidate, int]],
-                  episodes: list[Trajectory], cfg: DictConfig) -> list[Sample]:
+                  episodes: list[Trajectory], cfg: EvolvingRLSettings) -> list[Sample]:
     """Rewards, GRPO groups and scaled advantages of one co-evolution iteration.
 
     ``owners[i]`` is the (card, downstream index) that ``episodes[i]`` was played with.
@@ -143,24 +134,24 @@ def build_samples(candidates: list[Candidate], owners: list[tuple[Candidate, int
     if cfg.train_extractor:
         groups = [f"source{c.source_index}" for c in candidates]
         advantages = group_advantages([c.reward for c in candidates], groups,
-                                      std=str(cfg.get("advantage_std", "population")))
+                                      std=cfg.advantage_std)
         for candidate, group, advantage in zip(candidates, groups, advantages):
             if not candidate.token_ids:
                 continue
             sample = sample_from_choice(candidate.prompt_token_ids, candidate.token_ids,
                                         candidate.logprobs, role=EXTRACTOR, group=group,
                                         reward=candidate.reward)
-            sample.advantage = advantage * float(cfg.lambda_extractor)
+            sample.advantage = advantage * cfg.lambda_extractor
             samples.append(sample)
     if cfg.train_solver and episodes:
-        rewards = [float(cfg.solver_win_reward) * t.success for t in episodes]
+        rewards = [cfg.solver_win_reward * t.success for t in episodes]
         groups = [f"source{c.source_index}/down{k}" for c, k in owners]
         for trajectory, group, reward, advantage in zip(
                 episodes, groups, rewards,
-                group_advantages(rewards, groups, std=str(cfg.get("advantage_std", "population")))):
+                group_advantages(rewards, groups, std=cfg.advantage_std)):
             samples.extend(solver_samples(trajectory, group, reward,
-                                          advantage * float(cfg.lambda_solver),
-                                          str(cfg.get("solver_samples", "decision"))))
+                                          advantage * cfg.lambda_solver,
+                                          cfg.solver_samples))
     return samples
 
 
@@ -168,101 +159,73 @@ class EvolvingRL:
     """The Evolving-RL method (``mode: coevolve``) and its GRPO baseline (``mode: grpo``)."""
 
     def __init__(self, run: RunContext) -> None:
-        self.cfg: DictConfig = run.cfg.method
-        if self.cfg.mode not in MODES:
-            raise ValueError(f"method.mode must be one of {MODES}, got '{self.cfg.mode}'")
-        if self.cfg.unusable_cards not in UNUSABLE_CARDS:
-            raise ValueError(f"method.unusable_cards must be one of {UNUSABLE_CARDS}, got "
-                             f"'{self.cfg.unusable_cards}'")
-        if self.cfg.solver_samples not in SOLVER_SAMPLES:
-            raise ValueError(f"method.solver_samples must be one of {SOLVER_SAMPLES}, got "
-                             f"'{self.cfg.solver_samples}'")
-        self.trainer: rl.PolicyTrainer | None = None
-        self.checkpoints = run.run_dir.path / "evolving_rl"
-        run.keep_rollouts = True  # a kill mid-iteration must not lose the rollouts played
-        self.iterations_done = self._latest_checkpoint()
-        if self.iterations_done < self._state(run)["iterations_done"]:
-            raise FileNotFoundError(
-                f"No checkpoint in {self.checkpoints} for the {self._state(run)['iterations_done']} "
-                "iterations state.json records; the run directory is incomplete. Start a new run."
-            )
-        if self.iterations_done:
+        self.cfg: EvolvingRLSettings = typed_config(run.cfg.method, EvolvingRLSettings)
+        self.folder = run.method_state.folder
+        run.keep_rollouts()  # a kill mid-iteration must not lose the rollouts played
+        self._trainer: rl.CheckpointedTrainer | None = None
+        self.iterations_done = 0
+        recorded = int(self._state(run)["iterations_done"])
+        if recorded or run.method_state.checkpoints().latest():
             # A resumed run: serve the learned weights before anything is played or digested.
-            self._trainer(run).load(self._checkpoint(self.iterations_done))
-        if run.run_dir.state().get("learn_done"):
-            self._serve_for_evaluation(run)  # the very state the pre-evaluation digest covers
-
-    def _checkpoint(self, iterations_done: int) -> Path:
-        return self.checkpoints / f"checkpoint-{iterations_done:05d}"
-
-    def _latest_checkpoint(self) -> int:
-        """Iterations covered by the newest checkpoint: the source of truth on resume, since a
-        kill may fall between saving a checkpoint (atomic) and updating state.json."""
-        done = [int(path.name.split("-")[1]) for path in self.checkpoints.glob("checkpoint-*")
-                if path.name.split("-")[1].isdigit()]
-        return max(done, default=0)
+            self.iterations_done = self.trainer(run).resume(recorded, "iterations")
+        if run.learning_finished():
+            self.trainer(run).serve()  # the very state the pre-evaluation digest covers
 
     @staticmethod
     def _state(run: RunContext) -> dict[str, Any]:
-        return run.run_dir.state().get("evolving_rl", {"iterations_done": 0, "attempts": {}})
+        return run.method_state.load({"iterations_done": 0, "attempts": {}})
 
-    def _trainer(self, run: RunContext) -> rl.PolicyTrainer:
-        """The trainer on the served model (LoRA adapters are injected into it in place)."""
-        if self.trainer is None:
-            backend = getattr(run.llm, "inner", run.llm)
-            if not hasattr(backend, "model") or not hasattr(backend, "mark_weights_changed"):
-                raise ValueError(
-                    f"Evolving-RL trains the model in-process; backend '{run.cfg.llm.backend}' "
-                    "has no trainable model. Use llm.backend=transformers or llm.backend=vllm."
-                )
-            trainer_cfg = OmegaConf.to_container(self.cfg.trainer, resolve=True)
-            self.trainer = rl.PolicyTrainer(backend.model, backend.tokenizer,
-                                         rl.TrainerConfig.from_mapping(trainer_cfg),  # type: ignore[arg-type]
-                                         on_weights_changed=backend.mark_weights_changed)
-        return self.trainer
+    def trainer(self, run: RunContext) -> rl.CheckpointedTrainer:
+        """The checkpointed trainer on the served model (built on first use)."""
+        if self._trainer is None:
+            backend = run.trainable_backend(" (Evolving-RL trains the served model in-process)")
+            self._trainer = rl.CheckpointedTrainer(
+                backend, rl.TrainerConfig.from_mapping(self.cfg.trainer), run.method_state.checkpoints(),
+                seed=int(run.cfg.learn.seed))
+        return self._trainer
 
     # -- learning -----------------------------------------------------------------------------
 
     @arena.hookimpl
     def learn(self, run: RunContext) -> bool:
-        trainer = self._trainer(run)
+        trainer = self.trainer(run)
         state = self._state(run)
         state["iterations_done"] = self.iterations_done
         train = run.tasks("train")
-        iterations = run.progress("evolving_rl iterations", total=int(self.cfg.iterations))
+        iterations = run.progress("evolving_rl iterations", total=self.cfg.iterations)
         iterations.update(self.iterations_done)
         with iterations:
             self._iterate(run, trainer, state, train, iterations)
-        self._serve_for_evaluation(run)
+        trainer.serve()
         return True
 
     def _held_out_success(self, run: RunContext, after: int) -> float:
         """Success on the first ``valid_tasks`` valid tasks, decoded as evaluation decodes: the
         learning curve's held-out points (after ``after`` iterations). Nothing is learned from
         them; the harness still flags the run as having played valid tasks."""
-        tasks = run.tasks("valid")[: int(self.cfg.valid_tasks)]
+        tasks = run.tasks("valid")[: self.cfg.valid_tasks]
         requests = [EpisodeRequest(task, [], int(run.cfg.learn.seed), f"valid/after{after}",
                                    sampling=run.cfg.eval.sampling) for task in tasks]
         with run.progress(f"valid after {after} iterations", total=len(requests)) as shown:
-            episodes = run.play_many(requests, standard=True, on_done=shown.advance)
+            episodes = run.play_many(requests, policy=STANDARD, on_done=shown.advance)
         return _mean([t.success for t in episodes])
 
     def _held_out_due(self, iterations_done: int) -> bool:
-        every = int(self.cfg.get("valid_every") or 0)
-        last = iterations_done == int(self.cfg.iterations)
+        every = self.cfg.valid_every
+        last = iterations_done == self.cfg.iterations
         return every > 0 and (iterations_done % every == 0 or last)
 
-    def _iterate(self, run: RunContext, trainer: rl.PolicyTrainer, state: dict[str, Any],
+    def _iterate(self, run: RunContext, trainer: rl.CheckpointedTrainer, state: dict[str, Any],
                  train: list[Task], iterations: Any) -> None:
         if self.iterations_done == 0 and self._held_out_due(0) and "valid_before" not in state:
             state["valid_before"] = self._held_out_success(run, 0)
-            run.run_dir.update_state(evolving_rl=state)
-        for iteration in range(self.iterations_done, int(self.cfg.iterations)):
+            run.method_state.save(state)
+        for iteration in range(self.iterations_done, self.cfg.iterations):
             if run.budget_exhausted():
                 break
             attempt = int(state["attempts"].get(str(iteration), 0))
             state["attempts"][str(iteration)] = attempt + 1
-            run.run_dir.update_state(evolving_rl=state)
+            run.method_state.save(state)
             # The same tags on every attempt: a resumed iteration gets back the episodes (and
             # their rollout tokens) an interrupted attempt finished, instead of replaying them.
             tag = f"it{iteration}"
@@ -272,39 +235,26 @@ class EvolvingRL:
             else:
                 samples, metrics = self._coevolution_iteration(run, train, rng, tag)
             if samples:
-                clock = time.perf_counter()
-                batches = mini_batches(samples, self.cfg.get("mini_batch_size"), rng)
-                for number, batch in enumerate(batches, start=1):
-                    with run.progress(f"{tag}: update {number}/{len(batches)}") as update:
-                        metrics.update(trainer.step(batch, on_micro_batch=update.update))
-                metrics["updates"] = len(batches)
-                metrics["time/update_s"] = time.perf_counter() - clock
-                run.charge(gradient_steps=len(batches))
-            trainer.save(self._checkpoint(iteration + 1))
+                metrics.update(trainer.update(samples, mini_batch_size=self.cfg.mini_batch_size,
+                                              rng=rng, progress=run.progress, label=tag))
+                run.charge(gradient_steps=int(metrics["updates"]))
+            trainer.save(iteration + 1)
             if self._held_out_due(iteration + 1):
                 metrics["valid_success"] = self._held_out_success(run, iteration + 1)
-            run.run_dir.discard_rollouts()
+            run.discard_rollouts()
             self._candidates_file(iteration).unlink(missing_ok=True)
             self.iterations_done = state["iterations_done"] = iteration + 1
             state.setdefault("metrics", []).append({"iteration": iteration, **_rounded(metrics)})
-            run.run_dir.update_state(evolving_rl=state, gradient_steps=run.budget.used["gradient_steps"])
-            for older in range(iteration + 1):
-                shutil.rmtree(self._checkpoint(older), ignore_errors=True)
+            run.method_state.save(state)
             iterations.update(iteration + 1, note=_progress_note(metrics))
-
-    def _serve_for_evaluation(self, run: RunContext) -> None:
-        """Learning is over: fold the LoRA adapters into the served weights, since unmerged
-        adapters make every evaluation forward ~1.3x slower on CPU (PolicyTrainer.merge_adapters)."""
-        self._trainer(run).merge_adapters()
 
     def _candidates_file(self, iteration: int | str) -> Path:
         tag = iteration if isinstance(iteration, str) else f"it{iteration}"
-        return self.checkpoints / f"{tag}-candidates.json"
+        return self.folder / f"{tag}-candidates.json"
 
     def _save_candidates(self, tag: str, candidates: list[Candidate]) -> None:
         """Keep an iteration's extracted cards until its update is checkpointed: a resumed
         attempt must train on the cards its finished downstream episodes were played with."""
-        self.checkpoints.mkdir(parents=True, exist_ok=True)
         rows = [{"source_index": c.source_index, "skill_index": c.skill_index,
                  "prompt_token_ids": c.prompt_token_ids, "token_ids": c.token_ids,
                  "logprobs": c.logprobs, "text": c.text} for c in candidates]
@@ -327,9 +277,9 @@ class EvolvingRL:
     def extract(self, run: RunContext, sources: list[Trajectory], n: int, seed: int,
                 params: SamplingParams | None = None) -> list[Candidate]:
         """``n`` candidate cards per source trajectory (one batched generate call)."""
-        prefix = self.cfg.get("extractor_reply_prefix") or ""
+        prefix = self.cfg.extractor_reply_prefix or ""
         prompts = [extractor_prompt(t, reply_prefix=prefix) for t in sources for _ in range(n)]
-        params = params or self._sampling(run, int(self.cfg.extractor_max_tokens), seed)
+        params = params or self._sampling(run, self.cfg.extractor_max_tokens, seed)
         generations = run.llm.generate(prompts, params)
         candidates = []
         for index, generation in enumerate(generations):
@@ -344,25 +294,25 @@ class EvolvingRL:
         cfg = self.cfg
         seed = int(run.cfg.learn.seed)
         clock = time.perf_counter()
-        sources = rng.sample(train, min(int(cfg.n_sources), len(train)))
+        sources = rng.sample(train, min(cfg.n_sources, len(train)))
         with run.progress(f"{tag}: source episodes", total=len(sources)) as shown:
             source_runs = run.play_many(
                 [EpisodeRequest(task, [], seed, f"{tag}/source{i}") for i, task in enumerate(sources)],
-                standard=True, on_done=shown.advance,
+                policy=STANDARD, on_done=shown.advance,
             )
         source_s, clock = time.perf_counter() - clock, time.perf_counter()
         extract_seed = rng.randrange(2**31)
         candidates = self._load_candidates(tag)
         if candidates is None:
-            cards = len(source_runs) * int(cfg.n_skills)
+            cards = len(source_runs) * cfg.n_skills
             with run.progress(f"{tag}: skill extraction ({cards} cards, one batch)", total=cards) as shown:
-                candidates = self.extract(run, source_runs, int(cfg.n_skills), seed=extract_seed)
+                candidates = self.extract(run, source_runs, cfg.n_skills, seed=extract_seed)
                 shown.update(cards, note=f"{sum(c.usable for c in candidates)} usable")
             self._save_candidates(tag, candidates)
         extract_s, clock = time.perf_counter() - clock, time.perf_counter()
-        downstream = most_similar(run, sources, train, int(cfg.k_downstream))
+        downstream = most_similar(run, sources, train, cfg.k_downstream)
         requests, owners = [], []
-        play_unusable = str(cfg.get("unusable_cards", "raw_text")) == "raw_text"
+        play_unusable = cfg.unusable_cards == "raw_text"
         for candidate in candidates:
             if not candidate.usable and not play_unusable:
                 continue
@@ -373,7 +323,7 @@ class EvolvingRL:
                     f"{tag}/source{candidate.source_index}/skill{candidate.skill_index}/down{k}"))
                 owners.append((candidate, k))
         with run.progress(f"{tag}: downstream episodes", total=len(requests)) as shown:
-            episodes = run.play_many(requests, standard=True, on_done=shown.advance)
+            episodes = run.play_many(requests, policy=STANDARD, on_done=shown.advance)
         downstream_s = time.perf_counter() - clock
 
         samples = build_samples(candidates, owners, episodes, cfg)
@@ -394,19 +344,19 @@ class EvolvingRL:
         """Solver-only GRPO, no skills: each task played ``group_size`` times is one group."""
         cfg = self.cfg
         seed = int(run.cfg.learn.seed)
-        tasks = rng.sample(train, min(int(cfg.n_sources), len(train)))
+        tasks = rng.sample(train, min(cfg.n_sources, len(train)))
         requests = [EpisodeRequest(task, [], seed, f"{tag}/task{i}/rollout{g}")
-                    for i, task in enumerate(tasks) for g in range(int(cfg.group_size))]
+                    for i, task in enumerate(tasks) for g in range(cfg.group_size)]
         with run.progress(f"{tag}: rollouts", total=len(requests)) as shown:
-            episodes = run.play_many(requests, standard=True, on_done=shown.advance)
-        rewards = [float(cfg.solver_win_reward) * t.success for t in episodes]
+            episodes = run.play_many(requests, policy=STANDARD, on_done=shown.advance)
+        rewards = [cfg.solver_win_reward * t.success for t in episodes]
         groups = [r.variant.rsplit("/", 1)[0] for r in requests]
         samples: list[Sample] = []
         for trajectory, group, reward, advantage in zip(
                 episodes, groups, rewards,
-                group_advantages(rewards, groups, std=str(cfg.advantage_std))):
-            samples.extend(solver_samples(trajectory, group, reward, advantage * float(cfg.lambda_solver),
-                                          str(cfg.get("solver_samples", "decision"))))
+                group_advantages(rewards, groups, std=cfg.advantage_std)):
+            samples.extend(solver_samples(trajectory, group, reward, advantage * cfg.lambda_solver,
+                                          cfg.solver_samples))
         return samples, {"success": _mean([t.success for t in episodes]), "samples": len(samples)}
 
     # -- evaluation ---------------------------------------------------------------------------
@@ -423,14 +373,14 @@ class EvolvingRL:
         (source_task,) = most_similar(run, [task], run.source_pool(), 1)[0]
         # The source episode is played as in learning (learn.max_steps), so the extractor reads
         # the kind of trajectory it was trained on.
-        source_steps = self.cfg.get("eval_source_max_steps") or run.cfg.learn.get("max_steps")
+        source_steps = self.cfg.eval_source_max_steps or run.cfg.learn.get("max_steps")
         source = run.play(source_task, [], seed=run_seed, variant=f"eval_source/{task.task_id}",
-                          standard=True, max_steps=None if source_steps is None else int(source_steps))
-        params = SamplingParams(temperature=0.0, max_new_tokens=int(self.cfg.extractor_max_tokens),
+                          policy=STANDARD, max_steps=None if source_steps is None else int(source_steps))
+        params = SamplingParams(temperature=0.0, max_new_tokens=self.cfg.extractor_max_tokens,
                                 seed=seed)
         (candidate,) = self.extract(run, [source], 1, seed=seed, params=params)
-        without = run.play(task, [], seed=run_seed, variant="without_skill", standard=True)
-        play_unusable = str(self.cfg.get("unusable_cards", "raw_text")) == "raw_text"
+        without = run.play(task, [], seed=run_seed, variant="without_skill", policy=STANDARD)
+        play_unusable = self.cfg.unusable_cards == "raw_text"
         if candidate.usable or play_unusable:
             # As in learning: the card, or an unusable one as its raw text (the authors').
             return run.standard_solve(task, [candidate_experience(candidate, source_task)], seed)
@@ -443,10 +393,9 @@ class EvolvingRL:
 
     @arena.hookimpl
     def state_size(self, run: RunContext) -> dict[str, Any]:
-        if self.trainer is None:
+        if self._trainer is None:
             return {}
-        trainable = sum(p.numel() for p in self.trainer.model.parameters() if p.requires_grad)
-        return {"trainable_parameters": int(trainable)}
+        return {"trainable_parameters": self._trainer.trainable_parameters()}
 
 
 def _parse_or_none(text: str) -> SkillCard | None:

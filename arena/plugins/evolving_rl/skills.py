@@ -62,7 +62,8 @@ class SkillCard:
         if steps:
             lines.append("**Workflow:**")
             for number, step in enumerate(steps, start=1):
-                lines.append(f"{number}. {_describe(step, ('goal', 'action', 'tools_or_strategy', 'completion_condition'))}")
+                described = _describe(step, ("goal", "action", "tools_or_strategy", "completion_condition"))
+                lines.append(f"{number}. {described}")
         rules = _strings(data.get("decision_rules"))
         if rules:
             lines.append("**Decision rules:**")

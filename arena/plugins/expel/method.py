@@ -15,7 +15,7 @@ The authors' algorithm (``methods.md`` section 4), inside Arena's protocol:
 
 Resume: every trial is an episode recorded through ``run.play_many`` (a finished one is read
 back, never replayed); reflections sit in the stored trajectories; the insight list and the
-number of finished critiques are written to ``state.json`` in one atomic write after each
+number of finished critiques are written to the method's state in one atomic write after each
 critique, and the store's insights are re-synced from it, so no critique is applied twice.
 
 Stored trajectories carry the task's goal as their text (what the authors embed to retrieve
@@ -29,15 +29,14 @@ import math
 import random
 from typing import Any
 
-from omegaconf import DictConfig
-
 import arena
 from arena.core.context import BudgetExhausted, EpisodeRequest, RunContext
 from arena.core.llm import SamplingParams
-from arena.core.protocol import select_tasks
+from arena.core.method_config import typed_config
 from arena.core.solver import StandardSolver
+from arena.core.tasks import select_tasks
 from arena.core.types import Experience, Provenance, Task, Trajectory
-from arena.plugins.expel.insights import InsightBook, UpdateReport, Weights, parse_operations
+from arena.plugins.expel.insights import InsightBook, UpdateReport, parse_operations
 from arena.plugins.expel.prompts import (
     compare_prompt,
     parse_reflection,
@@ -45,12 +44,13 @@ from arena.plugins.expel.prompts import (
     solver_prompt,
     success_prompt,
 )
+from arena.plugins.expel.settings import ExpeLSettings
 
 TRAJECTORY = "trajectory"
 INSIGHT = "insight"
 REFLECTION = "reflection"
 GATHER, EXTRACT, DONE = "gather", "extract", "done"
-CRITIQUE_LOG = "expel_critiques.jsonl"
+CRITIQUE_LOG = "critiques.jsonl"  # in the method's folder
 
 
 # -- pure helpers (tested on their own) ------------------------------------------------------
@@ -158,30 +158,22 @@ class ExpeL:
     """The ExpeL method: Reflexion gathering, weighted insights, insights + few-shots at test."""
 
     def __init__(self, run: RunContext) -> None:
-        self.cfg: DictConfig = run.cfg.method
-        for key in ("max_reflections", "fewshots", "fewshot_candidates"):
-            if int(self.cfg[key]) < 0:
-                raise ValueError(f"method.{key} must be >= 0, got {self.cfg[key]}")
-        if int(self.cfg.success_chunk) < 1:
-            raise ValueError(f"method.success_chunk must be >= 1, got {self.cfg.success_chunk}")
-        weights = self.cfg.weights
-        self.weights = Weights(add=int(weights.add), agree=int(weights.agree), edit=int(weights.edit),
-                               remove=int(weights.remove), remove_when_full=int(weights.remove_when_full))
+        self.cfg: ExpeLSettings = typed_config(run.cfg.method, ExpeLSettings)
+        self.weights = self.cfg.weights
 
     def _book(self, state: dict[str, Any]) -> InsightBook:
-        max_operations = self.cfg.max_operations
-        book = InsightBook(int(self.cfg.max_insights), weights=self.weights,
-                           max_operations=None if max_operations is None else int(max_operations))
+        book = InsightBook(self.cfg.max_insights, weights=self.weights,
+                           max_operations=self.cfg.max_operations)
         book.load(state["book"])
         return book
 
     @staticmethod
     def _state(run: RunContext) -> dict[str, Any]:
-        return run.run_dir.state().get("expel") or fresh_state()
+        return run.method_state.load() or fresh_state()
 
     @staticmethod
     def _save(run: RunContext, state: dict[str, Any]) -> None:
-        run.run_dir.update_state(expel=state)
+        run.method_state.save(state)
 
     def _sampling(self, run: RunContext, max_new_tokens: int, seed: int) -> SamplingParams:
         sampling = run.cfg.learn.sampling
@@ -212,8 +204,7 @@ class ExpeL:
         task types (all of them when null)."""
         tasks = list(run.tasks(str(run.cfg.learn.split)))
         random.Random(int(run.cfg.learn.seed)).shuffle(tasks)
-        limit = self.cfg.train_tasks
-        return select_tasks(tasks, None if limit is None else int(limit))
+        return select_tasks(tasks, self.cfg.train_tasks)
 
     def _stored_trials(self, run: RunContext) -> dict[str, dict[int, Experience]]:
         trials: dict[str, dict[int, Experience]] = {}
@@ -225,7 +216,7 @@ class ExpeL:
         """Rounds of trials: round ``r`` plays trial ``r`` of every task still failing, side by
         side; then each failure that will be retried gets its reflection."""
         seed = int(run.cfg.learn.seed)
-        max_reflections = int(self.cfg.max_reflections)
+        max_reflections = self.cfg.max_reflections
         stored = self._stored_trials(run)
         for trial in range(1 + max_reflections):
             due: list[Task] = []
@@ -278,20 +269,20 @@ class ExpeL:
             stopped = True
         trajectories = []
         for task in due:  # what this round played, else what an earlier session recorded
-            trajectory = played.get(task.task_id)
-            if trajectory is None and run.finished(task, seed, variant) is not None:
-                trajectory = run.run_dir.load_trajectory((run.phase, task.split, task.task_id, seed, variant))
-            if trajectory is not None:
-                trajectories.append(trajectory)
+            found = played.get(task.task_id)
+            if found is None and run.finished(task, seed, variant) is not None:
+                found = run.recorded_trajectory(task, seed, variant)
+            if found is not None:
+                trajectories.append(found)
         return trajectories, stopped
 
     def _reflect(self, run: RunContext, failures: list[Trajectory], seed: int) -> dict[str, str]:
         """One reflection per failed trial, in one batched generate call."""
         if not failures:
             return {}
-        max_chars = int(self.cfg.transcript_chars)
+        max_chars = self.cfg.transcript_chars
         prompts = [reflection_prompt(t, max_chars) for t in failures]
-        generations = run.llm.generate(prompts, self._sampling(run, int(self.cfg.reflection_max_tokens), seed))
+        generations = run.llm.generate(prompts, self._sampling(run, self.cfg.reflection_max_tokens, seed))
         return {t.task.task_id: parse_reflection(g.text) for t, g in zip(failures, generations)}
 
     def _gather_summary(self, run: RunContext) -> dict[str, Any]:
@@ -324,7 +315,7 @@ class ExpeL:
             if won:
                 successes.append(won[0].experience_id)
         rng = random.Random(int(run.cfg.learn.seed) * 7_919 + 1)
-        chunks = divide_in_chunks(successes, int(self.cfg.success_chunk), rng)
+        chunks = divide_in_chunks(successes, self.cfg.success_chunk, rng)
         return compare + [{"kind": "success", "ids": chunk} for chunk in chunks]
 
     def _extract(self, run: RunContext, state: dict[str, Any]) -> None:
@@ -337,8 +328,8 @@ class ExpeL:
 
     def _critiques(self, run: RunContext, state: dict[str, Any], book: Any, jobs: list[dict[str, Any]],
                    shown: Any) -> None:
-        max_chars = int(self.cfg.critique_chars)
-        max_operations = int(self.cfg.max_operations or 4)
+        max_chars = self.cfg.critique_chars
+        max_operations = self.cfg.max_operations or 4
         for index in range(int(state["jobs_done"]), len(jobs)):
             run.refresh_token_usage()
             if "tokens" in run.budget.exhausted():
@@ -358,7 +349,7 @@ class ExpeL:
                 raise RuntimeError(f"Critique job {index} refers to trajectories missing from the store: "
                                    f"{job['ids']}. The run directory is incomplete; start a new run.")
             seed = int(run.cfg.learn.seed) * 1_000_003 + index
-            (generation,) = run.llm.generate([prompt], self._sampling(run, int(self.cfg.critique_max_tokens), seed))
+            (generation,) = run.llm.generate([prompt], self._sampling(run, self.cfg.critique_max_tokens, seed))
             parsed = parse_operations(generation.text)
             sources = sorted({str(e.metadata["task_id"]) for e in trials})
             report = book.apply(parsed.operations, sources=sources)
@@ -387,7 +378,7 @@ class ExpeL:
         """Each critique's raw answer and what it did, for inspection (not read back)."""
         record = {"job": index, "kind": job["kind"], "ids": job["ids"], "output": output,
                   "malformed": malformed, "applied": report.applied, "rejected": report.rejected}
-        with (run.run_dir.path / CRITIQUE_LOG).open("a") as handle:
+        with (run.method_state.folder / CRITIQUE_LOG).open("a") as handle:
             handle.write(json.dumps(record, sort_keys=True) + "\n")
 
     def _sync_insights(self, run: RunContext, book: InsightBook) -> None:
@@ -410,10 +401,10 @@ class ExpeL:
     def retrieve(self, run: RunContext, task: Task) -> list[Experience]:
         """The insights (highest weight first) and the few-shot successes for ``task``."""
         insights = sorted(run.store.all(kind=INSIGHT), key=lambda e: int(e.metadata["rank"]))
-        fewshots = select_fewshots(run.store, task, k=int(self.cfg.fewshots),
-                                   candidates=int(self.cfg.fewshot_candidates),
-                                   max_chars=int(self.cfg.fewshot_max_chars))
-        return insights[: int(self.cfg.max_insights)] + fewshots
+        fewshots = select_fewshots(run.store, task, k=self.cfg.fewshots,
+                                   candidates=self.cfg.fewshot_candidates,
+                                   max_chars=self.cfg.fewshot_max_chars)
+        return insights[: self.cfg.max_insights] + fewshots
 
     @arena.hookimpl
     def solve(self, run: RunContext, task: Task, experiences: list[Experience], seed: int) -> Trajectory:

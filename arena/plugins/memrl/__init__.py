@@ -6,8 +6,8 @@ defaults and every deviation from the authors' ALFWorld config are in ``config.y
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import arena
 from arena.plugins.memrl.method import MemRL

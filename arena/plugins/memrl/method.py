@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from omegaconf import DictConfig
 
 import arena
 from arena.core.context import LEARN, RunContext
 from arena.core.llm import SamplingParams
+from arena.core.method_config import typed_config
 from arena.core.types import Experience, Provenance, Task, Termination, Trajectory
 from arena.plugins.memrl.prompts import (
     action_line,
@@ -41,6 +41,7 @@ from arena.plugins.memrl.prompts import (
     script_prompt,
     success_memory,
 )
+from arena.plugins.memrl.settings import MemRLSettings
 
 INTENT = "intent"
 MEMORY = "memory"
@@ -95,7 +96,7 @@ def rank_candidates(
                                             item[0].memory.experience_id))
 
 
-def reward_of(trajectory: Trajectory, cfg: DictConfig) -> float:
+def reward_of(trajectory: Trajectory, cfg: MemRLSettings) -> float:
     return float(cfg.success_reward if trajectory.success else cfg.failure_reward)
 
 
@@ -103,14 +104,7 @@ class MemRL:
     """Two-phase retrieval over a Q-valued episodic memory; the LLM is never trained."""
 
     def __init__(self, run: RunContext) -> None:
-        self.cfg: DictConfig = run.cfg.method
-        for key in ("k1", "k2"):
-            if int(self.cfg[key]) < 1:
-                raise ValueError(f"method.{key} must be >= 1, got {self.cfg[key]}")
-        if not 0.0 <= float(self.cfg.epsilon) <= 1.0:
-            raise ValueError(f"method.epsilon must be in [0, 1], got {self.cfg.epsilon}")
-        if not 0.0 <= float(self.cfg.alpha) <= 1.0:
-            raise ValueError(f"method.alpha must be in [0, 1], got {self.cfg.alpha}")
+        self.cfg: MemRLSettings = typed_config(run.cfg.method, MemRLSettings)
 
     # -- learning --------------------------------------------------------------------------
 
@@ -119,7 +113,7 @@ class MemRL:
         """The harness's experience loop, then (optionally) a snapshot of the learned memory."""
         run.experience_loop()
         if self.cfg.snapshot:
-            run.store.snapshot(run.run_dir.path / "memrl" / SNAPSHOT_NAME)
+            run.store.snapshot(run.method_state.folder / SNAPSHOT_NAME)
         return True
 
     @arena.hookimpl
@@ -133,12 +127,12 @@ class MemRL:
             return []
         won = [t for t in learnable if t.success]
         lost = [t for t in learnable if not t.success]
-        steps = int(self.cfg.prompt_steps)
+        steps = self.cfg.prompt_steps
         texts: dict[int, str] = {}
         for group, make_prompt, tokens, temperature in (
-            (won, script_prompt, int(self.cfg.script_max_tokens), 0.0),
-            (lost, reflection_prompt, int(self.cfg.reflection_max_tokens),
-             float(self.cfg.get("reflection_temperature", 0.3))),
+            (won, script_prompt, self.cfg.script_max_tokens, 0.0),
+            (lost, reflection_prompt, self.cfg.reflection_max_tokens,
+             self.cfg.reflection_temperature),
         ):
             if group:
                 params = SamplingParams(temperature=temperature, max_new_tokens=tokens, seed=0)
@@ -147,7 +141,7 @@ class MemRL:
         memories = []
         for trajectory in learnable:
             task = trajectory.task
-            actions = action_line(trajectory, int(self.cfg.max_action_chars))
+            actions = action_line(trajectory, self.cfg.max_action_chars)
             written = texts[id(trajectory)] or "(the model wrote nothing)"
             content = (success_memory(task.goal, written, actions) if trajectory.success
                        else failure_memory(task.goal, written, actions))
@@ -159,7 +153,7 @@ class MemRL:
                     "intent": task.goal,
                     "task_type": task.task_type,
                     "success": trajectory.success,
-                    "q_value": float(self.cfg.q_init),
+                    "q_value": self.cfg.q_init,
                     "visits": 0,
                     "last_reward": 0.0,
                 },
@@ -170,7 +164,7 @@ class MemRL:
     def update(self, run: RunContext, trajectories: list[Trajectory],
                experiences: list[Experience]) -> None:
         """Q-update every memory the episodes retrieved, then file the new memories."""
-        alpha = float(self.cfg.alpha)
+        alpha = self.cfg.alpha
         changes: dict[str, dict[str, Any]] = {}
         for trajectory in trajectories:
             if trajectory.status is Termination.ERROR:
@@ -200,7 +194,7 @@ class MemRL:
             return
         goal = str(memory.metadata["intent"])
         nearest = run.store.query(goal, k=1, kind=INTENT,
-                                  min_similarity=float(self.cfg.merge_threshold))
+                                  min_similarity=self.cfg.merge_threshold)
         # The intent lists its memories first (the authors' {intent: [memory ids]}): a run killed
         # in between leaves an id that resolves to nothing and is filed again on the replay.
         if nearest:
@@ -225,8 +219,8 @@ class MemRL:
 
     def candidates(self, run: RunContext, task: Task) -> list[Candidate]:
         """Phase A: every memory of the ``k1`` intents at similarity >= ``sim_threshold``."""
-        recalled = run.store.query(task.goal, k=int(self.cfg.k1), kind=INTENT,
-                                   min_similarity=float(self.cfg.sim_threshold))
+        recalled = run.store.query(task.goal, k=self.cfg.k1, kind=INTENT,
+                                   min_similarity=self.cfg.sim_threshold)
         if not recalled:
             return []
         similarity = {intent.experience_id: score for intent, score in recalled}
@@ -240,19 +234,19 @@ class MemRL:
     def retrieve(self, run: RunContext, task: Task) -> list[Experience]:
         """Phase A then phase B (or, while learning, epsilon-greedy random picks). Read-only."""
         candidates = self.candidates(run, task)
-        k2 = int(self.cfg.k2)
-        epsilon = float(self.cfg.epsilon)
+        k2 = self.cfg.k2
+        epsilon = self.cfg.epsilon
         if candidates and epsilon > 0 and run.phase == LEARN:
             rng = random.Random(f"{run.cfg.learn.seed}|{task.task_id}|{run.store.count()}")
             if rng.random() < epsilon:
                 return [c.memory for c in rng.sample(candidates, min(k2, len(candidates)))]
         ranked = rank_candidates(
             candidates,
-            weight_sim=float(self.cfg.weight_sim),
-            weight_q=float(self.cfg.weight_q),
-            sim_mean=float(self.cfg.sim_norm_mean),
-            sim_std=float(self.cfg.sim_norm_std),
-            q_clip=float(self.cfg.q_clip),
+            weight_sim=self.cfg.weight_sim,
+            weight_q=self.cfg.weight_q,
+            sim_mean=self.cfg.sim_norm_mean,
+            sim_std=self.cfg.sim_norm_std,
+            q_clip=self.cfg.q_clip,
         )
         return [candidate.memory for candidate, _ in ranked[:k2]]
 
@@ -260,7 +254,7 @@ class MemRL:
 
     @arena.hookimpl
     def state_size(self, run: RunContext) -> dict[str, Any]:
-        if not run.has_store() and not (run.run_dir.path / "store").exists():
+        if not run.store_exists():
             return {"intents": 0, "memories": 0}
         memories = run.store.all(kind=MEMORY)
         q_values = [float(m.metadata.get("q_value", 0.0)) for m in memories]
@@ -269,5 +263,5 @@ class MemRL:
             "memories": len(memories),
             "memories_from_success": sum(1 for m in memories if m.metadata.get("success")),
             "mean_q_value": round(float(np.mean(q_values)), 4) if q_values else 0.0,
-            "snapshot": str(Path("memrl") / SNAPSHOT_NAME) if self.cfg.snapshot else None,
+            "snapshot": str(Path("method") / SNAPSHOT_NAME) if self.cfg.snapshot else None,
         }

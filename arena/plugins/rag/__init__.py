@@ -7,15 +7,16 @@ harness's loop (retrieve -> solve -> extract -> update) on train; evaluation onl
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
-
-from omegaconf import DictConfig
+from typing import Any
 
 import arena
 from arena.core.context import LEARN, RunContext
 from arena.core.env import TEST_SPLITS
+from arena.core.method_config import typed_config
 from arena.core.types import Experience, Provenance, Task, Trajectory
+from arena.plugins.rag.settings import RAGSettings
 
 TRAJECTORY = "trajectory"
 
@@ -43,13 +44,11 @@ class Rag:
     """Trajectory retrieval by task-text similarity; learns nothing but what it stores."""
 
     def __init__(self, run: RunContext) -> None:
-        self.cfg: DictConfig = run.cfg.method
-        if int(self.cfg.k) < 1:
-            raise ValueError(f"method.k must be >= 1, got {self.cfg.k}")
+        self.cfg: RAGSettings = typed_config(run.cfg.method, RAGSettings)
 
     @arena.hookimpl
     def extract(self, run: RunContext, trajectories: list[Trajectory]) -> list[Experience]:
-        return [example_experience(t, int(self.cfg.max_action_chars))
+        return [example_experience(t, self.cfg.max_action_chars)
                 for t in trajectories if t.success]
 
     @arena.hookimpl
@@ -72,14 +71,14 @@ class Rag:
             return []
         where = None if run.track == "online" else {"source_split": {"$nin": list(TEST_SPLITS)}}
         found = run.store.query(
-            task.goal, k=int(self.cfg.k), kind=TRAJECTORY, where=where,
+            task.goal, k=self.cfg.k, kind=TRAJECTORY, where=where,
             exclude_source_tasks=[task.task_id] if learning else None,
         )
         return [experience for experience, _ in found]
 
     @arena.hookimpl
     def state_size(self, run: RunContext) -> dict[str, Any]:
-        if not run.has_store() and not (run.run_dir.path / "store").exists():
+        if not run.store_exists():
             return {"trajectories": 0}
         return {"trajectories": run.store.count(kind=TRAJECTORY)}
 

@@ -7,8 +7,8 @@ same step and invalid-action limits as every other method. Registered like any p
 from __future__ import annotations
 
 import random
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 
 import arena
 from arena.core.context import RunContext

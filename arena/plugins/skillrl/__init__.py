@@ -6,8 +6,8 @@ Registered like any third-party plugin.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import arena
 from arena.plugins.skillrl.method import SkillRL

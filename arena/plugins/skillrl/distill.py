@@ -24,10 +24,9 @@ import threading
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
 from arena.core.llm import Chat, LLMBackend, SamplingParams
 from arena.core.types import Trajectory
+from arena.plugins.skillrl.settings import TeacherSettings
 from arena.plugins.skillrl.skillbank import Skill
 
 TEACHER_SYSTEM = (
@@ -126,24 +125,17 @@ class Teacher:
         return asdict(self.cost)
 
 
-def build_teacher(run: Any, cfg: DictConfig, cost: dict[str, int] | None = None) -> Teacher:
-    """The run's own backend (``method.teacher.llm: null``) or another one built through the
-    backend registry from ``method.teacher.llm`` (merged over that backend's YAML defaults)."""
-    section = cfg.teacher
-    llm_cfg = section.get("llm")
-    if llm_cfg is None:
+def build_teacher(run: Any, section: TeacherSettings, cost: dict[str, int] | None = None) -> Teacher:
+    """The run's own backend (``method.teacher.llm: null``) or another one the run builds
+    (``run.auxiliary_llm``: ``method.teacher.llm`` over that backend's YAML defaults, its tokens
+    counted in the run's costs and budget, closed when the run ends)."""
+    if section.llm is None:
         backend, shared = run.llm, True
     else:
-        from arena.core.config import load_yaml
-        from arena.core.plugins import get_plugins
-
-        name = str(llm_cfg.get("backend", run.cfg.llm.backend))
-        entry = get_plugins().backends.get(name)
-        merged = OmegaConf.merge(*[load_yaml(path) for path in entry.configs], llm_cfg, {"backend": name})
-        backend, shared = entry.factory(merged), False
-    return Teacher(backend, shares_policy_backend=shared, max_new_tokens=int(section.max_new_tokens),
-                   temperature=float(section.temperature), reply_prefix=bool(section.reply_prefix),
-                   transcript_chars=int(section.transcript_chars), cost=cost)
+        backend, shared = run.auxiliary_llm(section.llm), False
+    return Teacher(backend, shares_policy_backend=shared, max_new_tokens=section.max_new_tokens,
+                   temperature=section.temperature, reply_prefix=section.reply_prefix,
+                   transcript_chars=section.transcript_chars, cost=cost)
 
 
 # -- prompts ---------------------------------------------------------------------------------

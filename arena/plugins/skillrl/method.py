@@ -2,7 +2,7 @@
 skill-augmented prompts, and recursive evolution of the bank from validation failures.
 
 The authors' pipeline (``methods.md`` section 2), inside Arena's protocol; the learning phase
-runs these stages, each checkpointed in ``state.json`` (key ``skillrl``):
+runs these stages, each checkpointed in the method's state (``run.method_state``):
 
 1. **collect**: the base policy plays ``collect.tasks`` train tasks without skills (the
    authors' base-model rollouts that o3 turns into memories);
@@ -28,26 +28,26 @@ from step ``inject_from_step`` on, the weights are the learned ones with LoRA me
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import random
-import shutil
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
 import arena
-from arena.core.context import LEARN, EpisodeRequest, RunContext, run_in_threads
-from arena.core.protocol import select_tasks
 from arena.core import rl
+from arena.core.context import EpisodeRequest, RunContext, run_in_threads
+from arena.core.env import Episode
+from arena.core.llm import TrainableBackend
+from arena.core.method_config import typed_config
 from arena.core.rl import Sample, assign_advantages, decision_samples, group_advantages
 from arena.core.rundir import write_json_atomic
-from arena.core.solver import Action, StandardSolver, play
+from arena.core.solver import Action, Policy, StandardSolver, episode_seed
+from arena.core.tasks import select_tasks
 from arena.core.types import Experience, Observation, Task, Trajectory
 from arena.plugins.skillrl import sft as sft_stage
 from arena.plugins.skillrl.distill import (
@@ -61,25 +61,26 @@ from arena.plugins.skillrl.distill import (
     trajectory_prompt,
 )
 from arena.plugins.skillrl.retrieval import embedding_retrieve, make_prompt_builder, template_retrieve
+from arena.plugins.skillrl.settings import (
+    ADVANTAGE_OVER,
+    EVOLVE_AUTHORS,
+    EVOLVE_PER_TYPE,
+    VISIBLE_TO_ALL,
+    SkillRLSettings,
+)
 from arena.plugins.skillrl.skillbank import GENERAL, SkillBank, sync_store
 
 COLLECT, DISTILL, SFT, RL, DONE = "collect", "distill", "sft", "rl", "done"
 SOLVER = "solver"
-RETRIEVAL_MODES = ("template", "embedding")
-DEMONSTRATIONS = ("teacher", "expert")
+#: The teacher's raw answers, in the method's folder (for inspection, never read back).
+TEACHER_LOG = "teacher.jsonl"
 
 
 # -- pure helpers (tested on their own) --------------------------------------------------------
 
 
-#: ``evolution.scheme``: the authors' one call on the first failures of any type, adding new
-#: general skills only; or one call per weak task type on its own failures, adding or revising.
-EVOLVE_AUTHORS, EVOLVE_PER_TYPE = "authors", "per_type"
-EVOLVE_SCHEMES = (EVOLVE_AUTHORS, EVOLVE_PER_TYPE)
 #: The failures group of the authors' scheme (every type together).
 ANY_TYPE = "any"
-#: ``evolution.visible_to``: which prompts show evolved skills.
-VISIBLE_TO_TRAINING, VISIBLE_TO_ALL = "training", "all"
 
 
 def types_to_evolve(accuracy_by_type: dict[str, float], threshold: float) -> list[str]:
@@ -103,10 +104,6 @@ def episode_reward(trajectory: Trajectory, win_reward: float, invalid_penalty: f
     """verl-agent's ALFWorld reward (10 x won) minus the invalid-action penalty per bad step."""
     invalid = len(trajectory.steps) - trajectory.n_valid_actions
     return win_reward * float(trajectory.success) - invalid_penalty * invalid
-
-
-#: What a GRPO group normalises over (``method.rl.advantage_over``).
-ADVANTAGE_OVER = ("steps", "episodes")
 
 
 def grpo_samples(trajectories: list[Trajectory], groups: list[str], rewards: list[float],
@@ -150,83 +147,53 @@ class SkillRL:
     """The SkillRL method (see the module docstring)."""
 
     def __init__(self, run: RunContext) -> None:
-        self.cfg: DictConfig = run.cfg.method
-        if self.cfg.retrieval.mode not in RETRIEVAL_MODES:
-            raise ValueError(f"method.retrieval.mode must be one of {RETRIEVAL_MODES}, "
-                             f"got '{self.cfg.retrieval.mode}'")
-        if self.cfg.sft.demonstrations not in DEMONSTRATIONS:
-            raise ValueError(f"method.sft.demonstrations must be one of {DEMONSTRATIONS}, "
-                             f"got '{self.cfg.sft.demonstrations}'")
-        for key, allowed in (("scheme", EVOLVE_SCHEMES), ("visible_to", (VISIBLE_TO_TRAINING, VISIBLE_TO_ALL))):
-            value = self.cfg.evolution.get(key)
-            if value not in allowed:
-                raise ValueError(f"method.evolution.{key} must be one of {allowed}, got '{value}'")
-        self.work = run.run_dir.path / "skillrl"
-        self.trainer: rl.PolicyTrainer | None = None
+        self.cfg: SkillRLSettings = typed_config(run.cfg.method, SkillRLSettings)
+        self.work = run.method_state.folder
+        self._trainer: rl.CheckpointedTrainer | None = None
         self._teacher: Teacher | None = None
-        self._local = threading.local()  # per-episode mode: expert / teacher demos, temperature
-        self.prompt_builder = make_prompt_builder(int(self.cfg.inject_from_step),
-                                                  int(self.cfg.retrieval.max_chars))
-        run.keep_rollouts = True  # a kill mid-step must not lose the rollouts played
+        self.prompt_builder = make_prompt_builder(self.cfg.inject_from_step,
+                                                  self.cfg.retrieval.max_chars)
+        run.keep_rollouts()  # a kill mid-step must not lose the rollouts played
         state = self._state(run)
         if self._needs_model():
-            steps_done = self._latest_checkpoint()
-            if steps_done < int(state["steps_done"]):
-                raise FileNotFoundError(
-                    f"No checkpoint in {self.work} for the {state['steps_done']} RL steps state.json "
-                    "records; the run directory is incomplete. Start a new run.")
             if state["sft"].get("done") and not state["sft"].get("skipped"):
                 self._restore_sft(run)  # the reference weights, before anything is digested
-            if steps_done:
-                self._trainer(run).load(self._checkpoint(steps_done))
-            if run.run_dir.state().get("learn_done") and self.trainer is not None:
-                self.trainer.merge_adapters()
+            if int(state["steps_done"]) or run.method_state.checkpoints().latest():
+                self.trainer(run).resume(int(state["steps_done"]), "RL steps")
+            if run.learning_finished() and self._trainer is not None:
+                self._trainer.serve()
 
     # -- state and files -------------------------------------------------------------------------
 
     @staticmethod
     def _state(run: RunContext) -> dict[str, Any]:
-        return run.run_dir.state().get("skillrl") or fresh_state()
+        return run.method_state.load() or fresh_state()
 
     def _save(self, run: RunContext, state: dict[str, Any]) -> None:
         if self._teacher is not None:
             state["teacher"] = self._teacher.cost_dict()
-        run.run_dir.update_state(skillrl=state)
-
-    def _checkpoint(self, steps_done: int) -> Path:
-        return self.work / f"checkpoint-{steps_done:05d}"
-
-    def _latest_checkpoint(self) -> int:
-        done = [int(p.name.split("-")[1]) for p in self.work.glob("checkpoint-*") if p.name.split("-")[1].isdigit()]
-        return max(done, default=0)
+        run.method_state.save(state)
 
     def _needs_model(self) -> bool:
-        return bool(self.cfg.sft.enabled) or int(self.cfg.rl.steps) > 0
+        return self.cfg.sft.enabled or self.cfg.rl.steps > 0
 
     def teacher(self, run: RunContext) -> Teacher:
         if self._teacher is None:
-            self._teacher = build_teacher(run, self.cfg, cost=self._state(run).get("teacher") or None)
+            self._teacher = build_teacher(run, self.cfg.teacher, cost=self._state(run).get("teacher") or None)
         return self._teacher
 
     @staticmethod
-    def _backend(run: RunContext) -> Any:
-        backend = getattr(run.llm, "inner", run.llm)
-        if not all(hasattr(backend, name) for name in ("model", "tokenizer", "mark_weights_changed")):
-            raise ValueError(
-                f"SkillRL fine-tunes the model in-process; backend '{run.cfg.llm.backend}' has no "
-                "trainable model. Use llm.backend=transformers (or vllm), or turn training off with "
-                "method.sft.enabled=false method.rl.steps=0.")
-        return backend
+    def _backend(run: RunContext) -> TrainableBackend:
+        return run.trainable_backend(", or turn SkillRL's training off with "
+                                     "method.sft.enabled=false method.rl.steps=0")
 
-    def _trainer(self, run: RunContext) -> rl.PolicyTrainer:
+    def trainer(self, run: RunContext) -> rl.CheckpointedTrainer:
         """GRPO on the served model, built after SFT so its reference is the SFT policy."""
-        if self.trainer is None:
-            backend = self._backend(run)
-            settings = OmegaConf.to_container(self.cfg.rl.trainer, resolve=True)
-            self.trainer = rl.PolicyTrainer(backend.model, backend.tokenizer,
-                                         rl.TrainerConfig.from_mapping(settings),  # type: ignore[arg-type]
-                                         on_weights_changed=backend.mark_weights_changed)
-        return self.trainer
+        if self._trainer is None:
+            self._trainer = rl.CheckpointedTrainer(
+                self._backend(run), rl.TrainerConfig.from_mapping(self.cfg.rl.trainer),
+                run.method_state.checkpoints(), seed=int(run.cfg.learn.seed))
+        return self._trainer
 
     def _restore_sft(self, run: RunContext) -> None:
         backend = self._backend(run)
@@ -240,15 +207,34 @@ class SkillRL:
 
     def _play(self, run: RunContext, requests: list[EpisodeRequest], *, mode: str | None = None,
               temperature: float | None = None) -> list[Trajectory]:
-        """Play and record ``requests`` side by side, each worker thread told the mode (policy,
-        expert or teacher demonstration) and temperature its ``solve`` calls must use."""
+        """Play and record ``requests`` side by side: with ``mode`` as demonstrations (the
+        teacher's or the expert's), with ``temperature`` by the policy decoding so; else
+        through ``solve``."""
+        if mode is None and temperature is None:
+            return run.play_many(requests)
 
         def one(request: EpisodeRequest) -> Trajectory:
-            self._local.mode, self._local.temperature = mode, temperature
-            try:
-                return run.play(request.task, request.experiences, seed=request.seed, variant=request.variant)
-            finally:
-                self._local.mode = self._local.temperature = None
+            task = request.task
+            seed = episode_seed(request.seed, task.task_id, request.variant)
+            if mode is None:
+                policy = self._policy(run, run.llm, task, request.experiences, seed, temperature)
+                return run.play(task, request.experiences, seed=request.seed,
+                                variant=request.variant, policy=policy)
+            demo = self._demonstration(run, task, request.experiences, seed, mode)
+            if run.finished(task, request.seed, request.variant) is not None:  # an earlier session's
+                return run.play(task, request.experiences, seed=request.seed,
+                                variant=request.variant, policy=demo)
+            # Recorded only once its rows are on disk: a kill in between plays it again.
+            trajectory = run.play(task, request.experiences, seed=request.seed,
+                                  variant=request.variant, policy=demo, record=False)
+            if mode == "teacher":
+                self.teacher(run).charge(trajectory.llm_calls, trajectory.tokens_in,
+                                         trajectory.tokens_out)
+            self._demo_path(task).parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(self._demo_path(task), {"success": trajectory.success,
+                                                      "rows": demo.rows})
+            run.record(trajectory, seed=request.seed, variant=request.variant)
+            return trajectory
 
         return run_in_threads(one, list(requests), workers=int(run.cfg.eval.concurrency), llm=run.llm)
 
@@ -257,7 +243,7 @@ class SkillRL:
         return self.work / "demos" / f"{hashlib.sha256(task.task_id.encode()).hexdigest()[:16]}.json"
 
     def _loaded(self, run: RunContext, task: Task, seed: int, variant: str) -> Trajectory | None:
-        return run.run_dir.load_trajectory((run.phase, task.split, task.task_id, seed, variant))
+        return run.recorded_trajectory(task, seed, variant)
 
     # -- learning ------------------------------------------------------------------------------
 
@@ -279,14 +265,14 @@ class SkillRL:
             state["sft"] = self._sft(run, state) if self.cfg.sft.enabled else {"skipped": "disabled"}
             state["sft"]["done"] = True
             state["stage"] = RL
-            run.run_dir.discard_rollouts()
+            run.discard_rollouts()
             self._save(run, state)
         if state["stage"] == RL:
             self._rl(run, state)
             state["stage"] = DONE
             self._save(run, state)
-        if self.trainer is not None:
-            self.trainer.merge_adapters()  # unmerged adapters slow every evaluation forward
+        if self._trainer is not None:
+            self._trainer.serve()  # unmerged adapters slow every evaluation forward
         return True
 
     def train_tasks(self, run: RunContext, count: int | None, salt: int) -> list[Task]:
@@ -296,14 +282,14 @@ class SkillRL:
         return select_tasks(tasks, count)
 
     def _collect(self, run: RunContext) -> list[Trajectory]:
-        tasks = self.train_tasks(run, int(self.cfg.collect.tasks), salt=1)
+        tasks = self.train_tasks(run, self.cfg.collect.tasks, salt=1)
         seed = int(run.cfg.learn.seed)
         return self._play(run, [EpisodeRequest(task, [], seed, "collect") for task in tasks])
 
     def _collected(self, run: RunContext) -> list[Trajectory]:
         seed = int(run.cfg.learn.seed)
         found = [self._loaded(run, task, seed, "collect")
-                 for task in self.train_tasks(run, int(self.cfg.collect.tasks), salt=1)]
+                 for task in self.train_tasks(run, self.cfg.collect.tasks, salt=1)]
         return [t for t in found if t is not None]
 
     def _distill(self, run: RunContext, state: dict[str, Any]) -> None:
@@ -320,7 +306,7 @@ class SkillRL:
             task = trajectory.task
             if trajectory.success:
                 parsed["success"] += 1
-                if len(bank.for_type(task.task_type)) >= int(cfg.max_type_skills):
+                if len(bank.for_type(task.task_type)) >= cfg.max_type_skills:
                     continue
                 for skill in parse_skills(answer, limit=1):
                     added = bank.add_skill(title=skill["title"], principle=skill["principle"],
@@ -329,19 +315,19 @@ class SkillRL:
                     parsed["skills"] += added is not None
             else:
                 parsed["failure"] += 1
-                if len(bank.mistakes) >= int(cfg.max_mistakes):
+                if len(bank.mistakes) >= cfg.max_mistakes:
                     continue
                 for mistake in parse_mistakes(answer, limit=1):
-                    added = bank.add_mistake(**mistake, source_split=split, source_task_ids=[task.task_id],
-                                             added_at="distill")
-                    parsed["mistakes"] += added is not None
+                    new_mistake = bank.add_mistake(**mistake, source_split=split, source_task_ids=[task.task_id],
+                                                   added_at="distill")
+                    parsed["mistakes"] += new_mistake is not None
         lines = [s.render() for s in bank.skills.values()] + [m.render() for m in bank.mistakes.values()]
         lines = lines or [f"{t.task.goal} -> {'completed' if t.success else 'failed'}" for t in trajectories]
-        if lines and int(cfg.n_general) > 0:
-            (answer,) = teacher.ask([consolidate_prompt(lines, int(cfg.n_general), teacher.transcript_chars)],
-                                    seed + 1, max_new_tokens=int(cfg.consolidate_max_tokens))
+        if lines and cfg.n_general > 0:
+            (answer,) = teacher.ask([consolidate_prompt(lines, cfg.n_general, teacher.transcript_chars)],
+                                    seed + 1, max_new_tokens=cfg.consolidate_max_tokens)
             sources = sorted(t.task.task_id for t in trajectories)
-            for skill in parse_skills(answer, limit=int(cfg.n_general)):
+            for skill in parse_skills(answer, limit=cfg.n_general):
                 added = bank.add_skill(title=skill["title"], principle=skill["principle"],
                                        when_to_apply=skill["when_to_apply"], scope=GENERAL, source_split=split,
                                        source_task_ids=sources, added_at="distill")
@@ -359,9 +345,9 @@ class SkillRL:
     def _sft(self, run: RunContext, state: dict[str, Any]) -> dict[str, Any]:
         """Demonstrations with skill-augmented prompts, then trl's SFTTrainer."""
         cfg = self.cfg.sft
-        mode = str(cfg.demonstrations)
+        mode = cfg.demonstrations
         seed = int(run.cfg.learn.seed)
-        tasks = self.train_tasks(run, int(cfg.tasks), salt=2)
+        tasks = self.train_tasks(run, cfg.tasks, salt=2)
         requests = [EpisodeRequest(task, self.retrieve(run, task), seed, "sft_demo") for task in tasks]
         demos = self._play(run, requests, mode=mode, temperature=float(self.teacher(run).temperature))
         rows: list[dict[str, Any]] = []
@@ -379,58 +365,32 @@ class SkillRL:
             summary["skipped"] = "no demonstration to learn from"
             return summary
         backend = self._backend(run)
-        settings = OmegaConf.to_container(cfg, resolve=True)
-        settings["max_length"] = cfg.get("max_length")
-        with run.progress("skillrl: SFT steps", total=int(cfg.steps)) as shown:
-            model, metrics = sft_stage.train_sft(backend.model, backend.tokenizer, rows,  # type: ignore[arg-type]
+        settings: dict[str, Any] = dataclasses.asdict(cfg)
+        with run.progress("skillrl: SFT steps", total=cfg.steps) as shown:
+            model, metrics = sft_stage.train_sft(backend.model, backend.tokenizer, rows,
                                                  settings, self.work, seed, on_step=shown.update)
         backend.model = model
         backend.mark_weights_changed()
         run.charge(gradient_steps=int(metrics["sft/steps"]))
-        run.run_dir.update_state(gradient_steps=run.budget.used["gradient_steps"])
         return {**summary, **{k: round(v, 5) for k, v in metrics.items()}}
 
     def _demonstration(self, run: RunContext, task: Task, experiences: list[Experience], seed: int,
-                       mode: str) -> Trajectory:
-        """One demonstration episode; its (prompt, action) rows are kept in ``skillrl/demos``."""
-        prompt_of = self._solver(run, run.llm).prompts(task, experiences)
-        rows: list[dict[str, Any]] = []
-        episode = run.env.open(task)
-        if mode == "expert":
-            def expert(observation: Observation, trajectory: Trajectory) -> Action:
-                action = episode.expert_action()
-                if action is None:
-                    raise RuntimeError(f"Environment '{run.cfg.env.name}' has no expert; use "
-                                       "method.sft.demonstrations=teacher.")
-                return Action(text=action)
-            policy: Callable[[Observation, Trajectory], Action] = expert
-        else:
-            policy = self._policy(run, self.teacher(run).backend, task, experiences, seed)
-
-        def recorded(observation: Observation, trajectory: Trajectory) -> Action:
-            action = policy(observation, trajectory)
-            prompt = prompt_of(observation, trajectory)
-            rows.append(sft_stage.example(prompt, action.text))
-            return action
-
-        trajectory = play(episode, recorded, max_steps=run.max_steps(),
-                          max_invalid_actions=int(run.cfg.eval.max_invalid_actions),
-                          experience_ids=[e.experience_id for e in experiences])
-        if mode == "teacher":
-            self.teacher(run).charge(trajectory.llm_calls, trajectory.tokens_in, trajectory.tokens_out)
-        self._demo_path(task).parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(self._demo_path(task),
-                          {"success": trajectory.success, "rows": rows})
-        return trajectory
+                       mode: str) -> DemonstrationPolicy:
+        """The policy of one demonstration episode: the expert's plan or the teacher's choices,
+        each decision kept with SkillRL's prompt as an SFT row."""
+        act = None if mode == "expert" else self._policy(run, self.teacher(run).backend, task,
+                                                         experiences, seed)
+        return DemonstrationPolicy(act, self._solver(run, run.llm).prompts(task, experiences),
+                                   env_name=str(run.cfg.env.name))
 
     # -- GRPO and evolution ----------------------------------------------------------------------
 
     def _rl(self, run: RunContext, state: dict[str, Any]) -> None:
         cfg = self.cfg.rl
-        steps = int(cfg.steps)
-        every = int(self.cfg.evolution.every)
+        steps = cfg.steps
+        every = self.cfg.evolution.every
         train = list(run.tasks(str(run.cfg.learn.split)))
-        trainer = self._trainer(run) if steps > 0 else None
+        trainer = self.trainer(run) if steps > 0 else None
         with run.progress("skillrl: RL steps", total=steps) as shown:
             shown.update(int(state["steps_done"]))
             self._rl_steps(run, state, train, trainer, shown)
@@ -438,10 +398,10 @@ class SkillRL:
             self._evolve(run, state, int(state["steps_done"]))
 
     def _rl_steps(self, run: RunContext, state: dict[str, Any], train: list[Task],
-                  trainer: rl.PolicyTrainer | None, shown: Any) -> None:
+                  trainer: rl.CheckpointedTrainer | None, shown: Any) -> None:
         cfg = self.cfg.rl
-        steps = int(cfg.steps)
-        every = int(self.cfg.evolution.every)
+        steps = cfg.steps
+        every = self.cfg.evolution.every
         seed = int(run.cfg.learn.seed)
         for step in range(int(state["steps_done"]), steps):
             if evolution_due(int(state["steps_done"]), every, state["evolved_at"]):
@@ -451,39 +411,32 @@ class SkillRL:
             assert trainer is not None
             clock = time.perf_counter()
             rng = random.Random(seed * 100_003 + step)
-            tasks = rng.sample(train, min(int(cfg.tasks_per_step), len(train)))
+            tasks = rng.sample(train, min(cfg.tasks_per_step, len(train)))
             requests = [EpisodeRequest(task, self._experiences(run, task, rollout=True), seed,
                                        f"step{step}/task{i}/rollout{g}")
-                        for i, task in enumerate(tasks) for g in range(int(cfg.group_size))]
+                        for i, task in enumerate(tasks) for g in range(cfg.group_size)]
             episodes = self._play(run, requests)
             rollout_s, clock = time.perf_counter() - clock, time.perf_counter()
-            rewards = [episode_reward(t, float(cfg.win_reward), float(cfg.invalid_action_penalty)) for t in episodes]
+            rewards = [episode_reward(t, cfg.win_reward, cfg.invalid_action_penalty) for t in episodes]
             groups = [r.variant.rsplit("/", 1)[0] for r in requests]
             samples = grpo_samples(episodes, groups, rewards,
-                                   advantage_over=str(cfg.get("advantage_over", "steps")),
-                                   win_reward=float(cfg.win_reward),
-                                   invalid_penalty=float(cfg.invalid_action_penalty))
+                                   advantage_over=cfg.advantage_over,
+                                   win_reward=cfg.win_reward,
+                                   invalid_penalty=cfg.invalid_action_penalty)
             metrics: dict[str, Any] = {"rl_step": step, "success": _mean([t.success for t in episodes]),
                                        "reward": _mean(rewards), "samples": len(samples),
                                        "time/rollout_s": rollout_s}
             if samples and any(s.n_trained for s in samples):
                 # verl-agent's updates: the step samples split in order into mini-batches of
                 # ``rl.mini_batch_size``, one optimizer step each (null: one step).
-                batches = rl.mini_batches(samples, cfg.get("mini_batch_size"))
-                for number, batch in enumerate(batches, start=1):
-                    with run.progress(f"step{step}: update {number}/{len(batches)}") as update:
-                        metrics.update(trainer.step(batch, on_micro_batch=update.update))
-                metrics["updates"] = len(batches)
-                metrics["time/update_s"] = time.perf_counter() - clock
-                run.charge(gradient_steps=len(batches))
-            trainer.save(self._checkpoint(step + 1))
-            run.run_dir.discard_rollouts()
+                metrics.update(trainer.update(samples, mini_batch_size=cfg.mini_batch_size,
+                                              progress=run.progress, label=f"step{step}"))
+                run.charge(gradient_steps=int(metrics["updates"]))
+            trainer.save(step + 1)
+            run.discard_rollouts()
             state["steps_done"] = step + 1
             state["metrics"].append(_rounded(metrics))
             self._save(run, state)
-            run.run_dir.update_state(gradient_steps=run.budget.used["gradient_steps"])
-            for older in range(step + 1):
-                shutil.rmtree(self._checkpoint(older), ignore_errors=True)
             shown.update(step + 1, note=f"success {metrics['success']:.0%}")
 
     def _evolve(self, run: RunContext, state: dict[str, Any], step: int) -> None:
@@ -492,21 +445,21 @@ class SkillRL:
         valid = list(run.tasks("valid"))  # recorded by the harness as learning from valid
         state["valid_used"] = True
         random.Random(int(run.cfg.learn.seed) * 31 + step).shuffle(valid)
-        tasks = select_tasks(valid, None if cfg.valid_tasks is None else int(cfg.valid_tasks))
+        tasks = select_tasks(valid, cfg.valid_tasks)
         seed = int(run.cfg.learn.seed)
         requests = [EpisodeRequest(task, self._experiences(run, task, rollout=False), seed,
                                    f"evolve{step}/valid") for task in tasks]
-        episodes = self._play(run, requests, temperature=float(cfg.temperature))
+        episodes = self._play(run, requests, temperature=cfg.temperature)
         accuracy = accuracy_by_type(episodes)
-        weak = types_to_evolve(accuracy, float(cfg.threshold))
+        weak = types_to_evolve(accuracy, cfg.threshold)
         bank = self.bank(state)
         prompts, failures_by_group = [], {}
-        scheme = str(cfg.get("scheme", EVOLVE_AUTHORS))
-        limits = {"max_new": int(cfg.max_new_skills), "last_steps": int(cfg.last_steps),
+        scheme = cfg.scheme
+        limits = {"max_new": cfg.max_new_skills, "last_steps": cfg.last_steps,
                   "max_chars": teacher.transcript_chars}
         if scheme == EVOLVE_AUTHORS and weak:
             # One call: the first failures of any type, the titles of the bank, new general skills.
-            failures = [t for t in episodes if not t.success][: int(cfg.max_failures)]
+            failures = [t for t in episodes if not t.success][: cfg.max_failures]
             if failures:
                 failures_by_group[ANY_TYPE] = failures
                 overall = _mean([t.success for t in episodes])
@@ -515,7 +468,7 @@ class SkillRL:
         elif scheme == EVOLVE_PER_TYPE:
             for task_type in weak:
                 failures = [t for t in episodes if t.task.task_type == task_type and not t.success]
-                failures = failures[: int(cfg.max_failures)]
+                failures = failures[: cfg.max_failures]
                 if not failures:
                     continue
                 failures_by_group[task_type] = failures
@@ -531,7 +484,7 @@ class SkillRL:
                                    "bank_version": bank.version})
         self._save(run, state)
         sync_store(run.store, bank)
-        run.run_dir.discard_rollouts()  # validation episodes are not trained on
+        run.discard_rollouts()  # validation episodes are not trained on
         self._log(run, f"evolve{step}", {"answers": answers})
 
     def apply_evolution(self, bank: SkillBank, failures_by_group: dict[str, list[Trajectory]],
@@ -544,7 +497,7 @@ class SkillRL:
         for failures, answer in zip(failures_by_group.values(), answers):
             sources = [t.task.task_id for t in failures]
             split = failures[0].task.split
-            for skill in parse_skills(answer, limit=int(self.cfg.evolution.max_new_skills)):
+            for skill in parse_skills(answer, limit=self.cfg.evolution.max_new_skills):
                 if revisions and skill["revises"] and skill["revises"] in bank.skills:
                     bank.revise_skill(skill["revises"], title=skill["title"], principle=skill["principle"],
                                       when_to_apply=skill["when_to_apply"], source_split=split,
@@ -561,7 +514,7 @@ class SkillRL:
 
     def _log(self, run: RunContext, stage: str, record: dict[str, Any]) -> None:
         """The teacher's raw answers, for inspection (not read back)."""
-        with (run.run_dir.path / "skillrl_teacher.jsonl").open("a") as handle:
+        with (run.method_state.folder / TEACHER_LOG).open("a") as handle:
             handle.write(json.dumps({"stage": stage, **record}, sort_keys=True) + "\n")
 
     # -- every phase -----------------------------------------------------------------------------
@@ -575,14 +528,12 @@ class SkillRL:
         when ``evolution.visible_to`` is ``training`` (the authors: only the training envs get
         them; validation and test prompts do not)."""
         cfg = self.cfg.retrieval
-        evolved = rollout or str(self.cfg.evolution.get("visible_to", VISIBLE_TO_TRAINING)) == VISIBLE_TO_ALL
+        evolved = rollout or self.cfg.evolution.visible_to == VISIBLE_TO_ALL
         if cfg.mode == "embedding":
-            threshold = cfg.get("threshold")
-            found = embedding_retrieve(run.store, task, top_k=int(cfg.top_k),
-                                       threshold=None if threshold is None else float(threshold))
+            found = embedding_retrieve(run.store, task, top_k=cfg.top_k, threshold=cfg.threshold)
             return [e for e in found if evolved or not e.metadata.get("dynamic", False)]
-        return template_retrieve(run.store, task, top_general=int(cfg.top_general),
-                                 max_mistakes=int(cfg.max_mistakes), evolved=evolved)
+        return template_retrieve(run.store, task, top_general=cfg.top_general,
+                                 max_mistakes=cfg.max_mistakes, evolved=evolved)
 
     def _solver(self, run: RunContext, backend: Any) -> StandardSolver:
         """The standard solver with SkillRL's prompt (every retrieved skill shown)."""
@@ -590,9 +541,8 @@ class SkillRL:
                                           prompt_builder=self.prompt_builder)
 
     def _policy(self, run: RunContext, backend: Any, task: Task, experiences: list[Experience],
-                seed: int) -> Callable[[Observation, Trajectory], Action]:
+                seed: int, temperature: float | None = None) -> Policy:
         sampling = run.sampling()
-        temperature = getattr(self._local, "temperature", None)
         solver = self._solver(run, backend)
         return solver.policy(task, experiences, seed,
                              temperature=float(sampling.temperature if temperature is None else temperature),
@@ -601,9 +551,6 @@ class SkillRL:
     @arena.hookimpl
     def solve(self, run: RunContext, task: Task, experiences: list[Experience], seed: int) -> Trajectory:
         """The standard constrained choice, with the skills shown from ``inject_from_step`` on."""
-        mode = getattr(self._local, "mode", None)
-        if mode is not None and run.phase == LEARN:
-            return self._demonstration(run, task, experiences, seed, mode)
         policy = self._policy(run, run.llm, task, experiences, seed)
         return run.play_policy(task, policy, experiences)
 
@@ -617,16 +564,15 @@ class SkillRL:
             "teacher_calls": int(teacher.get("calls", 0)),
             "teacher_tokens_in": int(teacher.get("tokens_in", 0)),
             "teacher_tokens_out": int(teacher.get("tokens_out", 0)),
-            "teacher_shares_policy_backend": self.cfg.teacher.get("llm") is None,
+            "teacher_shares_policy_backend": self.cfg.teacher.llm is None,
             "sft_examples": int(state["sft"].get("examples", 0)),
             "rl_steps": int(state["steps_done"]),
             "evolutions": len(state["evolution"]),
             "evolved_skills": sum(len(e["added"]) for e in state["evolution"]),
             "revised_skills": sum(len(e["revised"]) for e in state["evolution"]),
         }
-        if self.trainer is not None:
-            sizes["trainable_parameters"] = int(sum(p.numel() for p in self.trainer.model.parameters()
-                                                    if p.requires_grad))
+        if self._trainer is not None:
+            sizes["trainable_parameters"] = self._trainer.trainable_parameters()
         return sizes
 
     @arena.hookimpl
@@ -634,6 +580,35 @@ class SkillRL:
         """The bank as the method keeps it (the store copy is digested by the harness)."""
         bank = self._state(run).get("bank")
         return json.dumps(bank, sort_keys=True) if bank else ""
+
+
+class DemonstrationPolicy:
+    """A demonstration's policy: ``act`` (the teacher's), or with ``act`` None the expert plan
+    of the episode the harness gives it (``start``, learning only); every decision is kept as a
+    (SkillRL prompt, action) row for SFT."""
+
+    def __init__(self, act: Policy | None, prompt_of: Callable[[Observation, Trajectory], Any],
+                 env_name: str) -> None:
+        self._act = act
+        self._prompt_of = prompt_of
+        self._env_name = env_name
+        self._episode: Episode | None = None
+        self.rows: list[dict[str, Any]] = []
+
+    def start(self, episode: Episode) -> None:
+        self._episode = episode
+
+    def __call__(self, observation: Observation, trajectory: Trajectory) -> Action:
+        if self._act is not None:
+            action = self._act(observation, trajectory)
+        else:
+            plan = self._episode.expert_action() if self._episode is not None else None
+            if plan is None:
+                raise RuntimeError(f"Environment '{self._env_name}' has no expert; use "
+                                   "method.sft.demonstrations=teacher.")
+            action = Action(text=plan)
+        self.rows.append(sft_stage.example(self._prompt_of(observation, trajectory), action.text))
+        return action
 
 
 def _mean(values: list[Any]) -> float:

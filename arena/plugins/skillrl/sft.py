@@ -17,9 +17,9 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from pathlib import Path
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 from arena.core.llm import Chat
 
@@ -93,7 +93,7 @@ def train_sft(model: torch.nn.Module, tokenizer: Any, rows: list[dict[str, Any]]
         data_seed=seed,
         dataloader_num_workers=0,
     )
-    trainer = SFTTrainer(model=model, args=config, train_dataset=datasets.Dataset.from_list(rows),
+    trainer = SFTTrainer(model=cast(Any, model), args=config, train_dataset=datasets.Dataset.from_list(rows),
                          processing_class=tokenizer,
                          peft_config=_lora_config(dict(lora)) if lora is not None else None)
     trainer.remove_callback(PrinterCallback)  # no loss dicts on stdout
@@ -101,12 +101,13 @@ def train_sft(model: torch.nn.Module, tokenizer: Any, rows: list[dict[str, Any]]
 
         class Reported(TrainerCallback):
             def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+                assert on_step is not None
                 on_step(int(state.global_step), int(state.max_steps))
 
         trainer.add_callback(Reported())
     started = time.perf_counter()
     output = trainer.train()
-    trained = trainer.model
+    trained: Any = trainer.model  # a PeftModel with LoRA, else the model itself
     if lora is not None:
         trained.save_pretrained(str(work_dir / ADAPTER_DIR))
         result = trained.merge_and_unload()

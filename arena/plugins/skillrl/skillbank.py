@@ -7,7 +7,7 @@ keeps a history of events (``add`` / ``revise``) numbered by bank version, so an
 be read back as "which skills were added when, from which failures" (SkillRL#14 asks for exactly
 that artefact).
 
-The bank is plain data: the method keeps it in ``state.json`` (one atomic write per change) and
+The bank is plain data: the method keeps it in its state (one atomic write per change) and
 mirrors it into the experience store with :func:`sync_store`, so the harness digests, freezes and
 measures it like any other method's memory.
 """

@@ -7,8 +7,9 @@ kept (``update``), how they are found (``retrieve``), and its size for results.j
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import arena
 from arena.core.context import LEARN, RunContext

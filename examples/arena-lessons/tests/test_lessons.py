@@ -5,11 +5,11 @@ from __future__ import annotations
 from importlib.metadata import version
 from types import SimpleNamespace
 
+from arena_lessons.plugin import LESSON, Lessons
 from omegaconf import OmegaConf
 
 from arena.core.types import Step, Termination, Trajectory
 from arena.testing import FakeLLM, assert_frozen_protocol, fresh_plugins
-from arena_lessons.plugin import LESSON, Lessons
 
 
 def test_plugin_is_installed() -> None:

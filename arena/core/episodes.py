@@ -1,0 +1,457 @@
+"""Episodes: the harness plays each one (through the method's ``solve`` or a policy the method
+passes), seals what it played, verifies by replay what it did not, and records the result.
+
+What is credited at evaluation is decided here: an episode the harness played (sealed), or one a
+method returned that a fresh episode of the deterministic environment reproduces step by step;
+anything else becomes an error episode and a violation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import threading
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
+
+from omegaconf import DictConfig
+
+from arena.core.budget import Budget
+from arena.core.env import POOL_SPLIT, TEST_SPLITS, Environment
+from arena.core.errors import BudgetExhausted, HookReturnError
+from arena.core.llm import LLMBackend
+from arena.core.phase import EVALUATE, LEARN, PhaseGuard, ViolationLog
+from arena.core.rundir import RunDir
+from arena.core.services import Services
+from arena.core.solver import Policy, StandardSolver, episode_seed, play
+from arena.core.types import EpisodeResult, Experience, Task, Termination, Trajectory
+from arena.core.views import TaskGate
+
+if TYPE_CHECKING:
+    import pluggy
+
+    from arena.core.context import RunContext
+
+#: ``run.play(..., policy=STANDARD)``: the harness's standard solver, not the method's ``solve``.
+STANDARD: Final = "standard"
+PolicyChoice = Policy | Literal["standard"] | None
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+@dataclass
+class EpisodeRequest:
+    """One episode for :meth:`EpisodeRunner.play_many`."""
+
+    task: Task
+    experiences: list[Experience]
+    seed: int
+    variant: str = "default"
+    #: Sampling of a standard-solver episode (``temperature``, ``top_p``); None: the phase's
+    #: (e.g. a learning method's held-out check decoded as evaluation decodes).
+    sampling: Mapping[str, float] | None = None
+    #: Who plays it: None, the method's ``solve``; ``"standard"``; or a policy of the method's.
+    policy: PolicyChoice = None
+
+
+def checked_experiences(hook: str, method: str, value: object) -> list[Experience]:
+    """A hook's list of experiences (None: none), or a :class:`HookReturnError` naming what was
+    returned instead."""
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)) and all(isinstance(item, Experience) for item in value):
+        return list(value)
+    inner = next((type(i).__name__ for i in value if not isinstance(i, Experience)), None) \
+        if isinstance(value, (list, tuple)) else None
+    got = f"a list holding {inner}" if inner else type(value).__name__
+    raise HookReturnError(f"{hook} of method '{method}' returned {got}; expected a list of "
+                          "arena.core.types.Experience (or None).")
+
+
+def run_in_threads(work: Callable[[T], R], items: list[T], *, workers: int, llm: LLMBackend) -> list[R]:
+    """``work`` over ``items`` in up to ``workers`` threads, each registered with a batching
+    backend (``enter``/``leave``) so that their LLM calls are merged; results in item order."""
+    enter = getattr(llm, "enter", lambda: None)
+    leave = getattr(llm, "leave", lambda: None)
+
+    def registered(item: T) -> R:
+        enter()
+        try:
+            return work(item)
+        finally:
+            leave()
+
+    if workers <= 1 or len(items) <= 1:
+        return [registered(item) for item in items]
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="episode") as pool:
+        return list(pool.map(registered, items))
+
+
+class EpisodeRunner:
+    """Plays, verifies and records the run's episodes under the phase's rules."""
+
+    def __init__(self, run: RunContext, *, cfg: DictConfig, run_dir: RunDir, env: Environment,
+                 phases: PhaseGuard, gate: TaskGate, violations: ViolationLog, budget: Budget,
+                 services: Services, hooks: pluggy.HookRelay,
+                 on_episode: Callable[[EpisodeResult], None]) -> None:
+        self._run = run
+        self._cfg = cfg
+        self._run_dir = run_dir
+        self._env = env
+        self._phases = phases
+        self._gate = gate
+        self._violations = violations
+        self._budget = budget
+        self._services = services
+        self._hooks = hooks
+        self._on_episode = on_episode
+        self.solver = StandardSolver.from_config(services.llm, cfg.solver)
+        self._keep_rollouts = False
+        self._journaled: dict[tuple, Trajectory] = {}  # a killed step's episode, to finish it
+        self._sealed: set[str] = set()  # seals of the episodes the harness played (evaluation)
+        self._spot_check: Callable[[], None] | None = None
+        self._spot_rate = 0.0
+        self._local = threading.local()
+        self._lock = threading.Lock()
+
+    @property
+    def _method(self) -> str:
+        return self._violations.method
+
+    # -- settings of the phase ---------------------------------------------------------------
+
+    def sampling(self) -> DictConfig:
+        return self._cfg.learn.sampling if self._phases.is_learning() else self._cfg.eval.sampling
+
+    def max_steps(self) -> int:
+        """Step limit of an episode in the current phase."""
+        if self._phases.is_learning() and self._cfg.learn.get("max_steps") is not None:
+            return int(self._cfg.learn.max_steps)
+        return self.eval_max_steps()
+
+    def eval_max_steps(self) -> int:
+        """``eval.max_steps``, or the environment's own limit where it is null."""
+        configured = self._cfg.eval.get("max_steps")
+        return int(configured) if configured is not None else int(self._env.max_steps)
+
+    def current_seed(self) -> int:
+        """The run seed of the episode being played on this thread (``solve`` receives a derived
+        per-episode seed; helper episodes a method plays inside ``solve`` take this one)."""
+        seed = getattr(self._local, "seed", None)
+        if seed is None:
+            raise RuntimeError("current_seed() is only defined while an episode is being played")
+        return int(seed)
+
+    # -- rollout tokens of learning episodes (RL methods) ------------------------------------
+
+    def keep_rollouts(self) -> None:
+        """Keep learning episodes' exact tokens on disk until :meth:`discard_rollouts`, so a
+        resumed iteration trains on them as played (an RL method calls it once, when built)."""
+        self._keep_rollouts = True
+
+    def discard_rollouts(self) -> None:
+        """Drop the kept tokens (once the update they fed is checkpointed)."""
+        self._run_dir.discard_rollouts()
+
+    def _keeps_rollouts(self) -> bool:
+        return self._keep_rollouts and self._phases.is_learning()
+
+    # -- the record ----------------------------------------------------------------------------
+
+    def _key(self, task: Task, seed: int, variant: str) -> tuple:
+        return (self._phases.phase, task.split, task.task_id, seed, variant)
+
+    def finished(self, task: Task, seed: int, variant: str = "default") -> EpisodeResult | None:
+        """The recorded result of this episode if an earlier session finished it (resume)."""
+        return self._run_dir.finished(self._key(task, seed, variant))
+
+    def recorded_trajectory(self, task: Task, seed: int, variant: str = "default") -> Trajectory | None:
+        """The trajectory recorded for this episode of the current phase (None: not played)."""
+        return self._run_dir.load_trajectory(self._key(task, seed, variant))
+
+    def resume_with(self, key: tuple, trajectory: Trajectory) -> None:
+        """A step killed after its episode: the next play of ``key`` returns that episode."""
+        self._journaled[key] = trajectory
+
+    def record(self, trajectory: Trajectory, *, seed: int, variant: str = "default") -> EpisodeResult:
+        """Write a finished episode to the run directory and charge it to the phase."""
+        phase = self._phases.phase
+        track = LEARN if phase == LEARN else self._phases.track
+        result = EpisodeResult.from_trajectory(trajectory, phase=phase, track=track, seed=seed,
+                                               variant=variant)
+        if self._keeps_rollouts():
+            self._run_dir.save_rollouts(result.key, trajectory)
+        self._run_dir.record(result, trajectory)
+        if phase == LEARN:
+            self._budget.charge(episodes=1, env_steps=result.steps)
+        self._on_episode(result)
+        try:
+            self._hooks.episode_end(run=self._run, result=result, trajectory=trajectory)
+        except Exception as exc:  # an observer's bug must not end the run; it is on record
+            self._violations.record(f"episode_end raised {type(exc).__name__}: {exc}")
+        return result
+
+    # -- playing -------------------------------------------------------------------------------
+
+    def play(self, task: Task, experiences: list[Experience] | None = None, *, seed: int,
+             variant: str = "default", record: bool = True, policy: PolicyChoice = None,
+             max_steps: int | None = None, sampling: Mapping[str, float] | None = None,
+             standard: bool = False) -> Trajectory:
+        """Play one episode and (by default) record it.
+
+        ``policy`` says who acts: None, the method's ``solve`` hook; ``"standard"``, the
+        harness's standard solver (``sampling`` may set its decoding); or a policy of the
+        method's (observation, trajectory -> action). ``max_steps`` sets a helper episode's own
+        step limit (with a policy only). Learning episodes are charged to the learn budget; a
+        call with the budget used up raises :class:`BudgetExhausted`. ``record=False`` records
+        later with :meth:`record` (after ``update``, so a killed run never loses an update of a
+        recorded episode).
+        """
+        if standard:
+            warnings.warn("run.play(standard=True) is run.play(policy='standard') since Arena "
+                          "0.2", DeprecationWarning, stacklevel=2)
+            policy = STANDARD
+        if max_steps is not None and policy is None:
+            raise ValueError("max_steps applies to episodes played with a policy only")
+        if isinstance(policy, str) and policy != STANDARD:
+            raise ValueError(f"policy={policy!r}: pass None (the method's solve), "
+                             f"{STANDARD!r} (the standard solver) or a policy callable")
+        if sampling is not None and policy != STANDARD:
+            raise ValueError("sampling applies to policy='standard' episodes only")
+        if self._phases.is_learning():
+            if task.split in (*TEST_SPLITS, POOL_SPLIT):
+                kind = "source-pool" if task.split == POOL_SPLIT else "test"
+                raise self._violations.refusal(
+                    f"Method '{self._method}' played {kind} task {task.task_id} while learning.")
+            exhausted = self._budget.exhausted()
+            if exhausted:
+                raise BudgetExhausted(f"Learning budget used up: {', '.join(exhausted)}")
+        experiences = list(experiences or [])
+        key = self._key(task, seed, variant)
+        journaled = self._journaled.pop(key, None)
+        if journaled is not None:  # a step killed after its episode: finish it with that episode
+            self._seal(journaled)
+            return journaled
+        if record and self._run_dir.finished(key) is not None:
+            # Recorded by an interrupted session (e.g. a helper episode of a method's own
+            # solve): give back what was played instead of playing it again.
+            stored = self._run_dir.load_trajectory(key)
+            if stored is not None:
+                if self._keeps_rollouts():
+                    self._run_dir.attach_rollouts(key, stored)
+                self._seal(stored)  # played and recorded (the record's chain was checked)
+                return stored
+        trajectory = self._played(task, experiences, seed, variant, policy, max_steps, sampling)
+        if record:
+            self.record(trajectory, seed=seed, variant=variant)
+        return trajectory
+
+    def _played(self, task: Task, experiences: list[Experience], seed: int, variant: str,
+                policy: PolicyChoice, max_steps: int | None,
+                sampling: Mapping[str, float] | None) -> Trajectory:
+        started = time.perf_counter()
+        previous_seed = getattr(self._local, "seed", None)
+        self._local.seed = seed
+        episode_seed_ = episode_seed(seed, task.task_id, variant)
+        try:
+            if isinstance(policy, str):
+                trajectory = self.standard_solve(task, experiences, episode_seed_,
+                                                 max_steps=max_steps, sampling=sampling)
+            elif policy is not None:
+                trajectory = self.play_policy(task, policy, experiences, max_steps=max_steps)
+            else:
+                trajectory = self._hooks.solve(run=self._run, task=task, experiences=experiences,
+                                               seed=episode_seed_)
+        except Exception as exc:  # a method bug ends this episode as an error, not the run
+            trajectory = Trajectory(task=task, initial_observation="", status=Termination.ERROR)
+            trajectory.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self._local.seed = previous_seed
+        if not isinstance(trajectory, Trajectory):
+            message = (f"solve of method '{self._method}' returned {type(trajectory).__name__}; "
+                       "expected a Trajectory (or None, for the standard solver)")
+            trajectory = Trajectory(task=task, initial_observation="", status=Termination.ERROR,
+                                    error=message)
+        elif trajectory.task.task_id != task.task_id:
+            trajectory = Trajectory(task=task, initial_observation="", status=Termination.ERROR,
+                                    error="solve returned no trajectory of this task")
+        elif task.split in TEST_SPLITS and not self._phases.is_learning():
+            trajectory = self._verified(trajectory)
+        trajectory.wall_s = max(trajectory.wall_s, time.perf_counter() - started)
+        return trajectory
+
+    def play_many(self, requests: Sequence[EpisodeRequest], *, policy: PolicyChoice = None,
+                  on_done: Callable[[], object] | None = None, standard: bool = False) -> list[Trajectory]:
+        """Play and record many episodes side by side (``eval.concurrency`` threads, their LLM
+        calls batched); results come back in request order. ``policy`` applies to every request
+        that names none; ``on_done()`` after each episode (a progress bar's ``advance``)."""
+        if standard:
+            warnings.warn("run.play_many(standard=True) is run.play_many(policy='standard') "
+                          "since Arena 0.2", DeprecationWarning, stacklevel=2)
+            policy = STANDARD
+
+        def play_one(request: EpisodeRequest) -> Trajectory:
+            chosen = request.policy if request.policy is not None else policy
+            trajectory = self.play(request.task, request.experiences, seed=request.seed,
+                                   variant=request.variant, policy=chosen,
+                                   sampling=request.sampling if chosen == STANDARD else None)
+            if on_done is not None:
+                on_done()
+            return trajectory
+
+        return run_in_threads(play_one, list(requests), workers=int(self._cfg.eval.concurrency),
+                              llm=self._services.llm)
+
+    def standard_policy(self, task: Task, experiences: list[Experience], seed: int,
+                        sampling: Mapping[str, float] | None = None) -> Policy:
+        """The harness's standard solver as a policy, decoding as the phase does (or ``sampling``)."""
+        chosen = self.sampling() if sampling is None else sampling
+        return self.solver.policy(task, experiences, seed, temperature=float(chosen["temperature"]),
+                                  top_p=float(chosen.get("top_p", 1.0)))
+
+    def standard_solve(self, task: Task, experiences: list[Experience], seed: int,
+                       max_steps: int | None = None,
+                       sampling: Mapping[str, float] | None = None) -> Trajectory:
+        """The standard solver's episode, for a ``solve`` that wraps rather than replaces it."""
+        policy = self.standard_policy(task, experiences, seed, sampling)
+        return self.play_policy(task, policy, experiences, max_steps=max_steps)
+
+    def play_policy(self, task: Task, policy: Policy, experiences: list[Experience],
+                    max_steps: int | None = None) -> Trajectory:
+        """One episode of ``task`` driven by ``policy`` under the harness's step, invalid-action
+        and error rules (not recorded: for a ``solve`` hook that changes how the agent acts).
+
+        A policy with a ``start(episode)`` method (an expert, a demonstration recorder) is
+        given the episode first; while learning only, since at evaluation it could read the
+        game's hidden state."""
+        limit = self.max_steps() if max_steps is None else int(max_steps)
+        invalid = int(self._cfg.eval.max_invalid_actions)
+        ids = [e.experience_id for e in experiences]
+        start = getattr(policy, "start", None)
+        if self._phases.is_learning():
+            episode = self._env.open(task)
+            if start is not None:
+                start(episode)
+            return play(episode, policy, max_steps=limit, max_invalid_actions=invalid,
+                        experience_ids=ids)
+        if start is not None:
+            raise self._violations.refusal(
+                f"Method '{self._method}' passed a policy that reads its episode (start) at "
+                f"evaluation on {task.task_id}; such policies (experts, demonstrations) are for "
+                "learning only.")
+        derived = self._derived_experiences(task, experiences)
+        spot_check, rate = self._spot_check, self._spot_rate
+
+        def checked(observation: Any, trajectory: Trajectory) -> Any:
+            if spot_check is not None and secrets.randbelow(1_000_000) < rate * 1_000_000:
+                spot_check()
+            return policy(observation, trajectory)
+
+        trajectory = play(self._env.open(self._gate.full_task(task)),
+                          checked if spot_check is not None else policy,
+                          max_steps=limit, max_invalid_actions=invalid, experience_ids=ids)
+        trajectory.task = task  # the method's copy: no payload in what it gets back or in records
+        trajectory.derived_experience_ids = derived
+        self._seal(trajectory)
+        return trajectory
+
+    # -- evaluation: set up by the harness ------------------------------------------------------
+
+    def begin_evaluation(self, key: object, tasks: Sequence[Task],
+                         spot_check: Callable[[], None] | None = None, spot_checks: int = 0,
+                         steps: int = 1) -> None:
+        """Enter evaluation (the harness's call, with its key): ``tasks`` are the test tasks
+        with their payloads (methods get them without); ``spot_check`` runs before about
+        ``spot_checks`` of the evaluation's ``steps`` decisions, chosen at random, so a method
+        cannot tell when its state is looked at."""
+        self._phases.authorise(key, "start the evaluation")
+        self._phases.advance(EVALUATE, key=key)
+        self._gate.open_evaluation(list(tasks))
+        self._spot_check = spot_check
+        self._spot_rate = min(1.0, spot_checks / max(1, steps)) if spot_check else 0.0
+
+    # -- what is credited: episodes the harness played, or that replay exactly ---------------
+
+    @staticmethod
+    def _seal_of(trajectory: Trajectory) -> str:
+        played = [trajectory.task.task_id, trajectory.initial_observation, trajectory.status.value,
+                  [[s.action, s.observation, s.valid] for s in trajectory.steps]]
+        return hashlib.sha256(json.dumps(played).encode()).hexdigest()
+
+    def _seal(self, trajectory: Trajectory) -> None:
+        with self._lock:
+            self._sealed.add(self._seal_of(trajectory))
+
+    def _verified(self, trajectory: Trajectory) -> Trajectory:
+        """``trajectory`` if the harness played it, or if a fresh episode of the (deterministic)
+        environment reproduces every observation and the outcome; else an error episode, and
+        the run is marked invalid."""
+        seal = self._seal_of(trajectory)
+        with self._lock:
+            if seal in self._sealed:
+                return trajectory
+        problem = self._replay_problem(trajectory)
+        if problem is None:
+            self._seal(trajectory)
+            return trajectory
+        task = trajectory.task
+        self._violations.record(
+            f"Method '{self._method}' returned an episode of {task.task_id} that the environment "
+            f"does not reproduce ({problem}); it is not credited.")
+        return Trajectory(task=task, initial_observation=trajectory.initial_observation,
+                          status=Termination.ERROR, experience_ids=list(trajectory.experience_ids),
+                          error=f"not reproduced by the environment: {problem}")
+
+    def _replay_problem(self, trajectory: Trajectory) -> str | None:
+        """What in ``trajectory`` a fresh episode contradicts (None: it replays exactly)."""
+        if trajectory.status is Termination.ERROR:
+            return None  # an error is credited as a failure whatever its steps
+        if len(trajectory.steps) > self.max_steps():
+            return f"{len(trajectory.steps)} steps, over the limit of {self.max_steps()}"
+        episode = self._env.open(self._gate.full_task(trajectory.task))
+        try:
+            observation = episode.reset()
+            if observation.text != trajectory.initial_observation:
+                return "its first observation differs"
+            for number, step in enumerate(trajectory.steps, start=1):
+                if observation.won or observation.done:
+                    return f"step {number} comes after the game ended"
+                valid = step.action in observation.admissible_actions
+                observation = episode.step(step.action)
+                if observation.text != step.observation or valid != step.valid:
+                    return f"step {number} ({step.action!r}) is answered differently"
+        finally:
+            episode.close()
+        if trajectory.success != observation.won:
+            return "it claims success but the game was not won" if trajectory.success else \
+                "it claims no success but the game was won"
+        return None
+
+    def _derived_experiences(self, task: Task, experiences: list[Experience]) -> list[str]:
+        """At evaluation every experience shown must be in the frozen store, or be made at test
+        time from non-test tasks (e.g. a skill card from a train episode): those are returned,
+        to be recorded as derived; anything else is a violation."""
+        stored: set[str] = set()
+        if experiences and self._services.has_store():
+            found = self._services.store.get([e.experience_id for e in experiences])
+            stored = {e.experience_id for e in found}
+        derived = []
+        for experience in experiences:
+            if experience.experience_id in stored:
+                continue
+            sources = experience.provenance
+            if (sources.source_split in (*TEST_SPLITS, "unknown") or not sources.source_task_ids
+                    or any(self._gate.is_test_task(tid) for tid in sources.source_task_ids)):
+                self._violations.record(
+                    f"Method '{self._method}' showed experience {experience.experience_id} on "
+                    f"{task.task_id}: it is not in the frozen store, and its provenance "
+                    f"({sources.source_split}: {', '.join(sources.source_task_ids) or 'no tasks'}) "
+                    "does not show it was made from non-test tasks.")
+            derived.append(experience.experience_id)
+        return derived

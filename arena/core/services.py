@@ -1,0 +1,151 @@
+"""What a run lends its method: the LLM (and any auxiliary one), the embedder, the experience
+store as the phase allows it, and progress display. Built lazily, closed by the harness."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from arena.core.errors import NotTrainable
+from arena.core.llm import LLMBackend, TrainableBackend, WrappingBackend
+from arena.core.progress import NullReporter, ProgressTask, Reporter
+
+if TYPE_CHECKING:
+    from arena.core.embedder import Embedder
+    from arena.core.store import ExperienceStore
+
+USAGE_KEYS = ("llm_calls", "tokens_in", "tokens_out")
+
+
+class GuardedStore:
+    """The run's experience store as methods see it: writable while learning, frozen otherwise.
+
+    It is one object for the whole run, so a method that kept a reference from the learning phase
+    is still refused (and the run marked invalid) when it writes during frozen evaluation.
+    """
+
+    def __init__(self, store: ExperienceStore, frozen: Callable[[], bool]) -> None:
+        self._store = store
+        self._view = store.read_only()
+        self._frozen = frozen
+
+    @property
+    def violations(self) -> list[str]:
+        return [f"{v.operation} {', '.join(v.ids)}" for v in self._view.violations]
+
+    def __getattr__(self, name: str) -> Any:
+        target = self._view if self._frozen() else self._store
+        return getattr(target, name)
+
+
+class Services:
+    """The run's LLM, auxiliary LLMs, embedder, store and progress display."""
+
+    def __init__(
+        self,
+        llm: LLMBackend,
+        *,
+        store_path: Path,
+        make_embedder: Callable[[], Embedder],
+        make_store: Callable[[Embedder, Callable[[ExperienceStore, list[str]], None]], ExperienceStore],
+        before_store_write: Callable[[ExperienceStore, list[str]], None],
+        frozen: Callable[[], bool],
+        make_backend: Callable[[Mapping[str, Any]], LLMBackend] | None = None,
+        reporter: Reporter | None = None,
+    ) -> None:
+        self.llm = llm
+        self._store_path = store_path
+        self._make_embedder = make_embedder
+        self._make_store = make_store
+        self._before_store_write = before_store_write
+        self._frozen = frozen
+        self._make_backend = make_backend
+        self._reporter: Reporter = reporter or NullReporter()
+        self._auxiliary: list[LLMBackend] = []
+        self._embedder: Embedder | None = None
+        self._store: GuardedStore | None = None
+        self._raw_store: ExperienceStore | None = None
+        self._lock = threading.Lock()
+
+    # -- lazily built ------------------------------------------------------------------------
+
+    @property
+    def embedder(self) -> Embedder:
+        with self._lock:  # episodes in threads may ask at once; build one
+            if self._embedder is None:
+                self._embedder = self._make_embedder()
+            return self._embedder
+
+    @property
+    def store(self) -> GuardedStore:
+        embedder = self.embedder
+        with self._lock:
+            if self._store is None:
+                self._raw_store = self._make_store(embedder, self._before_store_write)
+                self._store = GuardedStore(self._raw_store, self._frozen)
+            return self._store
+
+    def raw_store(self) -> ExperienceStore:
+        """The harness's own handle on the store, writable whatever the phase (undo, digests)."""
+        self.store  # noqa: B018 - builds it
+        assert self._raw_store is not None
+        return self._raw_store
+
+    def has_store(self) -> bool:
+        """Whether the store was opened in this session."""
+        return self._store is not None
+
+    def store_exists(self) -> bool:
+        """Whether the run has a store: opened in this session, or left on disk by an earlier one."""
+        return self.has_store() or self._store_path.exists()
+
+    def progress(self, label: str, total: int | None = None) -> ProgressTask:
+        return ProgressTask(self._reporter, label, total)
+
+    # -- models ------------------------------------------------------------------------------
+
+    def auxiliary_llm(self, settings: Mapping[str, Any]) -> LLMBackend:
+        """Another backend for the method (a teacher, say), from ``settings`` (``backend:`` and
+        that backend's keys over its defaults). Its calls count in the run's costs and budget;
+        the harness closes it when the run ends."""
+        if self._make_backend is None:
+            raise RuntimeError("This run was built without a backend factory; no auxiliary LLM.")
+        backend = self._make_backend(settings)
+        with self._lock:
+            self._auxiliary.append(backend)
+        return backend
+
+    def trainable(self, hint: str = "") -> TrainableBackend:
+        """The served model's backend, for in-process training; :class:`NotTrainable` (naming
+        the fix) where the backend serves no such model (an API, a fake)."""
+        backend: Any = self.llm
+        while isinstance(backend, WrappingBackend) and not isinstance(backend, TrainableBackend):
+            backend = backend.inner
+        if not isinstance(backend, TrainableBackend):
+            raise NotTrainable(
+                f"Backend '{type(backend).__name__}' serves no model to train in-process. Use "
+                f"llm.backend=transformers or llm.backend=vllm{hint}.")
+        return backend
+
+    def usage(self) -> dict[str, int]:
+        """Calls and tokens of the run's LLM and of every auxiliary one, in this process."""
+        with self._lock:
+            backends = [self.llm, *self._auxiliary]
+        totals = dict.fromkeys(USAGE_KEYS, 0)
+        for backend in backends:
+            for key, value in backend.usage.snapshot().items():
+                totals[key] += int(value)
+        return totals
+
+    def tokens(self) -> int:
+        usage = self.usage()
+        return usage["tokens_in"] + usage["tokens_out"]
+
+    def close(self) -> None:
+        """Close the auxiliary backends and the run's LLM."""
+        with self._lock:
+            backends, self._auxiliary = [*self._auxiliary, self.llm], []
+        for backend in backends:
+            backend.close()

@@ -1,0 +1,31 @@
+"""ExpeL's settings, typed (``method:`` of ``config.yaml`` holds their values and comments)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from arena.plugins.expel.insights import Weights
+
+
+@dataclass
+class ExpeLSettings:
+    max_reflections: int
+    train_tasks: int | None
+    reflection_max_tokens: int
+    transcript_chars: int
+    max_insights: int
+    max_operations: int | None
+    success_chunk: int
+    critique_max_tokens: int
+    critique_chars: int
+    weights: Weights
+    fewshots: int
+    fewshot_candidates: int
+    fewshot_max_chars: int
+
+    def __post_init__(self) -> None:
+        for name in ("max_reflections", "fewshots", "fewshot_candidates"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"method.{name} must be >= 0, got {getattr(self, name)}")
+        if self.success_chunk < 1:
+            raise ValueError(f"method.success_chunk must be >= 1, got {self.success_chunk}")

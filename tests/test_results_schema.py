@@ -1,0 +1,97 @@
+"""results.json against its committed schema: every built-in method's results validate, and
+a file that does not match is refused with the field named."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from arena.core import protocol
+from arena.core.results import SCHEMA_FILE, ResultsError, render_schema, validate
+from arena.report.runs import ReportError, load_run
+
+ROOT = Path(__file__).resolve().parents[1]
+FAKE = ["llm.backend=fake", "eval.limit=2", "learn.budget.episodes=2", "embedder.name=hashing"]
+TINY = ["llm.backend=transformers", "llm.model=tiny", "eval.limit=1", "embedder.name=hashing",
+        "eval.max_steps=3", "learn.max_steps=3"]
+#: Every built-in method, each on the smallest run that exercises its learning phase.
+BUILT_IN = {
+    "base": FAKE,
+    "random": FAKE,
+    "rag": FAKE,
+    "memrl": FAKE,
+    "expel": [*FAKE, "method.max_reflections=0"],
+    "evolving_rl": [*TINY, "method.iterations=1", "method.n_sources=1", "method.n_skills=1",
+                    "method.k_downstream=1", "method.extractor_max_tokens=8", "method.valid_every=0"],
+    "grpo": [*TINY, "method.iterations=1", "method.n_sources=1", "method.group_size=2",
+             "method.valid_every=0"],
+    "skillrl": [*TINY, "method.collect.tasks=1", "method.sft.tasks=1", "method.sft.steps=1",
+                "method.rl.steps=1", "method.rl.tasks_per_step=1", "method.rl.group_size=2",
+                "method.evolution.every=0", "method.teacher.max_new_tokens=8"],
+}
+
+
+def test_the_committed_schema_is_the_models_schema() -> None:
+    """docs/results.schema.json is generated from arena.core.results (python -m arena.core.results)."""
+    assert SCHEMA_FILE.read_text() == render_schema()
+
+
+def test_every_built_in_method_is_covered(plugins) -> None:
+    assert set(BUILT_IN) == {entry.name for entry in plugins.methods.entries()
+                             if entry.plugin.startswith("arena.plugins.")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", sorted(BUILT_IN))
+def test_results_of_every_built_in_method_validate_against_the_committed_schema(
+        method: str, plugins, tmp_path: Path) -> None:
+    path, _ = protocol.run(method, overrides=BUILT_IN[method], out=tmp_path / method,
+                                 plugins=plugins)
+    written = json.loads((path / "results.json").read_text())
+    assert written["method"] == method and written["schema_version"] == 2
+    if method not in ("base", "random"):  # each learned something: its learning phase is covered
+        assert written["cost"]["learn"]["episodes"] > 0
+    if method in ("evolving_rl", "grpo", "skillrl"):
+        assert written["learn"]["used"]["gradient_steps"] >= 1
+    jsonschema.validate(written, json.loads(SCHEMA_FILE.read_text()))
+    validate(written)  # and the models themselves
+
+
+def test_committed_board_runs_validate() -> None:
+    """Runs of Arena 0.1 (schema_version 1) on the committed boards still read."""
+    files = sorted(ROOT.glob("leaderboards/*/runs/*/results.json"))
+    assert files
+    schema = json.loads(SCHEMA_FILE.read_text())
+    for file in files:
+        data = json.loads(file.read_text())
+        jsonschema.validate(data, schema)
+        assert validate(data, str(file)).schema_version in (1, 2)
+
+
+def _a_result(tmp_path: Path) -> Path:
+    path, _ = protocol.run("base", overrides=FAKE, out=tmp_path / "run")
+    return path
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    (lambda r: r.update(sucess=1), "sucess: Extra inputs are not permitted"),
+    (lambda r: r["splits"]["test_seen"].update(success_rate=1.5), "splits.test_seen.success_rate"),
+    (lambda r: r.pop("cost"), "cost: Field required"),
+    (lambda r: r.update(track="frozn"), "track"),
+])
+def test_a_results_file_that_does_not_match_is_refused_naming_the_field(tmp_path, change, field) -> None:
+    path = _a_result(tmp_path)
+    data = json.loads((path / "results.json").read_text())
+    change(data)
+    (path / "results.json").write_text(json.dumps(data))
+    with pytest.raises(ReportError, match="does not match the results schema") as raised:
+        load_run(path)
+    assert field in str(raised.value) and str(path / "results.json") in str(raised.value)
+
+
+def test_an_unknown_schema_version_names_the_versions_read() -> None:
+    with pytest.raises(ResultsError, match="schema_version 9; this Arena reads versions 1, 2"):
+        validate({"schema_version": 9})
