@@ -217,6 +217,23 @@ def leaderboard(run_dirs: tuple[str, ...], out: str | None, allow_mixed: bool, s
 
 
 @cli.command()
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("--sqlite", "sqlite_file", required=True, type=click.Path(dir_okay=False),
+              help="The database file to write (tables runs, splits, episodes, steps, experiences, metrics).")
+@click.option("--force", is_flag=True, help="Replace the file if it exists.")
+def export(run_dirs: tuple[str, ...], sqlite_file: str, force: bool) -> None:
+    """Write finished runs into one SQLite database, to query them with SQL or pandas."""
+    from arena.report import ReportError
+    from arena.report.export import export_sqlite
+
+    try:
+        counts = export_sqlite(list(run_dirs), sqlite_file, force=force)
+    except ReportError as exc:
+        raise click.ClickException(str(exc)) from exc
+    console.print(escape(f"Wrote {sqlite_file}: " + ", ".join(f"{n} {table}" for table, n in counts.items())))
+
+
+@cli.command()
 @click.argument("run_a", type=click.Path(exists=True))
 @click.argument("run_b", required=False, type=click.Path(exists=True))
 @click.option("--variant", default=None,

@@ -45,9 +45,7 @@ def test_committed_board_rebuilds_from_its_committed_runs(board: str) -> None:
     assert runs, f"{folder} has no runs/*/results.json: commit the runs it was built from"
     for run in runs:
         kept = {path.name for path in run.iterdir()}
-        assert kept <= {"results.json", "episodes.jsonl", "config.yaml", "state.json", "method"}, (run, kept)
-        if (run / "method").is_dir():  # the method's state file (its learning metrics), nothing else
-            assert {path.name for path in (run / "method").iterdir()} == {"state.json"}, run
+        assert kept <= {"results.json", "episodes.jsonl", "config.yaml", "state.json", "metrics.jsonl"}, (run, kept)
     committed = json.loads((folder / "leaderboard.json").read_text())
     rebuilt = board_json(build_tables(load_runs(runs)))
     assert without_clocks(json.loads(json.dumps(rebuilt))) == without_clocks(committed)

@@ -10,7 +10,9 @@ import jsonschema
 import pytest
 
 from arena.core import protocol
+from arena.core.metrics import read_metrics
 from arena.core.results import SCHEMA_FILE, ResultsError, render_schema, validate
+from arena.report import build_tables, load_runs
 from arena.report.runs import ReportError, load_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,13 +46,26 @@ def test_every_built_in_method_is_covered(plugins) -> None:
                              if entry.plugin.startswith("arena.plugins.")}
 
 
+@pytest.fixture(scope="module")
+def built_in_run(tmp_path_factory):
+    """The run directory of a built-in method (each run once for the module's tests)."""
+    from arena.testing import fresh_plugins
+
+    plugins, runs = fresh_plugins(), {}
+
+    def run(method: str) -> Path:
+        if method not in runs:
+            out = tmp_path_factory.mktemp("runs") / method
+            runs[method], _ = protocol.run(method, overrides=BUILT_IN[method], out=out, plugins=plugins)
+        return runs[method]
+
+    return run
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("method", sorted(BUILT_IN))
-def test_results_of_every_built_in_method_validate_against_the_committed_schema(
-        method: str, plugins, tmp_path: Path) -> None:
-    path, _ = protocol.run(method, overrides=BUILT_IN[method], out=tmp_path / method,
-                                 plugins=plugins)
-    written = json.loads((path / "results.json").read_text())
+def test_results_of_every_built_in_method_validate_against_the_committed_schema(method: str, built_in_run) -> None:
+    written = json.loads((built_in_run(method) / "results.json").read_text())
     assert written["method"] == method and written["schema_version"] == 2
     if method not in ("base", "random"):  # each learned something: its learning phase is covered
         assert written["cost"]["learn"]["episodes"] > 0
@@ -60,6 +75,21 @@ def test_results_of_every_built_in_method_validate_against_the_committed_schema(
     validate(written)  # and the models themselves
 
 
+LEARNING = sorted(set(BUILT_IN) - {"base", "random"})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", LEARNING)
+def test_every_learning_method_logs_its_learning_to_metrics_jsonl(method: str, built_in_run) -> None:
+    logged = [entry for entry in read_metrics(built_in_run(method)) if entry["phase"] == "learn"]
+    assert logged, f"{method} logged no metrics (run.log_metrics) while learning"
+    assert all(entry["metrics"] for entry in logged)
+    # ... and the board draws its learning curves from them (SkillRL's included).
+    path = built_in_run(method)
+    (table,) = build_tables(load_runs([path]))
+    (row,) = table.rows
+    curves = row.learning_curves[path.name]
+    assert curves and all(name.startswith(f"{method}: ") for name in curves), curves
 def test_committed_board_runs_validate() -> None:
     """Runs of Arena 0.1 (schema_version 1) on the committed boards still read."""
     files = sorted(ROOT.glob("leaderboards/*/runs/*/results.json"))

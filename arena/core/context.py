@@ -11,7 +11,8 @@
 - :class:`~arena.core.steps.LearningSteps` (``run.steps``): the default experience loop and
   exactly-once steps;
 - :class:`~arena.core.method_state.MethodState` (``run.method_state``): the method's own state
-  file and folder.
+  file and folder;
+- :class:`~arena.core.metrics.MetricsLog` (``run.log_metrics``): the run's curves, ``metrics.jsonl``.
 
 The context is built complete and then closed: nothing is set on it from outside (the
 harness's session passes the hook relay and the episode callback to the constructor), and a
@@ -39,6 +40,7 @@ from arena.core.episodes import (
 from arena.core.errors import BudgetExhausted, HookReturnError, NotTrainable, ProtocolViolation
 from arena.core.llm import LLMBackend, TrainableBackend
 from arena.core.method_state import MethodState
+from arena.core.metrics import MetricsLog
 from arena.core.phase import EVALUATE, LEARN, PhaseGuard, ViolationLog
 from arena.core.progress import ProgressTask, Reporter
 from arena.core.rundir import RunDir
@@ -97,6 +99,7 @@ class RunContext:
             persist=lambda messages: run_dir.update_state(violations=messages))
         self.phases = PhaseGuard(str(cfg.run.track), key=key, violations=self.violations_log)
         self.method_state = MethodState(run_dir.path)
+        self.metrics = MetricsLog(run_dir.path)
         self.gate = TaskGate(env, self.phases, self.violations_log,
                              str(cfg.eval.get("source_pool", "train")))
         self.env = EnvironmentView(env, self.gate, self.phases, self.violations_log)
@@ -283,6 +286,11 @@ class RunContext:
 
     def budget_exhausted(self) -> list[str]:
         return self.budget.exhausted()
+
+    def log_metrics(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Log the learning's figures at ``step`` (an iteration, an RL step, a learning episode)
+        to ``metrics.jsonl``, which the leaderboard's learning curves read; numbers and flags."""
+        self.metrics.log(self.phase, step, metrics)
 
     def refresh_token_usage(self) -> None:
         self.budget.refresh()

@@ -199,6 +199,22 @@ def _folder_bytes(path: Path) -> int:
     return sum(item.stat().st_size for item in path.rglob("*") if item.is_file())
 
 
+def stored_experiences(path: str | Path, name: str = DEFAULT_COLLECTION) -> list[Experience]:
+    """Every experience in the store folder ``path``, read without its embedder (for reports and
+    exports: no vector is needed to list them). An absent folder or collection holds none."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return []
+    import chromadb
+
+    client = chromadb.PersistentClient(path=str(folder), settings=_settings())
+    if name not in {collection.name for collection in client.list_collections()}:
+        return []
+    result: Any = client.get_collection(name).get(include=["documents", "metadatas"])  # see __init__
+    return sorted((_decode(i, d, m) for i, d, m in zip(result["ids"], result["documents"], result["metadatas"])),
+                  key=lambda experience: experience.experience_id)
+
+
 class ExperienceStore:
     """Experiences with their embeddings, persisted under ``path`` (or in memory if None).
 

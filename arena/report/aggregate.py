@@ -336,22 +336,15 @@ def row_provenance(runs: list[Run]) -> dict[str, Any]:
 
 
 def learning_curves(run: Run) -> dict[str, list[list[float]]]:
-    """What the run recorded of its learning: per-iteration success/reward metrics a method kept
-    in its state (``metrics``: ``method/state.json``, or ``<method>.metrics`` in the state.json
-    of runs before Arena 0.2), else a rolling success of its learning episodes."""
+    """What the run logged of its learning (``metrics.jsonl``: its success and reward figures per
+    step), else a rolling success of its learning episodes."""
     curves: dict[str, list[list[float]]] = {}
-    owners = {**run.state, run.method: run.method_state} if run.method_state else run.state
-    for owner, value in sorted(owners.items()):
-        if not isinstance(value, dict) or not isinstance(value.get("metrics"), list):
+    for entry in run.metrics:
+        if entry["phase"] != "learn":
             continue
-        for entry in value["metrics"]:
-            if not isinstance(entry, dict) or "iteration" not in entry:
-                continue
-            for name, metric in entry.items():
-                if name == "iteration" or name.startswith("time/") or not isinstance(metric, (int, float)):
-                    continue
-                if "success" in name or "reward" in name:
-                    curves.setdefault(f"{owner}: {name}", []).append([float(entry["iteration"]), float(metric)])
+        for name, metric in sorted(entry["metrics"].items()):
+            if ("success" in name or "reward" in name) and not isinstance(metric, bool):
+                curves.setdefault(f"{run.method}: {name}", []).append([float(entry["step"]), float(metric)])
     if curves:
         return curves
     learned = run.learn_episodes()

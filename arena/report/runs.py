@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from arena.core import integrity
+from arena.core.metrics import read_metrics
 from arena.core.results import ResultsError
 from arena.core.results import validate as validate_results
 from arena.core.rundir import (
@@ -25,9 +26,6 @@ from arena.core.rundir import (
     unfinished_message,
 )
 from arena.core.types import EpisodeResult
-
-#: Where a run keeps its method's state (``arena.core.method_state``).
-METHOD_STATE = "method/state.json"
 
 PRIMARY_VARIANT = "default"  # the protocol's primary variant (arena.core.protocol.PRIMARY_VARIANT)
 EVALUATE = "evaluate"
@@ -46,8 +44,8 @@ class Run:
     results: dict[str, Any]
     episodes: list[EpisodeResult] | None = None  # None: no episodes.jsonl beside results.json
     state: dict[str, Any] = field(default_factory=dict)
-    #: The method's own state (``method/state.json``), where the run left one.
-    method_state: dict[str, Any] = field(default_factory=dict)
+    #: The run's logged curves (``metrics.jsonl``: ``run.log_metrics``), merged per step.
+    metrics: list[dict[str, Any]] = field(default_factory=list)
     #: episodes.jsonl's lines are chained and end where results.json says (False: a run made
     #: before Arena chained its records, shown as such on a board).
     chained: bool = True
@@ -131,8 +129,7 @@ def load_run(path: Path | str) -> Run:
         results = read_json(results_file, "its results")
         lines = read_episode_lines(path / EPISODES) if (path / EPISODES).is_file() else None
         state = read_json(path / STATE, "its state") if (path / STATE).is_file() else {}
-        method_file = path / METHOD_STATE
-        method_state = read_json(method_file, "its method's state") if method_file.is_file() else {}
+        metrics = read_metrics(path)
     except RunDirError as exc:
         raise ReportError(str(exc)) from exc
     try:
@@ -144,8 +141,8 @@ def load_run(path: Path | str) -> Run:
     if lines is not None:
         chained = check_record(path, lines, results.get("record"))
         episodes = [EpisodeResult.from_dict(r) for r in lines]
-    return Run(path=path, results=results, episodes=episodes, state=state,
-               method_state=method_state, chained=chained)
+    return Run(path=path, results=results, episodes=episodes, state=state, metrics=metrics,
+               chained=chained)
 
 
 def check_record(path: Path, lines: list[dict[str, Any]], record: dict[str, Any] | None) -> bool:

@@ -220,6 +220,7 @@ class EvolvingRL:
         if self.iterations_done == 0 and self._held_out_due(0) and "valid_before" not in state:
             state["valid_before"] = self._held_out_success(run, 0)
             run.method_state.save(state)
+            run.log_metrics(0, {"valid_success": state["valid_before"]})
         for iteration in range(self.iterations_done, self.cfg.iterations):
             if run.budget_exhausted():
                 break
@@ -246,6 +247,7 @@ class EvolvingRL:
             self.iterations_done = state["iterations_done"] = iteration + 1
             state.setdefault("metrics", []).append({"iteration": iteration, **_rounded(metrics)})
             run.method_state.save(state)
+            run.log_metrics(iteration + 1, _rounded(metrics))  # step: iterations done
             iterations.update(iteration + 1, note=_progress_note(metrics))
 
     def _candidates_file(self, iteration: int | str) -> Path:

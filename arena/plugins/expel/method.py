@@ -190,6 +190,9 @@ class ExpeL:
             tasks = self.train_tasks(run)
             self._gather(run, tasks)
             state["gather"] = self._gather_summary(run)
+            gathered = state["gather"]
+            run.log_metrics(0, {"train_success": gathered["tasks_solved"] / max(1, gathered["tasks"]),
+                                "trials": gathered["trials"], "reflections": gathered["reflections"]})
             state["jobs"] = self._plan_critiques(run, tasks)
             state["stage"] = EXTRACT
             self._save(run, state)
@@ -357,6 +360,9 @@ class ExpeL:
             state["book"] = book.to_dict()
             state["jobs_done"] = index + 1
             self._save(run, state)  # one atomic write: the update and its job are never apart
+            run.log_metrics(index + 1, {"insights": len(book.texts()), "operations": len(parsed.operations),
+                                        "malformed_operations": parsed.malformed,
+                                        **{f"applied/{kind}": n for kind, n in report.applied.items()}})
             self._sync_insights(run, book)
             self._log(run, index, job, generation.text, parsed.malformed, report)
             shown.update(index + 1, note=f"{len(book.texts())} insights")

@@ -183,6 +183,13 @@ class MemRL:
         for memory in experiences:
             if memory.kind == MEMORY:
                 self._file(run, memory)
+        if run.phase == LEARN and trajectories:  # step: the learning episode this update follows
+            updated = [float(c["q_value"]) for c in changes.values()]
+            run.log_metrics(run.budget.used["episodes"] + 1, {
+                "success": sum(t.success for t in trajectories) / len(trajectories),
+                "reward": sum(reward_of(t, self.cfg) for t in trajectories) / len(trajectories),
+                "memories": run.store.count(kind=MEMORY), "intents": run.store.count(kind=INTENT),
+                "q_updated": len(updated), "mean_q_updated": sum(updated) / len(updated) if updated else 0.0})
 
     def _file(self, run: RunContext, memory: Experience) -> None:
         """Add a memory under the nearest intent at >= merge_threshold, or under a new intent.

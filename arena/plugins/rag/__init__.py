@@ -57,6 +57,10 @@ class Rag:
         examples = [e for e in experiences if e.kind == TRAJECTORY]
         if examples:
             run.store.add(examples, index_texts=[str(e.metadata["goal"]) for e in examples])
+        if run.phase == LEARN and trajectories:  # step: the learning episode this update follows
+            run.log_metrics(run.budget.used["episodes"] + 1, {
+                "success": sum(t.success for t in trajectories) / len(trajectories),
+                "examples": run.store.count(kind=TRAJECTORY)})
 
     @arena.hookimpl
     def retrieve(self, run: RunContext, task: Task) -> list[Experience]:

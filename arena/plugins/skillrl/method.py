@@ -437,6 +437,7 @@ class SkillRL:
             state["steps_done"] = step + 1
             state["metrics"].append(_rounded(metrics))
             self._save(run, state)
+            run.log_metrics(step + 1, _rounded(metrics))  # step: RL steps done
             shown.update(step + 1, note=f"success {metrics['success']:.0%}")
 
     def _evolve(self, run: RunContext, state: dict[str, Any], step: int) -> None:
@@ -483,6 +484,9 @@ class SkillRL:
                                    "triggered": weak, "scheme": scheme, "added": added, "revised": revised,
                                    "bank_version": bank.version})
         self._save(run, state)
+        run.log_metrics(step, {"valid_success": _mean([t.success for t in episodes]),
+                               "evolved_skills": len(added), "bank_skills": len(bank.skills),
+                               **{f"valid_success/{k}": round(v, 4) for k, v in accuracy.items()}})
         sync_store(run.store, bank)
         run.discard_rollouts()  # validation episodes are not trained on
         self._log(run, f"evolve{step}", {"answers": answers})
