@@ -234,6 +234,35 @@ def export(run_dirs: tuple[str, ...], sqlite_file: str, force: bool) -> None:
 
 
 @cli.command()
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535),
+              help="Port on 127.0.0.1 (0: any free one).")
+def view(run_dirs: tuple[str, ...], port: int) -> None:
+    """Browse runs in a local, read-only web page: episodes by split, task type, status, seed and
+    variant, each step by step; two runs side by side; learning curves."""
+    from arena.report import ReportError
+    from arena.report.viewer import Viewer, make_server
+
+    try:
+        viewer = Viewer(list(run_dirs))
+    except ReportError as exc:
+        raise click.ClickException(str(exc)) from exc
+    try:
+        server = make_server(viewer, port)
+    except OSError as exc:
+        raise click.ClickException(f"Cannot listen on 127.0.0.1:{port} ({exc.strerror or exc}); "
+                                   "choose another --port (0: any free one).") from exc
+    bound = server.server_address[1]
+    console.print(escape(f"Viewing {len(viewer.runs)} run(s) at http://127.0.0.1:{bound}/ (Ctrl-C to stop)"))
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        console.print("stopped")
+    finally:
+        server.server_close()
+
+
+@cli.command()
 @click.argument("run_a", type=click.Path(exists=True))
 @click.argument("run_b", required=False, type=click.Path(exists=True))
 @click.option("--variant", default=None,

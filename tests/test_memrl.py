@@ -63,8 +63,11 @@ def run(plugins):
             else "I never opened the fridge."
 
     llm = FakeLLM(reply=reply)
+    logged: list[tuple[int, dict]] = []
     return types.SimpleNamespace(cfg=cfg, store=ExperienceStore(None, HashingEmbedder()), phase=LEARN,
-                                 track="frozen", llm=llm, prompts=prompts, has_store=lambda: True)
+                                 track="frozen", llm=llm, prompts=prompts, has_store=lambda: True,
+                                 budget=types.SimpleNamespace(used={"episodes": 0}), logged=logged,
+                                 log_metrics=lambda step, metrics: logged.append((step, dict(metrics))))
 
 
 def add_intent(store: ExperienceStore, key: str) -> str:
@@ -110,6 +113,9 @@ def test_update_moves_q_of_retrieved_memories_only(plugins, run):
     assert second.metadata["q_value"] == pytest.approx(0.7 * -0.2 + 0.3)  # 0.16
     assert (first.metadata["visits"], first.metadata["last_reward"]) == (1, 1.0)
     assert third.metadata == untouched.metadata  # not retrieved, not changed
+    # The step's figures, logged for the learning curve (run.log_metrics).
+    assert run.logged == [(1, {"success": 1.0, "reward": 1.0, "memories": 3, "intents": 1, "q_updated": 2,
+                               "mean_q_updated": pytest.approx((0.65 + 0.16) / 2)})]
 
     method.update(run, [episode(task("cool"), won=False, used=ids[:1])], [])
     [again] = run.store.get(ids[:1])

@@ -35,8 +35,11 @@ def episode(of: Task, won: bool, n_steps: int = 3) -> Trajectory:
 @pytest.fixture
 def run(plugins):
     cfg = compose(plugins, "rag", overrides=["llm.backend=fake"])
+    logged: list[tuple[int, dict]] = []
     return types.SimpleNamespace(cfg=cfg, store=ExperienceStore(None, HashingEmbedder()), phase=LEARN,
-                                 track="frozen", has_store=lambda: True)
+                                 track="frozen", has_store=lambda: True, logged=logged,
+                                 budget=types.SimpleNamespace(used={"episodes": 0}),
+                                 log_metrics=lambda step, metrics: logged.append((step, dict(metrics))))
 
 
 def learn_from(run, method: Rag, trajectories: list[Trajectory]) -> None:

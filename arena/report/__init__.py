@@ -1,7 +1,8 @@
-"""Reports over finished runs: leaderboards (Markdown, HTML, JSON, plots) and paired comparisons.
+"""Reports over finished runs: leaderboards (Markdown, HTML, JSON, plots), paired comparisons,
+the viewer (``viewer``) and the SQLite export (``export``).
 
-Reads only what runs wrote (results.json, episodes.jsonl, state.json); arena.core never imports
-this package.
+Reads only what runs wrote (results.json, episodes.jsonl, state.json, metrics.jsonl, and for the
+viewer and the export trajectories.jsonl and the store); arena.core never imports this package.
 """
 
 from arena.report.aggregate import Row, Table, build_tables, check_compatible
