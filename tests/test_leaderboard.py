@@ -9,10 +9,6 @@ import json
 import os
 import re
 import shutil
-import socket
-import struct
-import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +24,7 @@ from arena.core.types import EpisodeResult
 from arena.report import ReportError, Run, build_tables, load_run, load_runs, write_board
 from arena.report.aggregate import pooled_splits, row_cost
 from arena.report.render import protocol_line
+from tests.browser import find_chromium, headless_page
 from tests.conftest import FAST, oracle_episode
 
 # -- a scripted method: known successes on the real protocol -------------------------------------
@@ -296,81 +293,6 @@ def test_board_is_reproducible(runs, tmp_path):
 # -- the HTML page in headless Chromium -----------------------------------------------------------
 
 
-def find_chromium() -> str | None:
-    for name in ("chromium", "chromium-browser", "google-chrome", "chrome"):
-        path = shutil.which(name)
-        if path:
-            return path
-    return None
-
-
-class DevTools:
-    """A minimal Chrome DevTools Protocol client over a standard-library WebSocket."""
-
-    def __init__(self, port: int, path: str) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)
-        key = base64.b64encode(os.urandom(16)).decode()
-        self.sock.sendall((f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
-                           f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
-                           "Sec-WebSocket-Version: 13\r\n\r\n").encode())
-        response = b""
-        while b"\r\n\r\n" not in response:
-            response += self.sock.recv(4096)
-        assert b" 101 " in response.split(b"\r\n")[0], response
-        self.buffer = response.split(b"\r\n\r\n", 1)[1]
-        self.next_id = 0
-        self.events: list[dict[str, Any]] = []
-
-    def _read(self, n: int) -> bytes:
-        while len(self.buffer) < n:
-            chunk = self.sock.recv(1 << 16)
-            if not chunk:
-                raise ConnectionError("DevTools closed the connection")
-            self.buffer += chunk
-        data, self.buffer = self.buffer[:n], self.buffer[n:]
-        return data
-
-    def _receive(self) -> dict[str, Any]:
-        message = b""
-        while True:
-            first, second = self._read(2)
-            length = second & 0x7F
-            if length == 126:
-                length = struct.unpack(">H", self._read(2))[0]
-            elif length == 127:
-                length = struct.unpack(">Q", self._read(8))[0]
-            message += self._read(length)
-            if first & 0x80:  # FIN
-                return json.loads(message)
-
-    def call(self, method: str, params: dict[str, Any] | None = None, session: str | None = None) -> dict[str, Any]:
-        self.next_id += 1
-        payload: dict[str, Any] = {"id": self.next_id, "method": method, "params": params or {}}
-        if session:
-            payload["sessionId"] = session
-        data = json.dumps(payload).encode()
-        mask = os.urandom(4)
-        header = bytes([0x81])
-        header += (bytes([0x80 | len(data)]) if len(data) < 126 else
-                   bytes([0x80 | 126]) + struct.pack(">H", len(data)) if len(data) < 65536 else
-                   bytes([0x80 | 127]) + struct.pack(">Q", len(data)))
-        self.sock.sendall(header + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(data)))
-        while True:
-            message = self._receive()
-            if message.get("id") == self.next_id:
-                if "error" in message:
-                    raise RuntimeError(f"{method}: {message['error']}")
-                return message.get("result", {})
-            self.events.append(message)
-
-    def wait_for(self, event: str, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while not any(e.get("method") == event for e in self.events):
-            if time.monotonic() > deadline:
-                raise TimeoutError(event)
-            self.events.append(self._receive())
-
-
 PAGE_FACTS = """JSON.stringify({
   tables: document.querySelectorAll('table').length,
   mainRows: document.querySelector('table').tBodies[0].rows.length,
@@ -394,27 +316,7 @@ def test_html_page_renders_in_headless_chromium(runs, tmp_path):
     assert "http://" not in page and "https://" not in page and "<link" not in page
     artifacts = Path(os.environ.get("ARENA_TEST_ARTIFACTS", tmp_path / "artifacts"))
     artifacts.mkdir(parents=True, exist_ok=True)
-    profile = tmp_path / "profile"
-    process = subprocess.Popen(
-        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--remote-debugging-port=0", "about:blank"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        port_file = profile / "DevToolsActivePort"
-        deadline = time.monotonic() + 60
-        while not (port_file.exists() and len(port_file.read_text().splitlines()) >= 2):
-            assert process.poll() is None, f"{browser} exited with {process.returncode}"
-            assert time.monotonic() < deadline, "chromium did not open its DevTools port in 60 s"
-            time.sleep(0.2)
-        port, path = port_file.read_text().splitlines()[:2]
-        devtools = DevTools(int(port), path)
-        target = devtools.call("Target.createTarget", {"url": "about:blank"})["targetId"]
-        session = devtools.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
-        for domain in ("Runtime", "Log", "Network", "Page"):
-            devtools.call(f"{domain}.enable", session=session)
-        devtools.call("Emulation.setDeviceMetricsOverride",
-                      {"width": 1400, "height": 900, "deviceScaleFactor": 1, "mobile": False}, session=session)
+    with headless_page(browser, tmp_path / "profile") as (devtools, session):
         devtools.call("Page.navigate", {"url": (out / "index.html").resolve().as_uri()}, session=session)
         devtools.wait_for("Page.loadEventFired")
         devtools.call("Runtime.evaluate", {"expression": "document.querySelectorAll('details').forEach(d => d.open = true)"},
@@ -428,12 +330,6 @@ def test_html_page_renders_in_headless_chromium(runs, tmp_path):
         screenshot = artifacts / "leaderboard.png"
         screenshot.write_bytes(base64.b64decode(shot["data"]))
         devtools.call("Runtime.evaluate", {"expression": "1"}, session=session)  # drain late events
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
     events = devtools.events
     errors = [e["params"] for e in events if e.get("method") == "Runtime.exceptionThrown"
               or (e.get("method") == "Runtime.consoleAPICalled" and e["params"]["type"] in ("error", "assert"))

@@ -9,6 +9,7 @@ import os
 import subprocess
 import threading
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import pytest
 
 from arena.core import protocol
 from arena.report.viewer import Viewer, make_server
-from tests.test_leaderboard import DevTools, find_chromium
+from tests.browser import DevTools, find_chromium, headless_page
 
 FAKE = ["llm.backend=fake", "embedder.name=hashing", "env.n_train=20", "env.n_valid=4", "env.n_test=4",
         "eval.max_steps=6", "eval.limit=2", "learn.budget.episodes=3", "run.seeds=[0,1]"]
@@ -86,26 +87,9 @@ def test_the_page_shows_an_episode_a_pair_and_a_curve_in_headless_chromium(two_r
     threading.Thread(target=server.serve_forever, daemon=True).start()
     host, port_number = server.server_address[:2]
     url = f"http://{host}:{port_number}/"
-    profile = tmp_path / "profile"
-    process = subprocess.Popen(
-        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-sync",
-         "--disable-background-networking", "--disable-component-update", "--disable-dev-shm-usage",
-         f"--user-data-dir={profile}", "--remote-debugging-port=0", "about:blank"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        port_file = profile / "DevToolsActivePort"
-        deadline = time.monotonic() + 60
-        while not (port_file.exists() and len(port_file.read_text().splitlines()) >= 2):
-            assert process.poll() is None and time.monotonic() < deadline, "chromium did not start"
-            time.sleep(0.2)
-        port, path = port_file.read_text().splitlines()[:2]
-        devtools = DevTools(int(port), path)
-        target = devtools.call("Target.createTarget", {"url": "about:blank"})["targetId"]
-        session = devtools.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
-        for domain in ("Runtime", "Log", "Network", "Page"):
-            devtools.call(f"{domain}.enable", session=session)
-        devtools.call("Emulation.setDeviceMetricsOverride",
-                      {"width": 1400, "height": 900, "deviceScaleFactor": 1, "mobile": False}, session=session)
+    with ExitStack() as stack:
+        stack.callback(server.shutdown)
+        devtools, session = stack.enter_context(headless_page(browser, tmp_path / "profile"))
         devtools.call("Page.navigate", {"url": url}, session=session)
         devtools.wait_for("Page.loadEventFired")
         listed = until(devtools, session, "document.querySelectorAll('#episodes tbody tr.ep').length")
@@ -132,13 +116,6 @@ def test_the_page_shows_an_episode_a_pair_and_a_curve_in_headless_chromium(two_r
         screenshot = tmp_path / "viewer.png"
         screenshot.write_bytes(base64.b64decode(shot["data"]))
         devtools.call("Runtime.evaluate", {"expression": "1"}, session=session)  # drain late events
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-        server.shutdown()
     errors = [e["params"] for e in devtools.events if e.get("method") == "Runtime.exceptionThrown"
               or (e.get("method") == "Log.entryAdded" and e["params"]["entry"]["level"] == "error")]
     assert errors == [], errors
