@@ -50,6 +50,9 @@ def test_the_viewer_serves_episodes_trajectories_pairs_and_metrics(two_runs) -> 
         _, shown = answer(viewer, f"/api/trajectory?run=0&episode={episode['index']}")
         key = (episode["phase"], episode["split"], episode["task_id"], episode["seed"], episode["variant"])
         assert [s["action"] for s in shown["trajectory"]["steps"]] == [s["action"] for s in trajectories[key]["steps"]]
+        # Each step of a constrained choice keeps its three next-best options, best first.
+        assert all(len(s["alternatives"]) == 3 and s["alternatives"][0][1] >= s["alternatives"][-1][1]
+                   and s["action"] not in [a for a, _ in s["alternatives"]] for s in shown["trajectory"]["steps"])
         assert len(shown["experiences"]) == len(trajectories[key]["experience_ids"])
     _, paired = answer(viewer, "/api/pair?a=0&b=1")
     evaluated = [e for e in recorded if e["phase"] == "evaluate"]
@@ -97,6 +100,7 @@ def test_the_page_shows_an_episode_a_pair_and_a_curve_in_headless_chromium(two_r
         evaluate(devtools, session, "document.querySelector('#episodes tbody tr.ep').click()")
         actions = until(devtools, session, "document.querySelector('table.steps') && Array.from("
                         "document.querySelectorAll('table.steps tbody tr td:nth-child(2) b')).map(b => b.textContent)")
+        alternatives = evaluate(devtools, session, "document.querySelector('table.steps td.alternatives').innerText")
         first = lines(two_runs[0] / "trajectories.jsonl")[0]
         # The two runs side by side on the same task and seed.
         evaluate(devtools, session, "(() => { const s = document.querySelector('#other'); s.value = '1';"
@@ -123,6 +127,7 @@ def test_the_page_shows_an_episode_a_pair_and_a_curve_in_headless_chromium(two_r
     assert requests and all(u.startswith(url) for u in requests), requests  # nothing leaves the machine
     assert listed == len(lines(two_runs[0] / "episodes.jsonl"))
     assert actions == [s["action"] for s in first["steps"]]
+    assert alternatives.splitlines() == [f"{a} ({lp:.2f})" for a, lp in first["steps"][0]["alternatives"]]
     assert paired == 8 and sides == ["A: memrl", "B: rag"]
     names = dict(curves)
     assert {"success", "memories", "reward"} <= set(names) and names["memories"] == 3

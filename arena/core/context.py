@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 
     from arena.core.embedder import Embedder
     from arena.core.store import ExperienceStore
+    from arena.core.trackers import Tracker
 
 __all__ = [
     "BUDGET_KEYS", "EVALUATE", "LEARN", "STANDARD", "Budget", "BudgetExhausted", "EpisodeRequest",
@@ -89,6 +90,7 @@ class RunContext:
         make_backend: Callable[[Mapping[str, Any]], LLMBackend] | None = None,
         on_episode: Callable[[EpisodeResult], None] = lambda result: None,
         reporter: Reporter | None = None,
+        trackers: Sequence[Tracker] = (),
     ) -> None:
         self.cfg = cfg
         self.method_name: str = str(cfg.method.name)
@@ -99,7 +101,7 @@ class RunContext:
             persist=lambda messages: run_dir.update_state(violations=messages))
         self.phases = PhaseGuard(str(cfg.run.track), key=key, violations=self.violations_log)
         self.method_state = MethodState(run_dir.path)
-        self.metrics = MetricsLog(run_dir.path)
+        self.metrics = MetricsLog(run_dir.path, trackers)
         self.gate = TaskGate(env, self.phases, self.violations_log,
                              str(cfg.eval.get("source_pool", "train")))
         self.env = EnvironmentView(env, self.gate, self.phases, self.violations_log)

@@ -15,19 +15,24 @@ import math
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from arena.core.trackers import Tracker
 
 METRICS = "metrics.jsonl"
 Value = int | float | bool
 
 
 class MetricsLog:
-    """Appends the run's metrics, each line fsynced (a killed run keeps what it logged)."""
+    """Appends the run's metrics, each line fsynced (a killed run keeps what it logged), and
+    hands each step to the run's experiment trackers (``arena.core.trackers``)."""
 
-    def __init__(self, run_path: Path) -> None:
+    def __init__(self, run_path: Path, trackers: Sequence[Tracker] = ()) -> None:
         self.path = Path(run_path) / METRICS
+        self._trackers = list(trackers)
         self._lock = threading.Lock()
 
     def log(self, phase: str, step: int, metrics: Mapping[str, Any]) -> None:
@@ -43,10 +48,20 @@ class MetricsLog:
             clean[name] = value
         line = json.dumps({"phase": phase, "step": step, "metrics": clean,
                            "time": round(time.time(), 3)}, sort_keys=True)
-        with self._lock, self.path.open("a") as handle:
-            handle.write(line + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+        with self._lock:
+            with self.path.open("a") as handle:
+                handle.write(line + "\n")
+                handle.flush()
+                os.fsync(handle.fileno())
+            for tracker in self._trackers:
+                tracker.log(phase, step, clean)
+
+    def close(self) -> None:
+        """Close the trackers (the harness's call, when the run ends)."""
+        with self._lock:
+            trackers, self._trackers = self._trackers, []
+        for tracker in trackers:
+            tracker.close()
 
 
 def read_metrics(run_path: Path | str) -> list[dict[str, Any]]:

@@ -46,6 +46,7 @@ from arena.core.results import validate as validate_results
 from arena.core.rundir import RunDir, RunDirError, RunLock, new_run_dir
 from arena.core.store import ExperienceStore
 from arena.core.tasks import select_tasks
+from arena.core.trackers import Tracker, make_trackers
 from arena.core.types import EpisodeResult, Experience, Task, Termination, Trajectory
 from arena.core.views import public_task
 
@@ -201,6 +202,20 @@ class Session:
         self.pm.register(HarnessDefaults(), name="arena.defaults")
         embedder_cfg = cfg.embedder
         store_path = self.run_dir.path / "store"
+        logging = cfg.get("logging") or {}
+        trackers = make_trackers(list(logging.get("trackers") or []), self.run_dir.path / "trackers",
+                                 label=self.run_dir.path.name, config=to_plain(cfg),
+                                 project=str(logging.get("project", "arena")))
+        try:
+            self._build(prepared, cfg, store_path, embedder_cfg, trackers)
+        except BaseException:
+            for tracker in trackers:  # the run never started: nothing keeps writing for it
+                tracker.close()
+            raise
+
+    def _build(self, prepared: PreparedRun, cfg: DictConfig, store_path: Path, embedder_cfg: DictConfig,
+               trackers: list[Tracker]) -> None:
+        """The run context, then (resuming) the record and the journal, then the method."""
         self.ctx = RunContext(
             cfg, self.run_dir, self.env, self.llm,
             hooks=self.pm.hook,
@@ -211,6 +226,7 @@ class Session:
             make_backend=self._auxiliary_backend,
             on_episode=self._on_episode,
             reporter=self.reporter,
+            trackers=trackers,
         )
         if self.resumed:
             # The record first (checked), then a step killed mid-way undone, then the method:
@@ -234,9 +250,10 @@ class Session:
         return entry.factory(merged)
 
     def close(self) -> None:
-        """Close the environment and every backend of the run."""
+        """Close the environment, every backend and the experiment trackers of the run."""
         self.env.close()
         self.ctx.services.close()
+        self.ctx.metrics.close()
 
     # -- cost bookkeeping (persisted so it survives a resume) --------------------------------
 

@@ -153,6 +153,8 @@ def split_list(*splits: str) -> Rule:
                 f"a non-empty list of {', '.join(splits)}")
 
 
+#: The experiment trackers ``logging.trackers`` may name (``arena.core.trackers``).
+TRACKER_NAMES = ("tensorboard", "wandb", "mlflow", "trackio")
 #: Far beyond any episode of either environment, near enough to refuse a typo'd 10**20.
 MAX_STEPS = 10_000
 BIG = 10**12
@@ -190,6 +192,10 @@ RULES: dict[str, Rule] = {
     "store.collection": Rule(lambda v: isinstance(v, str) and 3 <= len(v) <= 63,
                              "a name of 3 to 63 characters"),
     "env.name": text(),
+    "logging.trackers": Rule(lambda v: isinstance(v, list) and all(x in TRACKER_NAMES for x in v)
+                             and len(set(v)) == len(v),
+                             "a list of distinct trackers from " + ", ".join(TRACKER_NAMES), TRACKER_NAMES),
+    "logging.project": text(),
 }
 
 

@@ -12,7 +12,7 @@ import time
 import traceback
 import zlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from arena.core.env import Episode
@@ -45,6 +45,8 @@ REACT_SYSTEM_PROMPT = (
 #: tags, and the action is mapped to an admissible one when it matches one (else it is played
 #: as written, and the world answers "Nothing happens.": an invalid action).
 MODES = ("choose", "react")
+#: How many next-best options of a constrained choice a step records (for the viewer).
+ALTERNATIVES = 3
 _ACTION_TAG = re.compile(r"<action>(.*?)(?:</action>|$)", re.S | re.I)
 
 
@@ -81,6 +83,8 @@ class Action:
     llm_calls: int = 0
     logprob: float | None = None
     rollout: RolloutTokens | None = None
+    #: The next best options of a constrained choice, ``(text, summed log-prob)``, best first.
+    alternatives: list[tuple[str, float]] = field(default_factory=list)
 
 
 class Policy(Protocol):
@@ -139,6 +143,7 @@ def play(
                     tokens_out=action.tokens_out,
                     logprob=action.logprob,
                     rollout=action.rollout,
+                    alternatives=[[text, logprob] for text, logprob in action.alternatives],
                 )
             )
             trajectory.llm_calls += action.llm_calls
@@ -414,8 +419,12 @@ class StandardSolver:
                 max_new_tokens=32,
                 seed=seed + len(trajectory.steps),
             )
-            (choice,) = self.llm.choose([prompt], [list(observation.admissible_actions)], params)
-            return _action(choice, choice.text)
+            options = list(observation.admissible_actions)
+            (choice,) = self.llm.choose([prompt], [options], params)
+            action = _action(choice, choice.text)
+            ranked = sorted((lp, i) for i, lp in enumerate(choice.option_logprobs) if i != choice.index)
+            action.alternatives = [(options[i], round(float(lp), 4)) for lp, i in reversed(ranked[-ALTERNATIVES:])]
+            return action
 
         return act
 

@@ -89,6 +89,9 @@ class Step:
     tokens_out: int = 0
     logprob: float | None = None
     rollout: RolloutTokens | None = field(default=None, repr=False, compare=False)
+    #: The next best options the model scored, ``[text, summed log-prob]``, best first (for the
+    #: viewer; a constrained choice records up to three).
+    alternatives: list[list[Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         data = {key: value for key, value in self.__dict__.items() if key != "rollout"}
