@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -69,3 +70,10 @@ def oracle_episode(run, task):
     credits it: the game really is won, so it counts.
     """
     return run.env._env.open(run.gate.full_task(task))
+
+
+def learned_metrics(path: Path) -> list[dict]:
+    """The figures the run logged per learning step (metrics.jsonl)."""
+    from arena.core.metrics import read_metrics
+
+    return [entry["metrics"] for entry in read_metrics(path) if entry["phase"] == "learn"]

@@ -16,6 +16,7 @@ from arena.plugins.evolving_rl import method as evolving
 from arena.plugins.evolving_rl.method import Candidate, build_samples
 from arena.plugins.evolving_rl.skills import parse_skill
 from arena.testing import FakeLLM
+from tests.conftest import learned_metrics
 
 CARD_JSON = json.dumps({
     "name": "Find then place", "description": "Find the object, then place it.",
@@ -97,8 +98,7 @@ def test_unparseable_cards_are_played_as_raw_text_by_default(plugins, tmp_path):
     downstream = [e for e in episodes if e["phase"] == "learn" and "/skill" in e["variant"]]
     assert len(downstream) == 2 * 2 * 2  # every (card, task) pair, though no card parses
     assert all(e["experience_ids"] for e in downstream)
-    state = json.loads((path / "method" / "state.json").read_text())
-    assert state["metrics"][0]["solver/n_tokens"] > 0
+    assert learned_metrics(path)[0]["solver/n_tokens"] > 0
     # at test time the primary episode is played with the raw card, not copied
     primary = [e for e in episodes if e["phase"] != "learn" and e["variant"] == "default"]
     assert primary and all(e["copy_of"] is None and e["llm_calls"] > 0 for e in primary)
@@ -166,8 +166,9 @@ def test_one_coevolution_iteration_end_to_end(plugins, tmp_path, monkeypatch):
     assert results["learn"]["used"]["gradient_steps"] == 1
     assert [p.name for p in (path / "method").glob("checkpoint-*")] == ["checkpoint-00001"]
     state = json.loads((path / "method" / "state.json").read_text())
-    assert state["iterations_done"] == 1 and state["metrics"][0]["samples"] > 0
-    assert state["metrics"][0]["extractor/n_tokens"] > 0 and state["metrics"][0]["solver/n_tokens"] > 0
+    (metrics,) = learned_metrics(path)
+    assert state["iterations_done"] == 1 and metrics["samples"] > 0
+    assert metrics["extractor/n_tokens"] > 0 and metrics["solver/n_tokens"] > 0
     # the shared weights moved: the served model is no longer the tiny model as built
     fresh = plugins.backends.get("transformers").factory({"model": "tiny"})
     assert results["provenance"]["model"]["weights_sha256"] != fresh.weights_digest()

@@ -12,6 +12,7 @@ from arena.core import protocol
 from arena.core.plugins import Plugins
 from arena.core.solver import REACT_SYSTEM_PROMPT, SYSTEM_PROMPT, build_prompt, parse_action
 from arena.core.types import Observation, Step, Task, Trajectory
+from tests.conftest import learned_metrics
 
 ADMISSIBLE = ("go to fridge 1", "open fridge 1", "look")
 TINY = ["llm.model=tiny", "llm.dtype=float32", "embedder.name=hashing", "env.n_train=8",
@@ -76,7 +77,6 @@ def test_rl_trains_on_every_generated_token_of_react_episodes(plugins: Plugins, 
                         "learn.sampling.temperature=1.0", "method.trainer.micro_batch_size=8"]
     path, results = protocol.run(method, overrides=overrides, out=tmp_path / "g", plugins=plugins)
     assert results["learn"]["used"]["gradient_steps"] == 1
-    state = json.loads((path / "method" / "state.json").read_text())
     trained_on = "/rollout" if method == "grpo" else "/skill"  # sources are not trained on
     learned = [e for e in lines(path / "episodes.jsonl")
                if e["phase"] == "learn" and trained_on in e["variant"]]
@@ -84,7 +84,7 @@ def test_rl_trains_on_every_generated_token_of_react_episodes(plugins: Plugins, 
     steps = sum(e["steps"] for e in learned)
     assert learned and generated > steps  # more than one token a decision: reasoning is generated
     # every generated token is trained on (one decision sample per step, all its tokens)
-    assert state["metrics"][0]["solver/n_tokens"] == generated
+    assert learned_metrics(path)[0]["solver/n_tokens"] == generated
 
 
 @pytest.mark.slow
@@ -98,6 +98,6 @@ def test_skillrl_runs_and_trains_with_the_react_solver_on_the_tiny_model(plugins
     assert results["valid"] and results["solver"]["mode"] == "react"
     state = json.loads((path / "method" / "state.json").read_text())
     assert state["stage"] == "done" and state["steps_done"] == 1
-    assert state["metrics"][0]["samples"] > 0  # the RL step trained on react decisions
+    assert learned_metrics(path)[0]["samples"] > 0  # the RL step trained on react decisions
     evaluated = [e for e in lines(path / "episodes.jsonl") if e["phase"] != "learn"]
     assert evaluated and all(e["steps"] > 0 and e["tokens_out"] > 0 for e in evaluated)

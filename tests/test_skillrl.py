@@ -25,6 +25,7 @@ from arena.plugins.skillrl.distill import parse_mistakes, parse_skills
 from arena.plugins.skillrl.retrieval import HEADER, embedding_retrieve, make_prompt_builder, template_retrieve
 from arena.plugins.skillrl.skillbank import GENERAL, SkillBank, sync_store
 from arena.testing import FakeLLM
+from tests.conftest import learned_metrics
 
 PICK, HEAT = "pick_and_place_simple", "pick_heat_then_place_in_recep"
 
@@ -447,7 +448,7 @@ def test_an_rl_step_makes_one_update_per_mini_batch_of_step_samples(plugins, tmp
     overrides = [*TINY, "method.sft.enabled=false", "method.evolution.every=0", "method.rl.mini_batch_size=2",
                  "eval.splits=[test_seen]"]
     path, results = protocol.run("skillrl", overrides=overrides, out=tmp_path / "m", plugins=plugins)
-    (metrics,) = json.loads((path / "method" / "state.json").read_text())["metrics"]
+    (metrics,) = learned_metrics(path)
     assert metrics["samples"] >= 3  # 2 rollouts of up to 3 steps: more than one mini-batch
     assert metrics["updates"] == -(-metrics["samples"] // 2)
     assert results["learn"]["used"]["gradient_steps"] == metrics["updates"]

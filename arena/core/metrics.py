@@ -19,6 +19,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from arena.core.rundir import read_jsonl
+
 if TYPE_CHECKING:
     from arena.core.trackers import Tracker
 
@@ -66,17 +68,11 @@ class MetricsLog:
 
 def read_metrics(run_path: Path | str) -> list[dict[str, Any]]:
     """The run's logged steps, ``{"phase", "step", "metrics"}``, the lines of each (phase, step)
-    merged, in step order ([] if none). A torn last line (a kill mid-write) is left out."""
-    path = Path(run_path) / METRICS
-    if not path.is_file():
-        return []
+    merged, in step order ([] if none). A torn last line (a kill mid-write) is left out; a damaged
+    line elsewhere is a :class:`~arena.core.rundir.RunDirError` naming it, as for every record."""
     merged: dict[tuple[str, int], dict[str, Any]] = {}
-    for raw in path.read_text().splitlines():
-        try:
-            entry = json.loads(raw)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(entry, dict) and isinstance(entry.get("metrics"), dict):
+    for entry in read_jsonl(Path(run_path) / METRICS, repair=False):
+        if isinstance(entry.get("metrics"), dict):
             key = (str(entry.get("phase")), int(entry.get("step", 0)))
             merged.setdefault(key, {}).update(entry["metrics"])
     return [{"phase": phase, "step": step, "metrics": merged[phase, step]}

@@ -245,7 +245,6 @@ class EvolvingRL:
             run.discard_rollouts()
             self._candidates_file(iteration).unlink(missing_ok=True)
             self.iterations_done = state["iterations_done"] = iteration + 1
-            state.setdefault("metrics", []).append({"iteration": iteration, **_rounded(metrics)})
             run.method_state.save(state)
             run.log_metrics(iteration + 1, _rounded(metrics))  # step: iterations done
             iterations.update(iteration + 1, note=_progress_note(metrics))

@@ -140,7 +140,7 @@ def grpo_samples(trajectories: list[Trajectory], groups: list[str], rewards: lis
 
 def fresh_state() -> dict[str, Any]:
     return {"stage": COLLECT, "bank": None, "teacher": {}, "distill": {}, "sft": {}, "steps_done": 0,
-            "metrics": [], "evolution": [], "evolved_at": [], "valid_used": False}
+            "evolution": [], "evolved_at": [], "valid_used": False}
 
 
 class SkillRL:
@@ -435,7 +435,6 @@ class SkillRL:
             trainer.save(step + 1)
             run.discard_rollouts()
             state["steps_done"] = step + 1
-            state["metrics"].append(_rounded(metrics))
             self._save(run, state)
             run.log_metrics(step + 1, _rounded(metrics))  # step: RL steps done
             shown.update(step + 1, note=f"success {metrics['success']:.0%}")
