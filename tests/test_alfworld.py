@@ -25,6 +25,7 @@ from click.testing import CliRunner
 from arena.cli import cli
 from arena.core import protocol
 from arena.core.env import TEST_SPLITS, TRAIN_SPLIT, VALID_SPLIT
+from arena.envs import alfworld_tasks
 from arena.envs.alfworld import data
 from arena.envs.alfworld.environment import (
     AlfworldEnvironment,
@@ -319,7 +320,7 @@ def test_walkthroughs_win_a_sample_of_valid_seen_and_valid_unseen(real_data):
 @needs_engine
 def test_progress_marks_the_subgoals_of_a_heat_task(real_data):
     env = AlfworldEnvironment(real_data)
-    task = next(t for t in env.tasks(TEST_SPLITS[0]) if t.task_type == data.HEAT_AND_PLACE)
+    task = next(t for t in env.tasks(TEST_SPLITS[0]) if t.task_type == alfworld_tasks.HEAT_AND_PLACE)
     episode = env.open(task)
     observations, actions = replay_expert(episode)
     episode.close()
@@ -351,7 +352,7 @@ def test_max_steps_ends_the_episode_and_bad_commands_change_nothing(real_data):
 @needs_engine
 def test_expert_replans_after_a_detour(real_data):
     env = AlfworldEnvironment(real_data)
-    task = next(t for t in env.tasks(TEST_SPLITS[0]) if t.task_type == data.CLEAN_AND_PLACE)
+    task = next(t for t in env.tasks(TEST_SPLITS[0]) if t.task_type == alfworld_tasks.CLEAN_AND_PLACE)
     episode = env.open(task)
     observation = episode.reset()
     walkthrough_first = episode.expert_action()

@@ -97,7 +97,7 @@ def test_a_finished_run_names_the_next_commands(tmp_path):
 
 def test_listing_plugins_and_checking_names_import_no_heavy_library():
     """`arena plugins`, `--help` and a name check answer in well under 2 s because listing the
-    built-ins imports neither torch, transformers nor chromadb (measured: benchmarks/bench_cli.py)."""
+    built-ins imports neither torch, transformers, chromadb nor minigrid (measured: benchmarks/bench_cli.py)."""
     import subprocess
     import sys
 
@@ -106,7 +106,7 @@ def test_listing_plugins_and_checking_names_import_no_heavy_library():
             "r = CliRunner().invoke(cli, ['run', '--method', 'evolvng_rl']); "
             "assert \"Did you mean 'evolving_rl'?\" in r.output, r.output; "
             "print(sorted(m for m in ('torch', 'transformers', 'chromadb', 'trl', 'peft', "
-            "'sentence_transformers', 'matplotlib') if m in sys.modules))")
+            "'sentence_transformers', 'matplotlib', 'minigrid', 'gymnasium') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]", done.stdout

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from arena.envs.alfworld_tasks import HOUSEHOLD_INSTRUCTIONS
 from arena.plugins.evolving_rl.skills import SkillParseError, audit, last_json_object, parse_skill
 
 CARD = {
@@ -90,7 +91,7 @@ def test_extractor_prompt_asks_for_the_authors_schema_without_the_type_label():
                 goal="put a hot apple in fridge.")
     trajectory = Trajectory(task=task, initial_observation="You are in the middle of a room.",
                             steps=[Step("go to microwave 1", "You arrive at microwave 1.", True)])
-    user = extractor_prompt(trajectory)[-1]["content"]
+    user = extractor_prompt(trajectory, HOUSEHOLD_INSTRUCTIONS)[-1]["content"]
     schema = json.loads(user[user.index("{"):])
     assert set(schema) == {"name", "description", "metadata", "skill_overview", "when_to_use",
                            "inputs_to_identify", "workflow", "decision_rules", "error_handling",

@@ -17,16 +17,19 @@ from arena.core.embedder import HashingEmbedder
 from arena.core.llm import Choice, Generation
 from arena.core.store import ExperienceStore
 from arena.core.types import Experience, Provenance, Task
+from arena.envs.alfworld_tasks import HOUSEHOLD_INSTRUCTIONS
 from arena.plugins.expel.insights import Insight, InsightBook, Operation, parse_operations
 from arena.plugins.expel.method import ExpeL, select_fewshots, trials_needed
 from arena.plugins.expel.prompts import (
     CRITIC_SYSTEM,
     FEWSHOTS_HEADER,
-    INSIGHTS_HEADER,
     REFLECTION_REQUEST,
+    insights_header,
 )
 from arena.testing import FakeLLM
 from tests.conftest import FAST
+
+INSIGHTS_HEADER = insights_header(HOUSEHOLD_INSTRUCTIONS)  # the runs here are on the household world
 
 # -- operation parsing ------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from arena.core.context import EVALUATE, LEARN
 from arena.core.embedder import HashingEmbedder
 from arena.core.store import ExperienceStore
 from arena.core.types import Experience, Provenance, Step, Task, Termination, Trajectory
+from arena.envs.alfworld_tasks import HOUSEHOLD_INSTRUCTIONS
 from arena.plugins.memrl.method import (
     INTENT,
     MEMORY,
@@ -67,6 +68,7 @@ def run(plugins):
     return types.SimpleNamespace(cfg=cfg, store=ExperienceStore(None, HashingEmbedder()), phase=LEARN,
                                  track="frozen", llm=llm, prompts=prompts, has_store=lambda: True,
                                  budget=types.SimpleNamespace(used={"episodes": 0}), logged=logged,
+                                 env=types.SimpleNamespace(instructions=HOUSEHOLD_INSTRUCTIONS),
                                  log_metrics=lambda step, metrics: logged.append((step, dict(metrics))))
 
 

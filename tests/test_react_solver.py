@@ -10,11 +10,24 @@ import pytest
 
 from arena.core import protocol
 from arena.core.plugins import Plugins
-from arena.core.solver import REACT_SYSTEM_PROMPT, SYSTEM_PROMPT, build_prompt, parse_action
+from arena.core.solver import build_prompt, parse_action
 from arena.core.types import Observation, Step, Task, Trajectory
+from arena.envs.alfworld_tasks import HOUSEHOLD_INSTRUCTIONS
 from tests.conftest import learned_metrics
 
 ADMISSIBLE = ("go to fridge 1", "open fridge 1", "look")
+#: The household worlds' system prompts, word for word as before environments owned them (the
+#: runs on the committed boards were made with them).
+SYSTEM_PROMPT = (
+    "You are an agent in a household. Each turn you read an observation and reply with exactly one "
+    "of the admissible actions, copied verbatim. Reach the task's goal in as few steps as possible."
+)
+REACT_SYSTEM_PROMPT = (
+    "You are an agent in a household. Each turn you read an observation and the admissible "
+    "actions. First think about the situation inside <reasoning> and </reasoning>, then give "
+    "exactly one admissible action, copied verbatim, inside <action> and </action>. Reach the "
+    "task's goal in as few steps as possible."
+)
 TINY = ["llm.model=tiny", "llm.dtype=float32", "embedder.name=hashing", "env.n_train=8",
         "env.n_valid=4", "env.n_test=4", "eval.limit=1", "eval.max_steps=3", "learn.max_steps=3",
         "solver.mode=react", "solver.reasoning_max_tokens=12"]
@@ -38,7 +51,8 @@ def test_react_prompts_ask_for_tags_and_replay_what_was_written() -> None:
     trajectory = Trajectory(task=task, initial_observation="You are in a room.",
                             steps=[Step("go to fridge 1", "You arrive at fridge 1.", True, thought=written)])
     observation = Observation(text="You arrive at fridge 1.", admissible_actions=ADMISSIBLE)
-    common = dict(history=2, show_admissible=True, max_experiences=4, max_experience_chars=800)
+    common = dict(history=2, show_admissible=True, max_experiences=4, max_experience_chars=800,
+                  instructions=HOUSEHOLD_INSTRUCTIONS)
     chat = build_prompt(task, observation, trajectory, [], layout="transcript",
                         admissible_shown=[list(ADMISSIBLE)] * 2, mode="react", **common)
     assert chat[0]["content"] == REACT_SYSTEM_PROMPT and chat[2] == {"role": "assistant", "content": written}

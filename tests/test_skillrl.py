@@ -18,6 +18,7 @@ from arena.core.rl import PolicyTrainer, group_advantages
 from arena.core.solver import StandardSolver, play
 from arena.core.store import ExperienceStore
 from arena.core.types import RolloutTokens, Step, Task, Termination, Trajectory
+from arena.envs.alfworld_tasks import HOUSEHOLD_INSTRUCTIONS
 from arena.plugins.skillrl import distill
 from arena.plugins.skillrl import method as skillrl
 from arena.plugins.skillrl import sft as sft_stage
@@ -242,7 +243,8 @@ def test_the_authors_evolution_prompt_lists_failures_of_every_type_and_titles_on
     bank = constructed_bank()
     lost = [failed(PICK), failed(HEAT)]
     _, chat = distill.evolve_general_prompt(0.25, lost, [s.title for s in bank.skills.values()],
-                                            max_new=3, last_steps=5, max_chars=2000)
+                                            max_new=3, last_steps=5, max_chars=2000,
+                                            instructions=HOUSEHOLD_INSTRUCTIONS)
     text = chat[-1]["content"]
     assert f"Attempt 1 ({PICK})" in text and f"Attempt 2 ({HEAT})" in text and "25%" in text
     assert "- Heat in microwave" in text and "Heat the object with microwave 1." not in text

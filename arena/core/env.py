@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import hashlib
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
-from arena.core.types import Observation, Task
+from arena.core.types import Observation, Task, Trajectory
 
 #: Split names the protocol knows. ``train`` is learned on; the two test splits are evaluated on.
 TRAIN_SPLIT = "train"
@@ -18,6 +19,42 @@ TEST_SPLITS = ("test_seen", "test_unseen")
 #: Split name of :meth:`Environment.pool_tasks`: train-like tasks of the types train holds out,
 #: consulted at test time only (``eval.source_pool: all_types``), never learned from.
 POOL_SPLIT = "pool"
+
+
+@dataclass(frozen=True)
+class Instructions:
+    """What an environment tells the agent about its world, and how its episodes read as text.
+
+    The harness's solver builds its system prompt from them; methods name the domain in their own
+    prompts (``f"similar {instructions.domain} tasks"``) and render trajectories for extraction
+    with :meth:`render`, so no core module or method assumes one kind of world. An environment
+    whose transcripts read differently overrides :meth:`render` in a subclass.
+    """
+
+    #: Where the agent is, after "You are an agent in": "a grid world", say.
+    setting: str = "a text environment"
+    #: The kind of task, as an adjective before "tasks" ("grid-world tasks").
+    domain: str = "text-based"
+    #: How the commands work, appended to the system prompt; empty where the admissible
+    #: commands explain themselves ("take apple 1 from countertop 2").
+    actions: str = ""
+
+    def system_prompt(self, mode: str = "choose") -> str:
+        """The standard solver's system prompt: ``choose`` (reply with one admissible action)
+        or ``react`` (reasoning and an action in tags, Evolving-RL's authors' format)."""
+        lead = f"You are an agent in {self.setting}. Each turn you read an observation and "
+        if mode == "react":
+            body = ("the admissible actions. First think about the situation inside <reasoning> "
+                    "and </reasoning>, then give exactly one admissible action, copied verbatim, "
+                    "inside <action> and </action>. Reach the task's goal in as few steps as possible.")
+        else:
+            body = ("reply with exactly one of the admissible actions, copied verbatim. Reach the "
+                    "task's goal in as few steps as possible.")
+        return lead + body + (f" {self.actions}" if self.actions else "")
+
+    def render(self, trajectory: Trajectory, max_steps: int | None = None) -> str:
+        """An episode as text for prompts and extractors (the last ``max_steps`` steps)."""
+        return trajectory.render(max_steps=max_steps)
 
 
 class Episode(ABC):
@@ -31,8 +68,8 @@ class Episode(ABC):
 
     @abstractmethod
     def step(self, action: str) -> Observation:
-        """Apply one command. An inadmissible command changes nothing and answers as the game does
-        (ALFWorld: ``Nothing happens.``)."""
+        """Apply one command. An inadmissible command changes nothing and answers as the game
+        does (``Nothing happens.`` in the built-in worlds)."""
 
     def expert_action(self) -> str | None:
         """The next action of an expert plan from the current state, or None if there is none."""
@@ -47,9 +84,11 @@ class Environment(ABC):
 
     name: str = ""
     version: str = ""
-    #: The environment's own step limit per episode, used where ``eval.max_steps`` is null
-    #: (ALFWorld's usual 50; the household world's 30).
+    #: The environment's own step limit per episode, used where ``eval.max_steps`` is null.
     max_steps: int = 30
+    #: Distributions that define the world (a game engine, its data), whose versions every run
+    #: records beside the harness's own.
+    packages: tuple[str, ...] = ()
 
     @abstractmethod
     def split_names(self) -> list[str]:
@@ -73,6 +112,19 @@ class Environment(ABC):
         learning. Empty (the default) where train already holds every type.
         """
         return []
+
+    def instructions(self) -> Instructions:
+        """What the agent is told about this world (see :class:`Instructions`); the generic
+        wording by default."""
+        return Instructions()
+
+    def task_types(self) -> tuple[str, ...]:
+        """The task types of every split, in order of first appearance (from the task lists)."""
+        seen: dict[str, None] = {}
+        for split in self.split_names():
+            for task in self.tasks(split):
+                seen.setdefault(task.task_type, None)
+        return tuple(seen)
 
     def protocol_fields(self) -> dict[str, object]:
         """World settings that change what is measured (a difficulty level, say).

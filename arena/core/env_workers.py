@@ -26,7 +26,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from arena.core.env import Environment, Episode
+from arena.core.env import Environment, Episode, Instructions
 from arena.core.types import Observation, Task
 
 #: Episode methods a worker runs on request (the :class:`Episode` interface).
@@ -266,6 +266,7 @@ class ProcessEnvironment(Environment):
         self.name = local.name
         self.version = local.version
         self.max_steps = local.max_steps
+        self.packages = local.packages
         self.factory = factory
         self.workers = int(workers)
         self.call_timeout_s = call_timeout_s
@@ -295,6 +296,12 @@ class ProcessEnvironment(Environment):
 
     def protocol_fields(self) -> dict[str, object]:
         return self.local.protocol_fields()
+
+    def instructions(self) -> Instructions:
+        return self.local.instructions()
+
+    def task_types(self) -> tuple[str, ...]:
+        return self.local.task_types()
 
     def __getattr__(self, name: str) -> Any:
         # Anything else of the wrapped environment (e.g. its own settings) reads through.

@@ -111,7 +111,7 @@ class EpisodeRunner:
         self._services = services
         self._hooks = hooks
         self._on_episode = on_episode
-        self.solver = StandardSolver.from_config(services.llm, cfg.solver)
+        self.solver = StandardSolver.from_config(services.llm, cfg.solver, instructions=env.instructions())
         self._keep_rollouts = False
         self._journaled: dict[tuple, Trajectory] = {}  # a killed step's episode, to finish it
         self._sealed: set[str] = set()  # seals of the episodes the harness played (evaluation)

@@ -1,7 +1,7 @@
 """Executors: where the environments of a run's episodes live (``executor.name``).
 
 ``local`` (the default) keeps them in the harness process, or in the environment's own worker
-processes where it has them (ALFWorld's ``env.workers``). ``ray`` puts them in Ray actors, on
+processes where it has them (an environment's ``env.workers``). ``ray`` puts them in Ray actors, on
 this machine or across a cluster (``executor.ray.address``), so that a slow environment scales
 past one machine's cores.
 

@@ -1,7 +1,7 @@
 """Plugin loading: built-ins, entry-point plugins (group ``arena``) and in-process plugins.
 
 Built-in methods, environments and backends are plugins too: their modules are listed in
-:data:`DEFAULT_PLUGINS` and register through the same hooks as a third-party package.
+:data:`DEFAULT_PLUGINS` (from :mod:`arena.builtins`) and register through the same hooks as a third-party package.
 
 Environment variables:
 
@@ -28,24 +28,14 @@ from typing import Any
 
 import pluggy
 
+from arena.builtins import BUILTIN_PLUGINS
 from arena.core import hookspecs
 from arena.core.registry import Entry, RegistrationError, Registry
 
 ENTRY_POINT_GROUP = "arena"
 
-DEFAULT_PLUGINS: tuple[str, ...] = (
-    "arena.envs.household.plugin",
-    "arena.envs.alfworld.plugin",
-    "arena.backends.plugin",
-    "arena.plugins.base",
-    "arena.plugins.evolving_rl",
-    "arena.plugins.expel",
-    "arena.plugins.memrl",
-    "arena.plugins.rag",
-    "arena.plugins.random_policy",
-    "arena.plugins.skillrl",
-    "arena.testing",
-)
+#: Modules of the built-in plugins (listed in :mod:`arena.builtins`).
+DEFAULT_PLUGINS: tuple[str, ...] = BUILTIN_PLUGINS
 
 
 class PluginLoadError(RuntimeError):

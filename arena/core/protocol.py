@@ -330,7 +330,7 @@ class Session:
         if not self.resumed:
             self.run_dir.update_state(
                 started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                provenance=provenance.collect(),
+                provenance=provenance.collect(tuple(self.env.packages)),
             )
         self._learn()
         self._evaluate()
@@ -560,7 +560,7 @@ class Session:
                 "method": method_sizes,
             },
             "provenance": {
-                **state.get("provenance", provenance.collect()),
+                **state.get("provenance", provenance.collect(tuple(self.env.packages))),
                 "env_version": self.env.version,
                 "split_hashes": self._split_hashes(),
                 "model": self.llm.describe(),

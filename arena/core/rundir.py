@@ -236,7 +236,7 @@ class RunDir:
         if not path.is_file():
             raise RunDirError(
                 f"{self.path} is not an Arena run directory (no {CONFIG}). Pass the folder that "
-                "`arena run` printed, e.g. runs/20261129-080000-base-household."
+                "`arena run` printed, e.g. runs/20261129-080000-base-<env>."
             )
         try:
             cfg = OmegaConf.load(path)

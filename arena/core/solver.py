@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from arena.core.env import Episode
+from arena.core.env import Episode, Instructions
 from arena.core.llm import Chat, Choice, Generation, LLMBackend, SamplingParams
 from arena.core.types import (
     Experience,
@@ -25,19 +25,6 @@ from arena.core.types import (
     Task,
     Termination,
     Trajectory,
-)
-
-SYSTEM_PROMPT = (
-    "You are an agent in a household. Each turn you read an observation and reply with exactly one "
-    "of the admissible actions, copied verbatim. Reach the task's goal in as few steps as possible."
-)
-#: The ``react`` mode's instructions: reasoning, then one action, in the tags Evolving-RL's
-#: authors use (their wording differs).
-REACT_SYSTEM_PROMPT = (
-    "You are an agent in a household. Each turn you read an observation and the admissible "
-    "actions. First think about the situation inside <reasoning> and </reasoning>, then give "
-    "exactly one admissible action, copied verbatim, inside <action> and </action>. Reach the "
-    "task's goal in as few steps as possible."
 )
 
 #: How the standard solver acts (``solver.mode``): ``choose`` scores the admissible actions and
@@ -211,10 +198,12 @@ def build_prompt(
     admissible_shown: list[list[str]] | None = None,
     admissible_turns: str = "full",
     mode: str = "choose",
+    instructions: Instructions | None = None,
 ) -> Chat:
     """The standard solver's prompt in ``layout`` for ``mode``; its first user message states the
     task (what methods add to, see :func:`with_task_message`). In the ``react`` mode the
-    transcript shows each past reply as it was written (reasoning and action).
+    transcript shows each past reply as it was written (reasoning and action). The system
+    prompt is the environment's (``instructions``; the generic wording where None).
 
     ``admissible_shown`` (transcript layout with ``show_admissible``): the admissible actions of
     each turn so far, the current one last, as the policy saw them; past turns keep theirs, so
@@ -224,7 +213,7 @@ def build_prompt(
     if experiences:
         rendered = render_experiences(experiences, max_experiences, max_experience_chars)
         task_parts.append(f"Relevant experience from earlier tasks:\n{rendered}")
-    system = REACT_SYSTEM_PROMPT if check_mode(mode) == "react" else SYSTEM_PROMPT
+    system = (instructions or Instructions()).system_prompt(check_mode(mode))
     if check_layout(layout) == "transcript":
         return _transcript(task_parts, trajectory, show_admissible, admissible_shown,
                            check_admissible_turns(admissible_turns), system,
@@ -254,7 +243,7 @@ def _admissible_line(actions: list[str] | tuple[str, ...]) -> str:
 
 #: How later turns of the transcript list the admissible actions (``solver.admissible_turns``):
 #: ``full`` repeats the whole list in every turn, as Evolving-RL's authors do (about 140 tokens a
-#: turn in the household world); ``changes`` gives the whole list in the first turn, then only the
+#: turn for 30 commands); ``changes`` gives the whole list in the first turn, then only the
 #: actions that became admissible or stopped being so (about 35).
 ADMISSIBLE_TURNS = ("full", "changes")
 
@@ -279,7 +268,7 @@ def _transcript(
     show_admissible: bool,
     admissible_shown: list[list[str]] | None,
     admissible_turns: str,
-    system: str = SYSTEM_PROMPT,
+    system: str,
     replies: bool = False,
 ) -> Chat:
     """``replies``: past turns show what the model wrote (a step's ``thought``, the whole reply
@@ -337,8 +326,11 @@ class StandardSolver:
         admissible_turns: str = "full",
         mode: str = "choose",
         reasoning_max_tokens: int = 64,
+        instructions: Instructions | None = None,
     ) -> None:
         self.llm = llm
+        #: The environment's (``run.env.instructions``): its system prompt and command help.
+        self.instructions = instructions or Instructions()
         self.mode = check_mode(mode)
         self.reasoning_max_tokens = int(reasoning_max_tokens)
         self.layout = check_layout(layout)
@@ -389,6 +381,7 @@ class StandardSolver:
                 admissible_shown=admissible_shown,
                 admissible_turns=self.admissible_turns,
                 mode=self.mode,
+                instructions=self.instructions,
             )
 
         return prompt_of

@@ -61,7 +61,7 @@ class Observation:
     done: bool = False
     won: bool = False
     progress: float = 0.0  # fraction of the task's subgoals met, in [0, 1]
-    #: ``done`` because the environment's own step limit ended the game (ALFWorld's 50), not
+    #: ``done`` because the environment's own step limit ended the game (a level's own limit), not
     #: because the task failed: the episode ends as ``step_limit``, as at the harness's limit.
     truncated: bool = False
 
@@ -147,7 +147,9 @@ class Trajectory:
         return cls(**data)
 
     def render(self, max_steps: int | None = None) -> str:
-        """ALFWorld-style transcript (``> action`` / reply), used in prompts and extraction."""
+        """The first observation, then each step as ``> action`` and the reply. Methods render
+        through their environment's :meth:`arena.core.env.Instructions.render`, which uses this
+        unless the environment reads differently."""
         lines = [self.initial_observation]
         steps = self.steps if max_steps is None else self.steps[-max_steps:]
         for step in steps:

@@ -86,6 +86,9 @@ class EnvironmentView:
         self.name = env.name
         self.version = env.version
         self.max_steps = env.max_steps
+        #: What the agent is told about this world; methods name its ``domain`` in their own
+        #: prompts and render trajectories with its ``render``.
+        self.instructions = env.instructions()
 
     def split_names(self) -> list[str]:
         return self._env.split_names()

@@ -2,8 +2,8 @@
 
 Two standard deviations are in use, and the choice is the caller's (``std``): ``unbiased``
 (Bessel-corrected, n - 1), as ``torch.std`` computes it in verl's GRPO (which verl-agent, and so
-SkillRL, runs); ``population`` (n), as Evolving-RL's own ``grpo_normalize`` in
-``src/alfworld/reward/functions.py`` computes it. A group of one sample has no baseline to compare
+SkillRL, runs); ``population`` (n), as Evolving-RL's own ``grpo_normalize`` (in its reward
+functions module) computes it. A group of one sample has no baseline to compare
 against, so its advantage is 0 here (verl keeps the raw reward there, and so does Evolving-RL's
 code, which leaves a one-sample group's reward as it is).
 """

@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from arena.envs.alfworld_tasks import SEEN_TASK_TYPES, TASK_TYPES, UNSEEN_TASK_TYPES
+
 #: Folder of the game release inside a data folder (ALFWorld's name for it).
 RELEASE = "json_2.1.1"
 #: ALFWorld's own splits: train, in-distribution rooms, out-of-distribution rooms.
@@ -40,20 +42,9 @@ PINNED_SHA256 = {
 #: Games per split in the json_2.1.1 release (only reported when a folder differs).
 EXPECTED_GAMES = {"train": 3553, "valid_seen": 140, "valid_unseen": 134}
 
-PICK_AND_PLACE = "pick_and_place_simple"
-LOOK_AT_IN_LIGHT = "look_at_obj_in_light"
-CLEAN_AND_PLACE = "pick_clean_then_place_in_recep"
-HEAT_AND_PLACE = "pick_heat_then_place_in_recep"
-COOL_AND_PLACE = "pick_cool_then_place_in_recep"
-PICK_TWO_AND_PLACE = "pick_two_obj_and_place"
-TASK_TYPES = (
-    PICK_AND_PLACE, LOOK_AT_IN_LIGHT, CLEAN_AND_PLACE, HEAT_AND_PLACE, COOL_AND_PLACE,
-    PICK_TWO_AND_PLACE,
-)
-#: Evolving-RL's type split (``src/data/alfworld/split.py``): trained types ...
-SEEN_TYPES = (PICK_AND_PLACE, CLEAN_AND_PLACE, HEAT_AND_PLACE, COOL_AND_PLACE)
-#: ... and the two types held out of training entirely.
-UNSEEN_TYPES = (PICK_TWO_AND_PLACE, LOOK_AT_IN_LIGHT)
+# The six types (TASK_TYPES) and Evolving-RL's seen/unseen split, shared with the household world.
+SEEN_TYPES = SEEN_TASK_TYPES
+UNSEEN_TYPES = UNSEEN_TASK_TYPES
 
 INSTALL_HINT = (
     "Install the games with: arena data alfworld --from PATH_OR_URL (a folder or URL holding "

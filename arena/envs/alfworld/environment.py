@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from arena.core.env import POOL_SPLIT, TEST_SPLITS, TRAIN_SPLIT, VALID_SPLIT, Environment, Episode
+from arena.core.env import POOL_SPLIT, TEST_SPLITS, TRAIN_SPLIT, VALID_SPLIT, Environment, Episode, Instructions
 from arena.core.types import Observation, Task
+from arena.envs import alfworld_tasks as tasks
 from arena.envs.alfworld import data
 
 #: Bump when a change alters any task or reply; results record it with the data release.
@@ -93,9 +94,9 @@ _RECEPTACLE_TYPE = re.compile(r"\(receptacleType \?\w+ (\w+)\)")
 _TOGGLED = re.compile(r"\(isToggled \?(\w+)\)")
 #: The state a transforming task asks of its object, as a PDDL fact name.
 _TRANSFORM_FACT = {
-    data.HEAT_AND_PLACE: "ishot",
-    data.COOL_AND_PLACE: "iscool",
-    data.CLEAN_AND_PLACE: "isclean",
+    tasks.HEAT_AND_PLACE: "ishot",
+    tasks.COOL_AND_PLACE: "iscool",
+    tasks.CLEAN_AND_PLACE: "isclean",
 }
 
 
@@ -157,12 +158,12 @@ class Progress:
                 self.picked = True
             elif transform is not None and name == transform:
                 second = second or fact.arguments[0].name in self.objects
-            elif task_type == data.PICK_TWO_AND_PLACE and name == "inreceptacle":
+            elif task_type == tasks.PICK_TWO_AND_PLACE and name == "inreceptacle":
                 second = second or (fact.arguments[0].name in self.objects
                                     and fact.arguments[1].name in self.targets)
-            elif task_type == data.LOOK_AT_IN_LIGHT and name == "istoggled":
+            elif task_type == tasks.LOOK_AT_IN_LIGHT and name == "istoggled":
                 second = second or fact.arguments[0].name in self.lamps
-        if task_type == data.PICK_AND_PLACE:
+        if task_type == tasks.PICK_AND_PLACE:
             return 0.5 if self.picked else 0.0
         return (self.picked + second) / 3
 
@@ -271,6 +272,7 @@ class AlfworldEnvironment(Environment):
 
     name = "alfworld"
     version = VERSION
+    packages = ("alfworld", "textworld")
 
     def __init__(self, data_dir: Path | str, *, split_scheme: str = "type", max_steps: int = 50) -> None:
         if split_scheme not in SPLIT_SCHEMES:
@@ -330,6 +332,9 @@ class AlfworldEnvironment(Environment):
         """Every game of an ALFWorld split as a task whose ``split`` is that ALFWorld split
         (for replaying all games; the protocol uses :meth:`tasks`)."""
         return [self.task_of(g, alfworld_split) for g in self.games(alfworld_split)]
+
+    def instructions(self) -> Instructions:
+        return tasks.HOUSEHOLD_INSTRUCTIONS
 
     def open(self, task: Task) -> AlfworldEpisode:
         if task.env != self.name:

@@ -11,18 +11,18 @@ from __future__ import annotations
 # ---------------------------------------------------------------------------------------------
 # Task types
 # ---------------------------------------------------------------------------------------------
+# ALFWorld's six types (defined once, in arena.envs.alfworld_tasks, for both worlds).
+from arena.envs.alfworld_tasks import (
+    CLEAN_AND_PLACE,
+    COOL_AND_PLACE,
+    HEAT_AND_PLACE,
+    LOOK_AT_IN_LIGHT,
+    PICK_AND_PLACE,
+    PICK_TWO_AND_PLACE,
+    SEEN_TASK_TYPES,
+    UNSEEN_TASK_TYPES,
+)
 
-PICK_AND_PLACE = "pick_and_place_simple"
-LOOK_AT_IN_LIGHT = "look_at_obj_in_light"
-CLEAN_AND_PLACE = "pick_clean_then_place_in_recep"
-HEAT_AND_PLACE = "pick_heat_then_place_in_recep"
-COOL_AND_PLACE = "pick_cool_then_place_in_recep"
-PICK_TWO_AND_PLACE = "pick_two_obj_and_place"
-
-#: Types learned on (train, valid) and evaluated in-distribution (test_seen).
-SEEN_TASK_TYPES = (PICK_AND_PLACE, CLEAN_AND_PLACE, HEAT_AND_PLACE, COOL_AND_PLACE)
-#: Types held out of train and valid entirely; only test_unseen has them.
-UNSEEN_TASK_TYPES = (PICK_TWO_AND_PLACE, LOOK_AT_IN_LIGHT)
 TASK_TYPES = SEEN_TASK_TYPES + UNSEEN_TASK_TYPES
 
 #: ALFWorld's goal phrasings: ``{o}`` object type, ``{r}`` receptacle type, ``{l}`` lamp type.

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from arena.core.env import POOL_SPLIT, TEST_SPLITS, TRAIN_SPLIT, VALID_SPLIT, Environment
+from arena.core.env import POOL_SPLIT, TEST_SPLITS, TRAIN_SPLIT, VALID_SPLIT, Environment, Instructions
 from arena.core.types import Task
+from arena.envs.alfworld_tasks import HOUSEHOLD_INSTRUCTIONS
 from arena.envs.household import catalog as cat
 from arena.envs.household.layout import generate
 from arena.envs.household.levels import HARD, get_level
@@ -123,6 +124,9 @@ class HouseholdEnvironment(Environment):
             self._tasks[POOL_SPLIT] = [make_task(self.seed, POOL_SPLIT, i, self.level)
                                        for i in range(size)]
         return list(self._tasks[POOL_SPLIT])
+
+    def instructions(self) -> Instructions:
+        return HOUSEHOLD_INSTRUCTIONS
 
     def protocol_fields(self) -> dict[str, object]:
         return {"level": self.level}

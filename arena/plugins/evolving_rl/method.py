@@ -279,7 +279,7 @@ class EvolvingRL:
                 params: SamplingParams | None = None) -> list[Candidate]:
         """``n`` candidate cards per source trajectory (one batched generate call)."""
         prefix = self.cfg.extractor_reply_prefix or ""
-        prompts = [extractor_prompt(t, reply_prefix=prefix) for t in sources for _ in range(n)]
+        prompts = [extractor_prompt(t, run.env.instructions, reply_prefix=prefix) for t in sources for _ in range(n)]
         params = params or self._sampling(run, self.cfg.extractor_max_tokens, seed)
         generations = run.llm.generate(prompts, params)
         candidates = []

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 
+from arena.core.env import Instructions
 from arena.core.llm import Chat
 from arena.core.types import Trajectory
 
-EXTRACTOR_SYSTEM = (
-    "You turn an agent's experience into a reusable skill for similar household tasks. "
-    "You may think first; end your answer with one JSON object."
-)
+
+def extractor_system(instructions: Instructions) -> str:
+    return (f"You turn an agent's experience into a reusable skill for similar {instructions.domain} "
+            "tasks. You may think first; end your answer with one JSON object.")
 
 #: The authors' card schema, every field (only name and description are required).
 SKILL_TEMPLATE = {
@@ -36,13 +37,14 @@ SKILL_TEMPLATE = {
 }
 
 
-def extractor_prompt(trajectory: Trajectory, max_steps_shown: int = 30,
+def extractor_prompt(trajectory: Trajectory, instructions: Instructions, max_steps_shown: int = 30,
                      reply_prefix: str | None = None) -> Chat:
-    """The chat that asks for one skill card from one source trajectory. With ``reply_prefix``
+    """The chat that asks for one skill card from one source trajectory of the environment
+    ``instructions`` describe (its domain named, its trajectory rendered its way). With ``reply_prefix``
     the extractor's reply starts with that text (e.g. ``{"name": "``), which a small model
     needs to write JSON at all; the card is then ``reply_prefix`` + what it generated."""
     outcome = "SUCCEEDED" if trajectory.success else "FAILED"
-    transcript = trajectory.render(max_steps=max_steps_shown)
+    transcript = instructions.render(trajectory, max_steps=max_steps_shown)
     user = (
         f"Task: {trajectory.task.goal}\n"
         f"The agent {outcome} at this task.\n"
@@ -55,7 +57,7 @@ def extractor_prompt(trajectory: Trajectory, max_steps_shown: int = 30,
         + "\nAnswer with JSON in this shape:\n"
         + json.dumps(SKILL_TEMPLATE, indent=1)
     )
-    chat = [{"role": "system", "content": EXTRACTOR_SYSTEM}, {"role": "user", "content": user}]
+    chat = [{"role": "system", "content": extractor_system(instructions)}, {"role": "user", "content": user}]
     if reply_prefix:
         chat.append({"role": "assistant", "content": reply_prefix})
     return chat

@@ -31,6 +31,7 @@ from typing import Any
 
 import arena
 from arena.core.context import BudgetExhausted, EpisodeRequest, RunContext
+from arena.core.env import Instructions
 from arena.core.llm import SamplingParams
 from arena.core.method_config import typed_config
 from arena.core.solver import StandardSolver
@@ -67,7 +68,7 @@ def trajectory_id(task_id: str, trial: int) -> str:
 
 
 def trajectory_experience(trajectory: Trajectory, trial: int, reflections_shown: list[str],
-                          reflection: str) -> Experience:
+                          reflection: str, instructions: Instructions) -> Experience:
     """One gathered trial as stored: the goal is the retrieval key, the transcript metadata."""
     task = trajectory.task
     return Experience(
@@ -80,7 +81,7 @@ def trajectory_experience(trajectory: Trajectory, trial: int, reflections_shown:
             "trial": trial,
             "success": trajectory.success,
             "steps": len(trajectory.steps),
-            "transcript": trajectory.render(),
+            "transcript": instructions.render(trajectory),
             "reflections_shown": list(reflections_shown),
             "reflection": reflection,
         },
@@ -239,7 +240,8 @@ class ExpeL:
             failures = [t for t in played if not t.success] if retry else []
             reflections = self._reflect(run, failures, seed=seed * 1_000 + trial)
             experiences = [
-                trajectory_experience(t, trial, shown[t.task.task_id], reflections.get(t.task.task_id, ""))
+                trajectory_experience(t, trial, shown[t.task.task_id], reflections.get(t.task.task_id, ""),
+                                      run.env.instructions)
                 for t in played
             ]
             if experiences:
@@ -284,7 +286,7 @@ class ExpeL:
         if not failures:
             return {}
         max_chars = self.cfg.transcript_chars
-        prompts = [reflection_prompt(t, max_chars) for t in failures]
+        prompts = [reflection_prompt(t, max_chars, run.env.instructions) for t in failures]
         generations = run.llm.generate(prompts, self._sampling(run, self.cfg.reflection_max_tokens, seed))
         return {t.task.task_id: parse_reflection(g.text) for t, g in zip(failures, generations)}
 
@@ -416,7 +418,8 @@ class ExpeL:
     def solve(self, run: RunContext, task: Task, experiences: list[Experience], seed: int) -> Trajectory:
         """The standard solver's constrained choice, with ExpeL's prompt sections."""
         solver_cfg, sampling = run.cfg.solver, run.sampling()
-        solver = StandardSolver.from_config(run.llm, solver_cfg, prompt_builder=solver_prompt)
+        solver = StandardSolver.from_config(run.llm, solver_cfg, prompt_builder=solver_prompt,
+                                            instructions=run.env.instructions)
         policy = solver.policy(task, experiences, seed, temperature=float(sampling.temperature),
                                top_p=float(sampling.top_p))
         return run.play_policy(task, policy, experiences)

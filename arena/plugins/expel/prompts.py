@@ -12,13 +12,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from arena.core.env import Instructions
 from arena.core.llm import Chat
 from arena.core.solver import build_prompt, with_task_message
 from arena.core.types import Experience, Observation, Task, Trajectory
 
-REFLECTION_SYSTEM = (
-    "You are an agent that improves by reflecting on its own failed attempts at household tasks."
-)
+
+def reflection_system(instructions: Instructions) -> str:
+    return ("You are an agent that improves by reflecting on its own failed attempts at "
+            f"{instructions.domain} tasks.")
+
 REFLECTION_REQUEST = (
     "You did not complete the task above. Do not describe the room. Think about the strategy and "
     "the path you took, find the mistake, and write a short new plan for the next attempt that "
@@ -47,10 +50,10 @@ SUFFIX_FULL = (
 )
 SUFFIX_NOT_FULL = "Your operations on the EXISTING RULES:\n"
 
-INSIGHTS_HEADER = (
-    "The following are insights gathered on similar household tasks. Use them as references to "
-    "help you perform this task:"
-)
+def insights_header(instructions: Instructions) -> str:
+    return (f"The following are insights gathered on similar {instructions.domain} tasks. Use them as "
+            "references to help you perform this task:")
+
 FEWSHOTS_HEADER = "Here are examples of similar tasks completed successfully:"
 REFLECTIONS_HEADER = "Your reflections on your earlier failed attempts at this task:"
 
@@ -70,11 +73,11 @@ def outcome_line(trajectory: Trajectory) -> str:
     return "RESULT: task completed." if trajectory.success else f"RESULT: failed ({trajectory.status.value})."
 
 
-def reflection_prompt(trajectory: Trajectory, max_chars: int) -> Chat:
+def reflection_prompt(trajectory: Trajectory, max_chars: int, instructions: Instructions) -> Chat:
     """Asks for a one-line Reflexion plan after a failed trial."""
-    transcript = clip(trajectory.render(), max_chars)
+    transcript = clip(instructions.render(trajectory), max_chars)
     user = f"Previous trial:\n{transcript}\n{outcome_line(trajectory)}\n\n{REFLECTION_REQUEST}\nNew plan:"
-    return [{"role": "system", "content": REFLECTION_SYSTEM}, {"role": "user", "content": user}]
+    return [{"role": "system", "content": reflection_system(instructions)}, {"role": "user", "content": user}]
 
 
 def parse_reflection(text: str, max_chars: int = 400) -> str:
@@ -123,7 +126,7 @@ def success_prompt(successes: list[tuple[str, str]], rules: list[str], *, full: 
     return _critique(body, rules, full, max_operations)
 
 
-def experience_sections(experiences: list[Experience]) -> list[str]:
+def experience_sections(experiences: list[Experience], instructions: Instructions) -> list[str]:
     """The prompt sections ExpeL adds: few-shot successes, insights, reflections (in that order)."""
     fewshots = [e for e in experiences if e.kind == "trajectory"]
     insights = [e for e in experiences if e.kind == "insight"]
@@ -133,7 +136,7 @@ def experience_sections(experiences: list[Experience]) -> list[str]:
         shown = "\n\n".join(str(e.metadata.get("transcript", e.text)).strip() for e in fewshots)
         sections.append(f"{FEWSHOTS_HEADER}\n\n{shown}\n\n(END OF EXAMPLES)")
     if insights:
-        sections.append(f"{INSIGHTS_HEADER}\n{numbered([e.text.strip() for e in insights])}")
+        sections.append(f"{insights_header(instructions)}\n{numbered([e.text.strip() for e in insights])}")
     if reflections:
         sections.append(REFLECTIONS_HEADER + "\n" + "\n".join(
             f"Trial {number}: {e.text.strip()}" for number, e in enumerate(reflections, start=1)))
@@ -144,7 +147,7 @@ def solver_prompt(task: Task, observation: Observation, trajectory: Trajectory,
                   experiences: list[Experience], **standard: Any) -> Chat:
     """The harness's standard prompt with ExpeL's sections in front of the task."""
     chat = build_prompt(task, observation, trajectory, [], **standard)
-    sections = experience_sections(experiences)
+    sections = experience_sections(experiences, standard.get("instructions") or Instructions())
     if not sections:
         return chat
     return with_task_message(chat, lambda task: "\n\n".join([*sections, task]))

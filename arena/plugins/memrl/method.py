@@ -136,7 +136,7 @@ class MemRL:
         ):
             if group:
                 params = SamplingParams(temperature=temperature, max_new_tokens=tokens, seed=0)
-                generations = run.llm.generate([make_prompt(t, steps) for t in group], params)
+                generations = run.llm.generate([make_prompt(t, steps, run.env.instructions) for t in group], params)
                 texts.update({id(t): g.text.strip() for t, g in zip(group, generations)})
         memories = []
         for trajectory in learnable:

@@ -6,15 +6,19 @@ becomes "Task + SCRIPT (3-5 steps) + TRAJECTORY", a failure "reflection + failed
 
 from __future__ import annotations
 
+from arena.core.env import Instructions
 from arena.core.llm import Chat
 from arena.core.types import Trajectory
 
-SCRIPT_SYSTEM = (
-    "You turn a solved household task into a short reusable script for similar tasks later."
-)
-REFLECTION_SYSTEM = (
-    "You review a failed attempt at a household task and say what to do differently next time."
-)
+
+def script_system(instructions: Instructions) -> str:
+    return (f"You turn a solved {instructions.domain} task into a short reusable script for similar "
+            "tasks later.")
+
+
+def reflection_system(instructions: Instructions) -> str:
+    return (f"You review a failed attempt at a {instructions.domain} task and say what to do "
+            "differently next time.")
 
 
 def action_line(trajectory: Trajectory, max_chars: int) -> str:
@@ -26,24 +30,24 @@ def action_line(trajectory: Trajectory, max_chars: int) -> str:
     return "... " + line[-(max_chars - 4):].split("; ", 1)[-1]
 
 
-def script_prompt(trajectory: Trajectory, max_steps: int) -> Chat:
-    transcript = trajectory.render(max_steps=max_steps)
+def script_prompt(trajectory: Trajectory, max_steps: int, instructions: Instructions) -> Chat:
+    transcript = instructions.render(trajectory, max_steps=max_steps)
     user = (
         f"Task: {trajectory.task.goal}\n\nThe task was solved like this:\n{transcript}\n\n"
         "Write a script of 3 to 5 short numbered steps that solves tasks like this one. "
         "Reply with the steps only."
     )
-    return [{"role": "system", "content": SCRIPT_SYSTEM}, {"role": "user", "content": user}]
+    return [{"role": "system", "content": script_system(instructions)}, {"role": "user", "content": user}]
 
 
-def reflection_prompt(trajectory: Trajectory, max_steps: int) -> Chat:
-    transcript = trajectory.render(max_steps=max_steps)
+def reflection_prompt(trajectory: Trajectory, max_steps: int, instructions: Instructions) -> Chat:
+    transcript = instructions.render(trajectory, max_steps=max_steps)
     user = (
         f"Task: {trajectory.task.goal}\n\nThis attempt failed ({trajectory.status.value}). "
         f"The last steps were:\n{transcript}\n\n"
         "In two or three sentences, say what went wrong and what to do instead next time."
     )
-    return [{"role": "system", "content": REFLECTION_SYSTEM}, {"role": "user", "content": user}]
+    return [{"role": "system", "content": reflection_system(instructions)}, {"role": "user", "content": user}]
 
 
 def success_memory(goal: str, script: str, actions: str) -> str:

@@ -24,15 +24,18 @@ import threading
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from arena.core.env import Instructions
 from arena.core.llm import Chat, LLMBackend, SamplingParams
 from arena.core.types import Trajectory
 from arena.plugins.skillrl.settings import TeacherSettings
 from arena.plugins.skillrl.skillbank import Skill
 
-TEACHER_SYSTEM = (
-    "You are an expert teacher of household agents. You study an agent's attempts at household "
-    "tasks and write short, reusable skills as JSON. Answer with JSON only."
-)
+
+def teacher_system(instructions: Instructions) -> str:
+    domain = instructions.domain
+    return (f"You are an expert teacher of {domain} agents. You study an agent's attempts at {domain} "
+            "tasks and write short, reusable skills as JSON. Answer with JSON only.")
+
 
 SUCCESS_REQUEST = (
     "The agent COMPLETED the task above. Identify the key decisions that made it succeed and why "
@@ -46,7 +49,7 @@ FAILURE_REQUEST = (
 )
 CONSOLIDATE_REQUEST = (
     "Above are skills and mistakes learned from single tasks. Write at most {n} GENERAL skills "
-    "that hold for every household task (not one task type). Answer with a JSON list: "
+    "that hold for every {domain} task (not one task type). Answer with a JSON list: "
     '[{{"title": "...", "principle": "...", "when_to_apply": "..."}}, ...]'
 )
 EVOLVE_REQUEST = (
@@ -151,55 +154,60 @@ def clip(text: str, max_chars: int) -> str:
     return text[:head].rstrip() + marker + text[-(max_chars - len(marker) - head):].lstrip()
 
 
-def _chat(user: str) -> Chat:
-    return [{"role": "system", "content": TEACHER_SYSTEM}, {"role": "user", "content": user}]
+def _chat(user: str, instructions: Instructions) -> Chat:
+    return [{"role": "system", "content": teacher_system(instructions)}, {"role": "user", "content": user}]
 
 
-def trajectory_prompt(trajectory: Trajectory, max_chars: int) -> tuple[str, Chat]:
+def trajectory_prompt(trajectory: Trajectory, max_chars: int, instructions: Instructions) -> tuple[str, Chat]:
     """Success and failure are asked different questions (key decisions vs. what went wrong)."""
-    transcript = clip(trajectory.render(), max_chars)
+    transcript = clip(instructions.render(trajectory), max_chars)
     task = trajectory.task
     if trajectory.success:
         request = SUCCESS_REQUEST.format(task_type=task.task_type)
-        return "success", _chat(f"Task type: {task.task_type}\n{transcript}\nRESULT: completed.\n\n{request}")
+        return "success", _chat(f"Task type: {task.task_type}\n{transcript}\nRESULT: completed.\n\n{request}",
+                                instructions)
     request = FAILURE_REQUEST
     outcome = f"RESULT: failed ({trajectory.status.value})."
-    return "failure", _chat(f"Task type: {task.task_type}\n{transcript}\n{outcome}\n\n{request}")
+    return "failure", _chat(f"Task type: {task.task_type}\n{transcript}\n{outcome}\n\n{request}", instructions)
 
 
-def consolidate_prompt(lines: list[str], n_general: int, max_chars: int) -> tuple[str, Chat]:
+def consolidate_prompt(lines: list[str], n_general: int, max_chars: int,
+                       instructions: Instructions) -> tuple[str, Chat]:
     body = clip("\n".join(f"- {line}" for line in lines), max_chars)
-    return "consolidate", _chat(f"{body}\n\n{CONSOLIDATE_REQUEST.format(n=n_general)}")
+    request = CONSOLIDATE_REQUEST.format(n=n_general, domain=instructions.domain)
+    return "consolidate", _chat(f"{body}\n\n{request}", instructions)
 
 
-def _failed_attempts(failures: list[Trajectory], last_steps: int, max_chars: int, with_type: bool) -> str:
+def _failed_attempts(failures: list[Trajectory], last_steps: int, max_chars: int, with_type: bool,
+                     instructions: Instructions) -> str:
     """The authors send the last 5 steps of each failed validation trajectory."""
     attempts = []
     for number, trajectory in enumerate(failures, start=1):
         label = f" ({trajectory.task.task_type})" if with_type else ""
+        shown = clip(instructions.render(trajectory, max_steps=last_steps), max_chars // max(1, len(failures)))
         attempts.append(f"Attempt {number}{label}: {trajectory.task.goal}\n"
-                        f"{clip(trajectory.render(max_steps=last_steps), max_chars // max(1, len(failures)))}\n"
+                        f"{shown}\n"
                         f"RESULT: failed ({trajectory.status.value}).")
     return "\n\n".join(attempts)
 
 
 def evolve_prompt(task_type: str, accuracy: float, failures: list[Trajectory], skills: list[Skill],
-                  *, max_new: int, last_steps: int, max_chars: int) -> tuple[str, Chat]:
+                  *, max_new: int, last_steps: int, max_chars: int, instructions: Instructions) -> tuple[str, Chat]:
     """One weak task type's failures and the current skills: new skills or revisions."""
     current = "\n".join(f"[{s.skill_id}] {s.render()}" for s in skills) or "(none)"
     request = EVOLVE_REQUEST.format(task_type=task_type, accuracy=accuracy, n_failures=len(failures), n=max_new)
-    attempts = _failed_attempts(failures, last_steps, max_chars, with_type=False)
-    return "evolve", _chat(f"{attempts}\n\nCurrent skills:\n{current}\n\n{request}")
+    attempts = _failed_attempts(failures, last_steps, max_chars, with_type=False, instructions=instructions)
+    return "evolve", _chat(f"{attempts}\n\nCurrent skills:\n{current}\n\n{request}", instructions)
 
 
 def evolve_general_prompt(accuracy: float, failures: list[Trajectory], titles: list[str], *, max_new: int,
-                          last_steps: int, max_chars: int) -> tuple[str, Chat]:
+                          last_steps: int, max_chars: int, instructions: Instructions) -> tuple[str, Chat]:
     """The authors' one evolution call: failed attempts of any type, the existing skills' titles
     only (nothing to revise), 1 to ``max_new`` new general skills."""
     current = "\n".join(f"- {title}" for title in titles) or "(none)"
     request = EVOLVE_GENERAL_REQUEST.format(accuracy=accuracy, n_failures=len(failures), n=max_new)
-    attempts = _failed_attempts(failures, last_steps, max_chars, with_type=True)
-    return "evolve", _chat(f"{attempts}\n\nExisting skills:\n{current}\n\n{request}")
+    attempts = _failed_attempts(failures, last_steps, max_chars, with_type=True, instructions=instructions)
+    return "evolve", _chat(f"{attempts}\n\nExisting skills:\n{current}\n\n{request}", instructions)
 
 
 # -- parsing ---------------------------------------------------------------------------------

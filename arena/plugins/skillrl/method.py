@@ -299,7 +299,8 @@ class SkillRL:
         split = str(run.cfg.learn.split)
         bank = self.bank(state)
         seed = int(run.cfg.learn.seed) * 1_000_003
-        answers = teacher.ask([trajectory_prompt(t, teacher.transcript_chars) for t in trajectories], seed)
+        answers = teacher.ask([trajectory_prompt(t, teacher.transcript_chars, run.env.instructions)
+                              for t in trajectories], seed)
         bank.begin()
         parsed = {"success": 0, "failure": 0, "skills": 0, "mistakes": 0, "general": 0}
         for trajectory, answer in zip(trajectories, answers):
@@ -324,7 +325,8 @@ class SkillRL:
         lines = [s.render() for s in bank.skills.values()] + [m.render() for m in bank.mistakes.values()]
         lines = lines or [f"{t.task.goal} -> {'completed' if t.success else 'failed'}" for t in trajectories]
         if lines and cfg.n_general > 0:
-            (answer,) = teacher.ask([consolidate_prompt(lines, cfg.n_general, teacher.transcript_chars)],
+            (answer,) = teacher.ask([consolidate_prompt(lines, cfg.n_general, teacher.transcript_chars,
+                                                        run.env.instructions)],
                                     seed + 1, max_new_tokens=cfg.consolidate_max_tokens)
             sources = sorted(t.task.task_id for t in trajectories)
             for skill in parse_skills(answer, limit=cfg.n_general):
@@ -455,8 +457,8 @@ class SkillRL:
         bank = self.bank(state)
         prompts, failures_by_group = [], {}
         scheme = cfg.scheme
-        limits = {"max_new": cfg.max_new_skills, "last_steps": cfg.last_steps,
-                  "max_chars": teacher.transcript_chars}
+        limits: dict[str, Any] = {"max_new": cfg.max_new_skills, "last_steps": cfg.last_steps,
+                                  "max_chars": teacher.transcript_chars, "instructions": run.env.instructions}
         if scheme == EVOLVE_AUTHORS and weak:
             # One call: the first failures of any type, the titles of the bank, new general skills.
             failures = [t for t in episodes if not t.success][: cfg.max_failures]
@@ -541,7 +543,8 @@ class SkillRL:
     def _solver(self, run: RunContext, backend: Any) -> StandardSolver:
         """The standard solver with SkillRL's prompt (every retrieved skill shown)."""
         return StandardSolver.from_config(backend, run.cfg.solver, max_experiences=1_000,
-                                          prompt_builder=self.prompt_builder)
+                                          prompt_builder=self.prompt_builder,
+                                          instructions=run.env.instructions)
 
     def _policy(self, run: RunContext, backend: Any, task: Task, experiences: list[Experience],
                 seed: int, temperature: float | None = None) -> Policy:
