@@ -123,11 +123,18 @@ class RecordedChoice:
 
 class RecordingBackend(WrappingBackend):
     """A backend that passes every call to ``inner`` and keeps each ``choose`` prompt with its
-    choice; anything else (``tokenizer``, ``prefix_cache_stats``, ...) is ``inner``'s."""
+    choice, and each ``generate`` prompt in ``generated``; anything else (``tokenizer``,
+    ``prefix_cache_stats``, ...) is ``inner``'s."""
 
-    def __init__(self, inner: LLMBackend, calls: list[RecordedChoice]) -> None:
+    def __init__(self, inner: LLMBackend, calls: list[RecordedChoice],
+                 generated: list[Chat] | None = None) -> None:
         super().__init__(inner)
         self.calls = calls
+        self.generated = generated if generated is not None else []
+
+    def generate(self, prompts: list[Chat], params: SamplingParams) -> list[Generation]:
+        self.generated.extend(prompts)
+        return self.inner.generate(prompts, params)
 
     def choose(self, prompts: list[Chat], options: list[list[str]],
                params: SamplingParams | list[SamplingParams]) -> list[Choice]:
@@ -146,17 +153,19 @@ class RecordingBackend(WrappingBackend):
 
 class ChoiceRecorder:
     """Registers the backend ``recording`` on ``plugins``: the backend ``inner`` (with its config),
-    every ``choose`` prompt of which lands in :attr:`calls`. For tests and benchmarks that look at
-    what the model was asked during a whole run (``llm.backend=recording``)."""
+    every ``choose`` prompt of which lands in :attr:`calls` and every ``generate`` prompt in
+    :attr:`generated`. For tests and benchmarks that look at what the model was asked during a
+    whole run (``llm.backend=recording``)."""
 
     def __init__(self, plugins: Any, inner: str = "transformers") -> None:
         self.entry = plugins.backends.get(inner)
         self.calls: list[RecordedChoice] = []
+        self.generated: list[Chat] = []
         self.backends: list[RecordingBackend] = []
         plugins.register_plugin(self, name="arena.testing.recorder")
 
     def build(self, cfg: Any) -> RecordingBackend:
-        backend = RecordingBackend(self.entry.factory(cfg), self.calls)
+        backend = RecordingBackend(self.entry.factory(cfg), self.calls, self.generated)
         self.backends.append(backend)
         return backend
 
@@ -340,6 +349,35 @@ def expert_trajectory(env: Any, task: Any, *, max_steps: int = 100) -> Any:
         return Action(text=action)
 
     return play(episode, expert, max_steps=max_steps, max_invalid_actions=3)
+
+
+def random_play(episodes: list[Any], steps: int, seed: int) -> int:
+    """Uniformly random admissible commands over ``episodes`` (``steps`` split evenly between
+    them), each reset when it ends; returns the steps taken. An environment's throughput
+    benchmark (``benchmarks/bench_household.py``, ``bench_babyai.py``)."""
+    rng = random.Random(seed)
+    per_episode = steps // len(episodes)
+    taken = 0
+    for episode in episodes:
+        observation = episode.reset()
+        for _ in range(per_episode):
+            observation = episode.step(rng.choice(observation.admissible_actions))
+            taken += 1
+            if observation.done:
+                observation = episode.reset()
+    return taken
+
+
+def expert_play(episodes: list[Any]) -> int:
+    """Each episode played from a reset by its environment's expert, until it ends or the expert
+    has no next command; returns the episodes won."""
+    won = 0
+    for episode in episodes:
+        observation = episode.reset()
+        while not observation.done and (action := episode.expert_action()) is not None:
+            observation = episode.step(action)
+        won += observation.won
+    return won
 
 
 def assert_frozen_protocol(run: MethodRun | dict[str, Any] | str | Path) -> None:

@@ -2,17 +2,17 @@
 
 Run: ``python -m pytest benchmarks/bench_babyai.py --benchmark-only -s``. Each benchmark prints
 its throughput; the goal is at least 5,000 steps per second on one core (random admissible
-commands, resets included), so the environment never dominates a CPU run. Most of a step is
-minigrid's own egocentric view (``gen_obs``); the text rendering is about a tenth.
+commands, resets included), so the environment never dominates a CPU run. A step is minigrid's
+rules, Arena's view of the grid (``arena/envs/babyai/view.py``) and its text; a reset is
+minigrid's level generator.
 """
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from arena.envs.babyai.environment import BabyAIEnvironment, BabyAIEpisode
+from arena.testing import expert_play, random_play
 
 STEPS_PER_ROUND = 10_000
 EPISODES_PER_ROUND = 100
@@ -22,32 +22,6 @@ EPISODES_PER_ROUND = 100
 def episodes() -> list[BabyAIEpisode]:
     env = BabyAIEnvironment(n_train=EPISODES_PER_ROUND)
     return [env.open(task) for task in env.tasks("train")]
-
-
-def random_play(episodes: list[BabyAIEpisode], steps: int, seed: int) -> int:
-    """Random admissible commands, resetting each finished game; returns steps taken."""
-    rng = random.Random(seed)
-    per_episode = steps // len(episodes)
-    taken = 0
-    for episode in episodes:
-        observation = episode.reset()
-        for _ in range(per_episode):
-            observation = episode.step(rng.choice(observation.admissible_actions))
-            taken += 1
-            if observation.done:
-                observation = episode.reset()
-    return taken
-
-
-def expert_play(episodes: list[BabyAIEpisode]) -> int:
-    """Every episode solved by minigrid's BabyAI bot from a reset; returns episodes won."""
-    won = 0
-    for episode in episodes:
-        observation = episode.reset()
-        while not observation.done:
-            observation = episode.step(episode.expert_action() or "")
-        won += observation.won
-    return won
 
 
 def test_random_steps_per_second(benchmark, episodes: list[BabyAIEpisode]) -> None:

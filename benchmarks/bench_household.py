@@ -6,11 +6,10 @@ prints its throughput; the goal is at least 20,000 steps per second on one core.
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from arena.envs.household import HouseholdEnvironment, HouseholdEpisode
+from arena.testing import expert_play, random_play
 
 STEPS_PER_ROUND = 20_000
 EPISODES_PER_ROUND = 200
@@ -20,32 +19,6 @@ EPISODES_PER_ROUND = 200
 def episodes() -> list[HouseholdEpisode]:
     env = HouseholdEnvironment()
     return [env.open(task) for task in env.tasks("train")[:EPISODES_PER_ROUND]]
-
-
-def random_play(episodes: list[HouseholdEpisode], steps: int, seed: int) -> int:
-    """Random admissible commands, resetting each finished game; returns steps taken."""
-    rng = random.Random(seed)
-    per_episode = steps // len(episodes)
-    taken = 0
-    for episode in episodes:
-        observation = episode.reset()
-        for _ in range(per_episode):
-            observation = episode.step(rng.choice(observation.admissible_actions))
-            taken += 1
-            if observation.done:
-                observation = episode.reset()
-    return taken
-
-
-def expert_play(episodes: list[HouseholdEpisode]) -> int:
-    """Every episode solved by the expert from a reset; returns episodes won."""
-    won = 0
-    for episode in episodes:
-        observation = episode.reset()
-        while not observation.done:
-            observation = episode.step(episode.expert_action())
-        won += observation.won
-    return won
 
 
 def test_random_steps_per_second(benchmark, episodes: list[HouseholdEpisode]) -> None:

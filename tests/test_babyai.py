@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import random
 import re
-import types
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +14,6 @@ from click.testing import CliRunner
 from minigrid.core.world_object import Door, Key
 from minigrid.minigrid_env import MiniGridEnv
 
-import arena
 from arena.cli import cli
 from arena.core import protocol
 from arena.core.env import POOL_SPLIT, TEST_SPLITS, TRAIN_SPLIT
@@ -24,7 +22,7 @@ from arena.envs.babyai.environment import SPLIT_SEED_BASE, VERSION, BabyAIEnviro
 from arena.envs.babyai.levels import DEFAULT_SEEN, DEFAULT_UNSEEN
 from arena.envs.babyai.text import COMMANDS, describe_view
 from arena.envs.babyai.view import egocentric_view
-from arena.testing import FakeLLM
+from arena.testing import ChoiceRecorder
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -215,28 +213,9 @@ ON_TINY = {
 
 
 @pytest.fixture
-def recorded(plugins):
-    """A fake backend (llm.backend=recording) that keeps every prompt it was sent."""
-    chats: list[list[dict]] = []
-
-    class Recording(FakeLLM):
-        def generate(self, prompts, params):
-            chats.extend(prompts)
-            return super().generate(prompts, params)
-
-        def choose(self, prompts, options, params):
-            chats.extend(prompts)
-            return super().choose(prompts, options, params)
-
-    module = types.SimpleNamespace(__name__="babyai_recording_backend")
-
-    @arena.hookimpl
-    def register_backends(register):
-        register("recording", lambda cfg: Recording())
-
-    module.register_backends = register_backends
-    plugins.register_plugin(module, name="babyai_recording_backend")
-    return chats
+def recorded(plugins) -> ChoiceRecorder:
+    """The fake backend as ``llm.backend=recording``: every prompt it is sent is kept."""
+    return ChoiceRecorder(plugins, inner="fake")
 
 
 def _complete(path: Path, method: str) -> dict:
@@ -255,7 +234,8 @@ def test_every_built_in_method_runs_on_babyai_with_its_instructions(method, plug
     results = _complete(path, method)
     if method not in ("base", "random"):
         assert results["cost"]["learn"]["episodes"] > 0
-    texts = [message["content"] for chat in recorded for message in chat]
+    chats = [call.prompt for call in recorded.calls] + recorded.generated
+    texts = [message["content"] for chat in chats for message in chat]
     if method != "random":  # the random policy asks no model
         assert any("You are an agent in a grid world" in text and "'toggle' opens" in text for text in texts)
         assert any(text.startswith("Your mission: ") for text in texts)
@@ -269,3 +249,18 @@ def test_every_trained_built_in_method_runs_on_babyai(method, plugins, tmp_path)
                            env="babyai")
     results = _complete(path, method)
     assert results["learn"]["used"]["gradient_steps"] >= 1
+
+
+def test_environments_in_worker_processes_keep_their_instructions_and_packages() -> None:
+    """env.workers wraps an environment in a process pool; what the agent is told and which
+    packages a run records must come from the wrapped world, not the interface's defaults."""
+    from arena.core.env_workers import ProcessEnvironment
+    from arena.envs.babyai.environment import INSTRUCTIONS
+
+    local = BabyAIEnvironment(n_train=2, n_valid=1, n_test=1)
+    pool = ProcessEnvironment(local, lambda: BabyAIEnvironment(n_train=2, n_valid=1, n_test=1), workers=1)
+    try:
+        assert pool.instructions() is INSTRUCTIONS and pool.packages == ("minigrid", "gymnasium")
+        assert "grid world" in pool.instructions().system_prompt() and "'toggle'" in pool.instructions().system_prompt()
+    finally:
+        pool.close()

@@ -12,6 +12,7 @@ from arena.core import protocol
 from arena.core.config import compose
 from arena.core.rl import group_advantages
 from arena.core.types import RolloutTokens, Step, Task, Termination, Trajectory
+from arena.envs.alfworld_tasks import HOUSEHOLD_INSTRUCTIONS
 from arena.plugins.evolving_rl import method as evolving
 from arena.plugins.evolving_rl.method import Candidate, build_samples
 from arena.plugins.evolving_rl.skills import parse_skill
@@ -297,7 +298,7 @@ def test_extractor_reply_prefix_is_prompt_and_part_of_the_card():
 
     method = object.__new__(evolving.EvolvingRL)
     method.cfg = OmegaConf.create({"extractor_reply_prefix": '{"name": "', "extractor_max_tokens": 8})
-    run = SimpleNamespace(llm=Stub())
+    run = SimpleNamespace(llm=Stub(), env=SimpleNamespace(instructions=HOUSEHOLD_INSTRUCTIONS))
     (candidate,) = method.extract(run, [fake_episode("t1", won=True)], 1, seed=0, params=SamplingParams())
     assert seen[0][-1] == {"role": "assistant", "content": '{"name": "'}
     assert candidate.usable and candidate.card.name == "Find then place"

@@ -118,14 +118,6 @@ class Environment(ABC):
         wording by default."""
         return Instructions()
 
-    def task_types(self) -> tuple[str, ...]:
-        """The task types of every split, in order of first appearance (from the task lists)."""
-        seen: dict[str, None] = {}
-        for split in self.split_names():
-            for task in self.tasks(split):
-                seen.setdefault(task.task_type, None)
-        return tuple(seen)
-
     def protocol_fields(self) -> dict[str, object]:
         """World settings that change what is measured (a difficulty level, say).
 

@@ -300,9 +300,6 @@ class ProcessEnvironment(Environment):
     def instructions(self) -> Instructions:
         return self.local.instructions()
 
-    def task_types(self) -> tuple[str, ...]:
-        return self.local.task_types()
-
     def __getattr__(self, name: str) -> Any:
         # Anything else of the wrapped environment (e.g. its own settings) reads through.
         if name in ("local", "_pool", "_retiring"):
