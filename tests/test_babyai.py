@@ -56,6 +56,23 @@ def test_the_expert_wins_every_level_of_the_ladder() -> None:
         assert play_expert(env, task)[0], task.task_id
 
 
+def test_layouts_and_missions_are_minigrids_own(capsys) -> None:
+    """Arena's level classes generate what minigrid's registered levels generate, seed for seed,
+    without printing minigrid's rejected samples."""
+    import gymnasium
+
+    for level in LADDER:
+        ours, theirs = _new_level_env(level.name), gymnasium.make(level.gym_id, disable_env_checker=True).unwrapped
+        for seed in (0, 7, 2_000_001):
+            ours.reset(seed=seed)
+            assert capsys.readouterr().out == "", level.name  # minigrid's own prints its rejections
+            theirs.reset(seed=seed)
+            capsys.readouterr()
+            assert ours.mission == theirs.mission and ours.max_steps == theirs.max_steps, (level.name, seed)
+            assert np.array_equal(ours.grid.encode(), theirs.grid.encode()), (level.name, seed)
+            assert tuple(ours.agent_pos) == tuple(theirs.agent_pos) and ours.agent_dir == theirs.agent_dir
+
+
 def test_the_fast_view_is_minigrids_own_observation() -> None:
     """Cell for cell equal to minigrid's gen_obs over random play on every level (doors opened,
     objects carried and dropped, boxes opened, rooms left)."""
@@ -264,3 +281,19 @@ def test_environments_in_worker_processes_keep_their_instructions_and_packages()
         assert "grid world" in pool.instructions().system_prompt() and "'toggle'" in pool.instructions().system_prompt()
     finally:
         pool.close()
+
+
+def test_a_bot_that_replans_forever_leaves_the_expert_without_a_command() -> None:
+    """minigrid 3.2.0's bot never finishes one replan on Unlock at seed 3,000,031 (test_unseen
+    task 31); capped, the expert answers None there and the episode goes on."""
+    env = BabyAIEnvironment(n_train=0, n_valid=0, n_test=32, seen_levels=("GoToObj",), unseen_levels=("Unlock",))
+    task = env.tasks(TEST_SPLITS[1])[31]
+    assert task.payload["seed"] == 3_000_031
+    episode = env.open(task)
+    observation, steps = episode.reset(), 0
+    while not observation.done and (action := episode.expert_action()) is not None:
+        observation = episode.step(action)
+        steps += 1
+    assert not observation.done and 100 < steps < int(task.payload["max_steps"])
+    assert episode.expert_action() is None
+    assert episode.step("turn left").admissible_actions  # the game itself is unharmed

@@ -8,15 +8,15 @@ A task's seed fixes its layout and mission; its level is its task type.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib.metadata
-import io
 from typing import Any, cast
 
 import gymnasium
 import minigrid
 from gymnasium.envs.registration import load_env_creator
+from minigrid.core.roomgrid import RoomGrid
+from minigrid.envs.babyai.core.roomgrid_level import RejectSampling
 from minigrid.envs.babyai.core.verifier import SeqInstr
 from minigrid.utils.baby_ai_bot import BabyAIBot
 
@@ -61,9 +61,24 @@ def _text_level_class(level: str) -> tuple[type, dict[str, Any]]:
     def gen_obs(self: Any) -> dict[str, Any]:
         return {"image": egocentric_view(self), "direction": self.agent_dir, "mission": self.mission}
 
+    def _gen_grid(self: Any, width: int, height: int) -> None:
+        """minigrid's ``RoomGridLevel._gen_grid`` without its print of every rejected sample:
+        the same retries drawing from the same generator, so the same layout for a seed."""
+        while True:
+            try:
+                RoomGrid._gen_grid(self, width, height)
+                self.gen_mission()
+                self.validate_instrs(self.instrs)
+            except (RecursionError, RejectSampling):
+                continue
+            break
+        self.surface = self.instrs.surface(self)
+        self.mission = self.surface
+
     text_class = type(f"Text{base.__name__}", (base,), {
         "gen_obs": gen_obs,
-        "__doc__": f"minigrid's {base.__name__} observed through arena.envs.babyai.view.",
+        "_gen_grid": _gen_grid,
+        "__doc__": f"minigrid's {base.__name__}, observed through arena.envs.babyai.view, generated quietly.",
     })
     return text_class, dict(spec.kwargs)
 
@@ -75,11 +90,9 @@ def _new_level_env(level: str) -> Any:
 
 
 def _reset(env: Any, seed: int) -> dict[str, Any]:
-    """Reset to the layout of ``seed``. Minigrid prints each rejected sample of its level
-    generator; the layout does not depend on it, so the print is swallowed."""
-    with contextlib.redirect_stdout(io.StringIO()):
-        observation, _ = env.reset(seed=seed)
-    return observation
+    """Reset to the layout of ``seed``; the first observation."""
+    observation, _ = env.reset(seed=seed)
+    return dict(observation)
 
 
 @functools.lru_cache(maxsize=64)
@@ -92,6 +105,34 @@ def mission_of(level: str, seed: int) -> tuple[str, int]:
     env = _mission_env(level)
     observation = _reset(env, seed)
     return str(observation["mission"]), int(env.max_steps)
+
+
+class BotStuck(RuntimeError):
+    """minigrid's bot searched past :attr:`BoundedBot.MAX_SEARCHES_PER_STEP` in one step."""
+
+
+class BoundedBot(BabyAIBot):
+    """minigrid's BabyAI bot with a cap on the path searches of one step. On a few multi-room
+    layouts its replanning never ends (minigrid 3.2.0, ``BabyAI-Unlock-v0`` at seed 3,000,031:
+    after 140 steps one ``replan`` call searches forever); capped, the expert has no command
+    there instead of hanging the run. A step takes at most 10 searches otherwise (measured on
+    Unlock, GoTo and BossLevel)."""
+
+    MAX_SEARCHES_PER_STEP = 500
+
+    def __init__(self, mission: Any) -> None:
+        self._searches = 0
+        super().__init__(mission)
+
+    def replan(self, action_taken: Any = None) -> Any:
+        self._searches = 0
+        return super().replan(action_taken)
+
+    def _breadth_first_search(self, *args: Any, **kwargs: Any) -> Any:
+        self._searches += 1
+        if self._searches > self.MAX_SEARCHES_PER_STEP:
+            raise BotStuck(f"the bot searched {self._searches} times in one step")
+        return super()._breadth_first_search(*args, **kwargs)
 
 
 def _subgoals(instruction: Any, finished: bool) -> tuple[int, int]:
@@ -161,17 +202,17 @@ class BabyAIEpisode(Episode):
             return
         try:
             self._suggestion = int(self._bot.replan(taken))
-        except Exception:  # the bot asserts on states its plans never reach (an opened box)
+        except Exception:  # it asserts on states its plans never reach (an opened box), or is stuck
             self._bot_failed, self._suggestion = True, None
 
     def expert_action(self) -> str | None:
         """minigrid's BabyAI bot's next command from the current state (None once won, or
-        where the bot cannot plan). Started at the first call; from then on it is told every
-        command played, so its plan follows the game."""
+        where the bot cannot plan or is stuck: :class:`BoundedBot`). Started at the first call;
+        from then on it is told every command played, so its plan follows the game."""
         if self._won or self._bot_failed:
             return None
         if self._bot is None:
-            self._bot = BabyAIBot(self._env)
+            self._bot = BoundedBot(self._env)
             self._advise(None)
         if self._suggestion is None or self._suggestion >= len(text.COMMANDS):
             return None
