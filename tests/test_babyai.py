@@ -134,6 +134,9 @@ def test_a_locked_door_needs_its_key_and_says_so() -> None:
     game = episode._env
     x, y = game.front_pos
     game.grid.set(x, y, Door("yellow", is_locked=True))
+    for _ in range(4):  # a full turn on the spot: the episode sees the door placed in front
+        observation = episode.step("turn left")
+    assert "toggle" in observation.admissible_actions and "go forward" not in observation.admissible_actions
     assert episode.step("go forward").text == "Nothing happens."
     locked = episode.step("toggle")
     assert locked.text.startswith("The yellow door is locked; it opens with the yellow key.")

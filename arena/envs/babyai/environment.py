@@ -161,33 +161,33 @@ class BabyAIEpisode(Episode):
         self._suggestion: int | None = None
         self._bot_failed = False
         self._won = False
+        #: The commands admissible in the current state (set with each observation).
+        self._admissible: tuple[str, ...] = ()
 
-    def _observe(self, minigrid_obs: dict[str, Any], lead: str) -> Observation:
-        view = text.describe_view(minigrid_obs["image"], self._env.carrying)
-        return Observation(text=f"{lead} {view}" if lead else view,
-                           admissible_actions=text.admissible_commands(self._env))
+    def _view(self, minigrid_obs: dict[str, Any]) -> str:
+        """The view's sentence; the state's admissible commands are kept beside it."""
+        self._admissible = text.admissible_commands(self._env)
+        return text.describe_view(minigrid_obs["image"], self._env.carrying)
 
     def reset(self) -> Observation:
         minigrid_obs = _reset(self._env, int(self.task.payload["seed"]))
         self._bot, self._suggestion, self._bot_failed, self._won = None, None, False, False
-        first = self._observe(minigrid_obs, "")
-        return Observation(text=f"Your mission: {self.task.goal}.\n{first.text}",
-                           admissible_actions=first.admissible_actions)
+        view = self._view(minigrid_obs)
+        return Observation(text=f"Your mission: {self.task.goal}.\n{view}", admissible_actions=self._admissible)
 
     def step(self, action: str) -> Observation:
         command = action.strip().lower()
-        admissible = text.admissible_commands(self._env)
-        if command not in admissible:
-            return Observation(text=text.NOTHING_HAPPENS, admissible_actions=admissible)
+        if command not in self._admissible:
+            return Observation(text=text.NOTHING_HAPPENS, admissible_actions=self._admissible)
         said = text.before_command(self._env, command)
         minigrid_obs, reward, terminated, truncated, _ = self._env.step(text.ACTION_OF[command])
         self._won = bool(terminated and reward > 0)
         self._advise(text.ACTION_OF[command])
         done_subgoals, total = _subgoals(self._env.instrs, self._won)
-        seen = self._observe(minigrid_obs, said)
+        view = self._view(minigrid_obs)
         return Observation(
-            text=seen.text,
-            admissible_actions=seen.admissible_actions,
+            text=f"{said} {view}",
+            admissible_actions=self._admissible,
             reward=float(reward),
             done=bool(terminated or truncated),
             won=self._won,
@@ -217,7 +217,7 @@ class BabyAIEpisode(Episode):
         if self._suggestion is None or self._suggestion >= len(text.COMMANDS):
             return None
         command = text.COMMANDS[self._suggestion]
-        return command if command in text.admissible_commands(self._env) else None
+        return command if command in self._admissible else None
 
     def close(self) -> None:
         self._env.close()
@@ -290,9 +290,10 @@ class BabyAIEnvironment(Environment):
                                        for i in range(per_level * len(self.unseen_levels))]
         return list(self._tasks[POOL_SPLIT])
 
-    @property
+    @functools.cached_property
     def max_steps(self) -> int:  # type: ignore[override]
-        """The longest of the levels' own limits (each episode also ends at its level's own)."""
+        """The longest of the levels' own limits over every split (each episode also ends at its
+        level's own); computed once, since the harness reads it per episode."""
         limits = [int(task.payload["max_steps"]) for split in self.sizes for task in self.tasks(split)]
         return max(limits, default=64)
 
