@@ -7,7 +7,7 @@ groups, calls :func:`assign_advantages`, then :meth:`PolicyTrainer.step`.
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from arena.core.rl.advantages import assign_advantages, group_advantages
+from arena.core.rl.advantages import assign_advantages, group_advantages, with_signal
 from arena.core.rl.data import (
     Sample,
     Turn,
@@ -70,4 +70,5 @@ __all__ = [
     "sample_from_choice",
     "token_entropy",
     "token_logprobs",
+    "with_signal",
 ]

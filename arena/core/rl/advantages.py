@@ -60,3 +60,11 @@ def assign_advantages(
     for sample, advantage in zip(samples, values):
         sample.advantage = advantage * float(scale_by_role.get(sample.role, 1.0))
     return samples
+
+
+def with_signal(samples: Sequence[Sample]) -> list[Sample]:
+    """The samples whose advantage is not 0: a group whose rollouts all earned the same reward
+    (all lost, most often) carries no policy gradient, only the KL and entropy terms, and under
+    token-mean aggregation its tokens dilute the informative groups' gradient. Dropping them is
+    DAPO's dynamic-sampling filter without the resampling (Yu et al., 2025)."""
+    return [sample for sample in samples if sample.advantage != 0.0]

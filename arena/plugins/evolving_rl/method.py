@@ -235,6 +235,10 @@ class EvolvingRL:
                 samples, metrics = self._grpo_iteration(run, train, rng, tag)
             else:
                 samples, metrics = self._coevolution_iteration(run, train, rng, tag)
+            if self.cfg.drop_zero_advantage:
+                informative = rl.with_signal(samples)
+                metrics["samples_dropped"] = len(samples) - len(informative)
+                samples = informative
             if samples:
                 metrics.update(trainer.update(samples, mini_batch_size=self.cfg.mini_batch_size,
                                               rng=rng, progress=run.progress, label=tag))

@@ -37,6 +37,7 @@ class EvolvingRLSettings:
     valid_every: int
     valid_tasks: int
     mini_batch_size: int | None
+    drop_zero_advantage: bool
     #: The policy trainer's settings (``arena.core.rl.TrainerConfig`` checks them).
     trainer: dict[str, Any]
 
