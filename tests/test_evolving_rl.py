@@ -141,10 +141,14 @@ def test_presets_and_grpo_registration(plugins):
             grpo_paper.method.trainer.aggregation) == ("episode", "transcript", "sample-mean")
     assert compose(plugins, "grpo").method.group_size == 4  # the CPU default, declared
     cpu = compose(plugins, "grpo", preset="cpu")
-    assert (cpu.method.mode, cpu.method.group_size, cpu.method.valid_every) == ("grpo", 8, 3)
-    assert cpu.method.mini_batch_size == 32 and cpu.learn.budget.gradient_steps is None
+    assert (cpu.method.mode, cpu.method.group_size, cpu.method.valid_every) == ("grpo", 8, 2)
+    assert cpu.method.mini_batch_size == 64 and cpu.learn.budget.gradient_steps is None
     assert cpu.method.drop_zero_advantage and not compose(plugins, "grpo").method.drop_zero_advantage
-    with pytest.raises(Exception, match="Unknown preset 'papr'.*Available: extractor_only, micro, paper"):
+    evolving_cpu = compose(plugins, "evolving_rl", preset="cpu")
+    assert (evolving_cpu.method.mode, evolving_cpu.method.n_skills, evolving_cpu.method.k_downstream) == (
+        "coevolve", 8, 2)  # 4 sources x 2 tasks = 8 solver groups of 8, as grpo's cpu preset
+    assert evolving_cpu.method.drop_zero_advantage and evolving_cpu.method.trainer.lora.r == 16
+    with pytest.raises(Exception, match="Unknown preset 'papr'.*Available: cpu, extractor_only, micro, paper"):
         compose(plugins, "evolving_rl", preset="papr")
 
 
@@ -221,6 +225,18 @@ def test_grpo_baseline_end_to_end(plugins, tmp_path):
     assert results["learn"]["used"]["gradient_steps"] == 1
     assert "variants" not in results["splits"]["test_seen"]  # no skills at evaluation
     assert results["cost"]["evaluate"]["episodes"] == 2
+
+
+@pytest.mark.slow
+def test_grpo_drops_groups_without_a_signal_before_its_update(plugins, tmp_path):
+    # The tiny random model wins nothing in 3 steps: every group has advantage 0, so nothing
+    # is left to train on and no gradient step is taken (without the option: one step).
+    path, results = protocol.run("grpo", overrides=[*TINY, "method.drop_zero_advantage=true"],
+                                 out=tmp_path / "g", plugins=plugins)
+    (metrics,) = learned_metrics(path)
+    assert metrics["success"] == 0.0
+    assert metrics["samples"] > 0 and metrics["samples_dropped"] == metrics["samples"]
+    assert results["learn"]["used"]["gradient_steps"] == 0
 
 
 class Killed(BaseException):

@@ -38,6 +38,7 @@ from arena.core.rl import (
     sample_from_choice,
     token_entropy,
     token_logprobs,
+    with_signal,
 )
 
 EVOLVING = {"extractor": -0.03, "solver": 0.0}
@@ -125,6 +126,16 @@ def test_assign_advantages_scales_each_role() -> None:
     k = 1 / (math.sqrt(2) + 1e-6)  # rewards {4, 2}: mean 3, unbiased std sqrt(2); scale 1
     expected = [-0.2 * unit, 0.2 * unit, unit, -unit, k, -k]
     assert [x.advantage for x in samples] == pytest.approx(expected, abs=1e-12)
+
+
+def test_with_signal_keeps_only_samples_of_groups_that_differ() -> None:
+    samples = [sample_from_choice([1], [2], [-1.0], "solver", group, reward)
+               for group, reward in (("won_some", 10), ("won_some", 0), ("all_lost", 0),
+                                     ("all_lost", 0), ("all_won", 10), ("all_won", 10))]
+    assign_advantages(samples, {})
+    kept = with_signal(samples)
+    assert [(s.group, s.reward) for s in kept] == [("won_some", 10), ("won_some", 0)]
+    assert all(s.advantage != 0 for s in kept)
 
 
 def test_samples_mask_only_generated_tokens() -> None:
