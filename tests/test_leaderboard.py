@@ -230,6 +230,17 @@ def test_refuses_mixed_protocols_naming_the_field(runs, other, field):
     assert all(any(flag.startswith(f"mixed: {field}=") for flag in row.flags) for row in table.rows)
 
 
+def test_runs_of_either_results_schema_share_a_table(runs, tmp_path):
+    # A schema version names a file format, not a protocol: version 2 changed no figure.
+    older = tmp_path / "scripted-s1"
+    shutil.copytree(runs["s1"], older)
+    results = json.loads((older / "results.json").read_text())
+    results["schema_version"] = 1
+    (older / "results.json").write_text(json.dumps(results))
+    table, = build_tables(load_runs([runs["s0"], older]))
+    assert table.mixed_fields == [] and [row.seeds for row in table.rows] == [[0, 1]]
+
+
 def test_cli_refuses_mixed_runs_and_repeated_seeds(runs, tmp_path):
     result = CliRunner().invoke(cli, ["leaderboard", str(runs["base"]), str(runs["steps8"]),
                                       "--out", str(tmp_path / "b")])

@@ -65,8 +65,9 @@ def protocol_of(run: Run) -> dict[str, Any]:
     evaluation = config.get("eval", {})
     # The step limit actually used (eval.max_steps may be null: the environment's own limit).
     max_steps = results.get("protocol", {}).get("max_steps", evaluation.get("max_steps"))
+    # Not the results schema's version: it names a file format, and version 2 changed no figure
+    # a version 1 file holds (arena/core/results.py), so runs of Arena 0.1 and 0.2 rank together.
     fields: dict[str, Any] = {
-        "schema_version": results.get("schema_version"),
         "env_version": provenance.get("env_version"),
         "eval.splits": list(results.get("splits", {})),
         "eval.max_steps": max_steps,
