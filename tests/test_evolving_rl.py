@@ -27,7 +27,8 @@ CARD_JSON = json.dumps({
 })
 CFG = OmegaConf.create({"train_extractor": True, "train_solver": True, "lambda_extractor": 0.2,
                         "advantage_std": "population", "solver_samples": "decision",
-                        "lambda_solver": 1.0, "solver_win_reward": 10.0})
+                        "lambda_solver": 1.0, "solver_win_reward": 10.0,
+                        "solver_progress_reward": 0.0})
 
 
 def fake_episode(task_id: str, won: bool, steps: int = 2) -> Trajectory:
@@ -78,6 +79,20 @@ def test_groups_rewards_and_scaled_advantages():
     assert [s.advantage for s in first] == pytest.approx(
         group_advantages([10.0, 10.0, 0.0], ["g"] * 3, std="population"))
     assert all(s.loss_mask == [0, 0, 0, 1, 1] for s in solver)  # prompt masked, action trained
+
+
+def test_progress_reward_gives_a_group_of_losses_a_signal():
+    candidates = fake_candidates()[:2]
+    owners = [(candidates[0], 0), (candidates[1], 0)]
+    episodes = [fake_episode("d", False), fake_episode("d", False)]
+    episodes[0].progress = 2 / 3  # got the object and heated it, then ran out of steps
+    solver_cfg = OmegaConf.merge(CFG, {"train_extractor": False})
+    authors = build_samples(candidates, owners, episodes, solver_cfg)
+    assert all(s.advantage == 0 for s in authors)  # the win alone: two losses say nothing
+    shaped = build_samples(candidates, owners, episodes,
+                           OmegaConf.merge(solver_cfg, {"solver_progress_reward": 5.0}))
+    assert [s.reward for s in shaped[::2]] == pytest.approx([10 / 3, 0.0])
+    assert shaped[0].advantage > 0 > shaped[2].advantage
 
 
 def test_role_switches():

@@ -115,13 +115,20 @@ def solver_samples(trajectory: Trajectory, group: str, reward: float, advantage:
     return decision_samples(trajectory, role=SOLVER, group=group, reward=reward, advantage=advantage)
 
 
+def solver_reward(trajectory: Trajectory, cfg: EvolvingRLSettings) -> float:
+    """``solver_win_reward`` x won, plus ``solver_progress_reward`` x the episode's progress
+    (the fraction of its subgoals the environment counts as met; 1 for a win)."""
+    return (cfg.solver_win_reward * trajectory.success
+            + cfg.solver_progress_reward * trajectory.progress)
+
+
 def build_samples(candidates: list[Candidate], owners: list[tuple[Candidate, int]],
                   episodes: list[Trajectory], cfg: EvolvingRLSettings) -> list[Sample]:
     """Rewards, GRPO groups and scaled advantages of one co-evolution iteration.
 
     ``owners[i]`` is the (card, downstream index) that ``episodes[i]`` was played with.
     Extractor: reward = mean downstream success of the card (0 if unusable), grouped by source.
-    Solver: reward = ``solver_win_reward`` x won, grouped by (source, downstream task), so a
+    Solver: reward = :func:`solver_reward`, grouped by (source, downstream task), so a
     group is one task under the different cards of its source.
     """
     wins: dict[int, list[float]] = {}
@@ -144,7 +151,7 @@ def build_samples(candidates: list[Candidate], owners: list[tuple[Candidate, int
             sample.advantage = advantage * cfg.lambda_extractor
             samples.append(sample)
     if cfg.train_solver and episodes:
-        rewards = [cfg.solver_win_reward * t.success for t in episodes]
+        rewards = [solver_reward(t, cfg) for t in episodes]
         groups = [f"source{c.source_index}/down{k}" for c, k in owners]
         for trajectory, group, reward, advantage in zip(
                 episodes, groups, rewards,
@@ -354,7 +361,7 @@ class EvolvingRL:
                     for i, task in enumerate(tasks) for g in range(cfg.group_size)]
         with run.progress(f"{tag}: rollouts", total=len(requests)) as shown:
             episodes = run.play_many(requests, policy=STANDARD, on_done=shown.advance)
-        rewards = [cfg.solver_win_reward * t.success for t in episodes]
+        rewards = [solver_reward(t, cfg) for t in episodes]
         groups = [r.variant.rsplit("/", 1)[0] for r in requests]
         samples: list[Sample] = []
         for trajectory, group, reward, advantage in zip(

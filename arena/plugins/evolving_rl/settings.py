@@ -26,6 +26,7 @@ class EvolvingRLSettings:
     extractor_reply_prefix: str | None
     unusable_cards: str
     solver_win_reward: float
+    solver_progress_reward: float
     solver_samples: str
     advantage_std: str
     lambda_extractor: float
