@@ -161,7 +161,10 @@ def test_presets_and_grpo_registration(plugins):
     assert cpu.method.drop_zero_advantage and not compose(plugins, "grpo").method.drop_zero_advantage
     evolving_cpu = compose(plugins, "evolving_rl", preset="cpu")
     assert (evolving_cpu.method.mode, evolving_cpu.method.n_skills, evolving_cpu.method.k_downstream) == (
-        "coevolve", 8, 2)  # 4 sources x 2 tasks = 8 solver groups of 8, as grpo's cpu preset
+        "coevolve", 8, 1)
+    # the same solver episodes per iteration as grpo's cpu preset: 3 groups of 8
+    assert (evolving_cpu.method.n_sources * evolving_cpu.method.k_downstream, evolving_cpu.method.n_skills) == (
+        cpu.method.n_sources, cpu.method.group_size)
     assert evolving_cpu.method.drop_zero_advantage and evolving_cpu.method.trainer.lora.r == 16
     with pytest.raises(Exception, match="Unknown preset 'papr'.*Available: cpu, extractor_only, micro, paper"):
         compose(plugins, "evolving_rl", preset="papr")
