@@ -156,7 +156,7 @@ def test_presets_and_grpo_registration(plugins):
             grpo_paper.method.trainer.aggregation) == ("episode", "transcript", "sample-mean")
     assert compose(plugins, "grpo").method.group_size == 4  # the CPU default, declared
     cpu = compose(plugins, "grpo", preset="cpu")
-    assert (cpu.method.mode, cpu.method.group_size, cpu.method.valid_every) == ("grpo", 8, 2)
+    assert (cpu.method.mode, cpu.method.group_size, cpu.method.valid_every) == ("grpo", 8, 1)
     assert cpu.method.mini_batch_size == 64 and cpu.learn.budget.gradient_steps is None
     assert cpu.method.drop_zero_advantage and not compose(plugins, "grpo").method.drop_zero_advantage
     evolving_cpu = compose(plugins, "evolving_rl", preset="cpu")
