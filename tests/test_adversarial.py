@@ -468,3 +468,18 @@ def test_erasing_violations_from_state_json_does_not_validate_a_run(plugins, fas
     _, results = run(plugins, fast, tmp_path, "eraser")
     assert results["valid"] is False
     assert any("asked for test split 'test_seen'" in v for v in results["violations"])
+
+
+def test_a_store_that_cannot_be_read_is_a_violation_not_a_crash(plugins, fast, tmp_path, monkeypatch):
+    # chromadb sometimes raises (code 14, unable to open database file) once a plugin has deleted
+    # the store's folder under it: the harness must still write its results, flagged.
+    from arena.core.store import ExperienceStore
+
+    def unreadable(self):
+        raise RuntimeError("unable to open database file")
+
+    register(plugins, store_deleter=StoreDeleter)
+    monkeypatch.setattr(ExperienceStore, "size", unreadable)
+    _, results = run(plugins, fast, tmp_path, "store_deleter")
+    assert results["valid"] is False
+    assert any("could not be read for its size" in v for v in results["violations"])

@@ -324,6 +324,18 @@ class Session:
     def _store_exists(self) -> bool:
         return self.ctx.store_exists()
 
+    def _store_size(self) -> dict[str, int]:
+        """The store's size for results.json; a store a plugin damaged (its folder deleted while
+        the database was open) is a recorded violation, not a crash that loses the results."""
+        if not self._store_exists():
+            return {"items": 0, "bytes": 0}
+        try:
+            return self.ctx.store.size()
+        except Exception as exc:  # chromadb's errors when its files vanish have no common base
+            self.ctx.violation(f"the experience store could not be read for its size "
+                               f"({type(exc).__name__}: {exc}); was its folder changed?")
+            return {"items": 0, "bytes": 0}
+
     # -- the protocol -------------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
@@ -498,6 +510,7 @@ class Session:
         if self.ctx.has_store():
             for refused in self.ctx.store.violations:
                 self.ctx.violation(f"Refused store write during frozen evaluation: {refused}")
+        size = self._store_size()  # may record a violation
         violations = self.ctx.violations_log.messages  # the harness's record, not state.json's
         used = state.get("splits_used_for_learning", [])
         cost = {}
@@ -511,7 +524,6 @@ class Session:
                 "tokens_out": int(phase_cost.get("tokens_out", 0)),
                 "wall_s": round(float(phase_cost.get("wall_s", 0.0)), 2),
             }
-        size = self.ctx.store.size() if self._store_exists() else {"items": 0, "bytes": 0}
         method_sizes: dict[str, Any] = {}
         try:
             for extra in self.pm.hook.state_size(run=self.ctx):
