@@ -42,7 +42,7 @@ from arena.core.llm import (
     per_prompt,
     sample_option,
 )
-from arena.core.types import EpisodeResult
+from arena.core.types import EpisodeResult, Observation
 
 try:  # only the fixtures need it
     import pytest
@@ -368,16 +368,19 @@ def random_play(episodes: list[Any], steps: int, seed: int) -> int:
     return taken
 
 
+def expert_episode(episode: Any) -> tuple[Observation, int]:
+    """``episode`` played from a reset by its environment's expert, until it ends or the expert
+    has no next command; the last observation and the steps played."""
+    observation, steps = episode.reset(), 0
+    while not observation.done and (action := episode.expert_action()) is not None:
+        observation = episode.step(action)
+        steps += 1
+    return observation, steps
+
+
 def expert_play(episodes: list[Any]) -> int:
-    """Each episode played from a reset by its environment's expert, until it ends or the expert
-    has no next command; returns the episodes won."""
-    won = 0
-    for episode in episodes:
-        observation = episode.reset()
-        while not observation.done and (action := episode.expert_action()) is not None:
-            observation = episode.step(action)
-        won += observation.won
-    return won
+    """Each episode played by its expert (:func:`expert_episode`); returns the episodes won."""
+    return sum(expert_episode(episode)[0].won for episode in episodes)
 
 
 def assert_frozen_protocol(run: MethodRun | dict[str, Any] | str | Path) -> None:

@@ -18,6 +18,7 @@ import statistics
 
 from arena.envs.babyai.environment import BabyAIEnvironment
 from arena.envs.babyai.levels import LADDER
+from arena.testing import expert_episode
 
 
 def measure(level: str, tasks: int) -> dict[str, float]:
@@ -27,10 +28,7 @@ def measure(level: str, tasks: int) -> dict[str, float]:
     for task in env.tasks("test_unseen"):
         limits.append(int(task.payload["max_steps"]))
         episode = env.open(task)
-        observation, steps = episode.reset(), 0
-        while not observation.done and (action := episode.expert_action()) is not None:
-            observation = episode.step(action)
-            steps += 1
+        observation, steps = expert_episode(episode)
         expert_won += observation.won
         if observation.won:
             expert.append(steps)

@@ -22,7 +22,7 @@ from arena.envs.babyai.environment import SPLIT_SEED_BASE, VERSION, BabyAIEnviro
 from arena.envs.babyai.levels import DEFAULT_SEEN, DEFAULT_UNSEEN
 from arena.envs.babyai.text import COMMANDS, describe_view
 from arena.envs.babyai.view import egocentric_view
-from arena.testing import ChoiceRecorder
+from arena.testing import ChoiceRecorder, expert_episode
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -293,10 +293,7 @@ def test_a_bot_that_replans_forever_leaves_the_expert_without_a_command() -> Non
     task = env.tasks(TEST_SPLITS[1])[31]
     assert task.payload["seed"] == 3_000_031
     episode = env.open(task)
-    observation, steps = episode.reset(), 0
-    while not observation.done and (action := episode.expert_action()) is not None:
-        observation = episode.step(action)
-        steps += 1
+    observation, steps = expert_episode(episode)
     assert not observation.done and 100 < steps < int(task.payload["max_steps"])
     assert episode.expert_action() is None
     assert episode.step("turn left").admissible_actions  # the game itself is unharmed
