@@ -10,6 +10,7 @@ import os
 import random
 import threading
 import time
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -318,6 +319,8 @@ def test_registration_and_config_defaults() -> None:
     assert factory.__qualname__.endswith("transformers_backend.make_transformers_backend") and description
     defaults = OmegaConf.load(config_path)
     assert TransformersConfig.from_mapping(defaults) == TransformersConfig()
+    # The config check refuses keys no YAML declares: a field missing here cannot be set.
+    assert {f.name for f in fields(TransformersConfig)} <= set(defaults)
     cfg = OmegaConf.merge(defaults, {"model": "tiny", "backend": "transformers"})
     backend = factory(cfg)
     assert backend.model_id == "arena/tiny-llama-random"
