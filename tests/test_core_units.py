@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import signal
 import threading
+import time
 
 import pytest
 
+from arena.core import stopping
 from arena.core.batching import BatchingBackend
 from arena.core.config import ConfigError, compose, parse_overrides
 from arena.core.env import Episode
+from arena.core.episodes import run_in_threads
 from arena.core.llm import SamplingParams, sample_option
 from arena.core.rundir import RunDir
 from arena.core.solver import Action, play
@@ -173,3 +177,38 @@ def test_config_precedence_and_errors(plugins, tmp_path):
         parse_overrides(["eval.max_steps"])
     with pytest.raises(ConfigError, match="not found"):
         compose(plugins, "base", config_file=tmp_path / "missing.yaml")
+
+
+def test_an_interrupt_stops_running_episodes_at_their_next_step():
+    """Ctrl-C reaches the main thread only; running episodes must not play on to their end.
+
+    Three workers play endless episodes; one of them sends SIGINT to the main thread at its 5th
+    step. The interrupt must come out of ``run_in_threads`` with every started episode stopped a
+    few steps later and the items never started left unplayed.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals reach the main thread only")
+    steps = [0] * 6
+
+    def endless(item: int) -> Trajectory:
+        def policy(observation, trajectory):
+            steps[item] += 1
+            if item == 0 and steps[item] == 5:
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+            time.sleep(0.002)
+            return Action("look")
+        return play(CountingEpisode(), policy, max_steps=2_000, max_invalid_actions=3)
+
+    with pytest.raises(KeyboardInterrupt):
+        run_in_threads(endless, list(range(6)), workers=3, llm=FakeLLM())
+    assert steps[3:] == [0, 0, 0]
+    assert steps[0] >= 5 and max(steps[:3]) < 200, steps
+
+
+def test_a_stopping_episode_unwinds_instead_of_ending_as_an_error():
+    flag = threading.Event()
+    flag.set()
+    with stopping.sharing(flag), pytest.raises(stopping.Stopping):
+        run_policy(["look"] * 5)
+    assert stopping.current_flag() is None
+    assert run_policy(["look", "win"]).status is Termination.SUCCESS

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
 from omegaconf import DictConfig
 
+from arena.core import stopping
 from arena.core.budget import Budget
 from arena.core.env import POOL_SPLIT, TEST_SPLITS, Environment
 from arena.core.errors import BudgetExhausted, HookReturnError
@@ -80,17 +81,34 @@ def run_in_threads(work: Callable[[T], R], items: list[T], *, workers: int, llm:
     enter = getattr(llm, "enter", lambda: None)
     leave = getattr(llm, "leave", lambda: None)
 
+    # Nested pools (a ``solve`` that plays episodes of its own) share the outermost one's flag.
+    flag = stopping.current_flag() or threading.Event()
+
     def registered(item: T) -> R:
-        enter()
-        try:
-            return work(item)
-        finally:
-            leave()
+        with stopping.sharing(flag):
+            stopping.check()
+            enter()
+            try:
+                return work(item)
+            finally:
+                leave()
 
     if workers <= 1 or len(items) <= 1:
         return [registered(item) for item in items]
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="episode") as pool:
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="episode")
+    try:
         return list(pool.map(registered, items))
+    except Exception:
+        pool.shutdown(wait=True, cancel_futures=True)  # an item failed: the others end as they are
+        raise
+    except BaseException:
+        # Interrupted (Ctrl-C, SIGTERM): items not started are dropped and running episodes stop
+        # at their next step (:mod:`arena.core.stopping`) before the interrupt goes on.
+        flag.set()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    finally:
+        pool.shutdown(wait=True)
 
 
 class EpisodeRunner:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from arena.core import stopping
 from arena.core.env import Episode, Instructions
 from arena.core.llm import Chat, Choice, Generation, LLMBackend, SamplingParams
 from arena.core.types import (
@@ -114,6 +115,7 @@ def play(
             if invalid_streak >= max_invalid_actions:
                 trajectory.status = Termination.INVALID_ACTION_LIMIT
                 break
+            stopping.check()  # the run is being stopped: unwind, unrecorded (resume replays it)
             action = policy(observation, trajectory)
             valid = action.text in observation.admissible_actions
             observation = episode.step(action.text)
