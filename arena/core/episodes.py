@@ -98,17 +98,14 @@ def run_in_threads(work: Callable[[T], R], items: list[T], *, workers: int, llm:
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="episode")
     try:
         return list(pool.map(registered, items))
-    except Exception:
-        pool.shutdown(wait=True, cancel_futures=True)  # an item failed: the others end as they are
-        raise
-    except BaseException:
-        # Interrupted (Ctrl-C, SIGTERM): items not started are dropped and running episodes stop
-        # at their next step (:mod:`arena.core.stopping`) before the interrupt goes on.
-        flag.set()
-        pool.shutdown(wait=True, cancel_futures=True)
+    except BaseException as exc:
+        # Items not started are dropped. An item that failed lets the running ones end as they
+        # are; an interrupt (Ctrl-C, SIGTERM) stops them at their next step (arena.core.stopping).
+        if not isinstance(exc, Exception):
+            flag.set()
         raise
     finally:
-        pool.shutdown(wait=True)
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 class EpisodeRunner:
