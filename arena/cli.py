@@ -268,8 +268,11 @@ def view(run_dirs: tuple[str, ...], port: int) -> None:
 @click.option("--variant", default=None,
               help="Compare with this variant (e.g. without_skill): of RUN_B, or of RUN_A when RUN_B is omitted.")
 @click.option("--allow-mixed", is_flag=True, help="Pair runs of different protocols anyway.")
+@click.option("--split", "splits", multiple=True,
+              help="Compare only this split (repeatable), e.g. a run of test_seen alone with one of both test splits.")
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
-def compare(run_a: str, run_b: str | None, variant: str | None, allow_mixed: bool, as_json: bool) -> None:
+def compare(run_a: str, run_b: str | None, variant: str | None, allow_mixed: bool, splits: tuple[str, ...],
+            as_json: bool) -> None:
     """Paired test of RUN_A against RUN_B (or against a variant of RUN_A) on the same tasks and seeds."""
     from arena.report import ReportError, compare_runs, load_run
 
@@ -278,7 +281,8 @@ def compare(run_a: str, run_b: str | None, variant: str | None, allow_mixed: boo
     try:
         first = load_run(run_a)
         second = load_run(run_b) if run_b is not None else None
-        comparison = compare_runs(first, second, variant_b=variant or "default", allow_mixed=allow_mixed)
+        comparison = compare_runs(first, second, variant_b=variant or "default", allow_mixed=allow_mixed,
+                                  splits=list(splits) or None)
     except ReportError as exc:
         raise click.ClickException(str(exc)) from exc
     if as_json:

@@ -88,6 +88,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "b": make_run(plugins, root, "scripted-b", seeds=(0, 1), extra=("method.salt=1",)),
         "one_seed": make_run(plugins, root, "scripted-one-seed", seeds=(0,)),
         "steps8": make_run(plugins, root, "scripted-steps8", seeds=(0, 1), extra=("eval.max_steps=8",)),
+        "seen_only": make_run(plugins, root, "scripted-b-seen", seeds=(0, 1),
+                              extra=("method.salt=1", "eval.splits=[test_seen]")),
     }
 
 
@@ -141,3 +143,23 @@ def test_compare_cli(runs):
     assert refused.exit_code != 0 and "lacks 12 of the 24" in refused.output
     alone = CliRunner().invoke(cli, ["compare", str(runs["a"])])
     assert alone.exit_code != 0 and "--variant" in alone.output
+
+
+def test_compare_on_one_split_pairs_a_run_of_that_split_alone(runs):
+    run_a, both, seen_only = load_run(runs["a"]), load_run(runs["b"]), load_run(runs["seen_only"])
+    # without --split the runs differ in the splits they played, and test_unseen has no pairs
+    with pytest.raises(ReportError, match="eval.splits differs"):
+        compare_runs(run_a, seen_only)
+    restricted = compare_runs(run_a, seen_only, splits=["test_seen"])
+    assert [s["split"] for s in restricted["splits"]] == ["test_seen"]
+    # the same tasks, seeds and outcomes as B's run of both splits: the same comparison
+    full = {s["split"]: s for s in compare_runs(run_a, both)["splits"]}
+    assert restricted["splits"][0] == full["test_seen"]
+    with pytest.raises(ReportError, match=r"scripted-b-seen has no test episodes of split test_unseen \(it played test_seen\)"):
+        compare_runs(run_a, seen_only, splits=["test_seen", "test_unseen"])
+    # every other protocol field must still agree
+    with pytest.raises(ReportError, match="eval.max_steps differs"):
+        compare_runs(run_a, load_run(runs["steps8"]), splits=["test_seen"])
+    result = CliRunner().invoke(cli, ["compare", str(runs["a"]), str(runs["seen_only"]), "--split", "test_seen", "--json"])
+    assert result.exit_code == 0, result.output
+    assert [s["split"] for s in json.loads(result.output)["splits"]] == ["test_seen"]

@@ -10,7 +10,7 @@ one run shows exactly the numbers of that run's results.json.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +42,9 @@ def compared_config(run: Run) -> dict[str, Any]:
     return {key: value for key, value in config.items() if _compared(key)}
 
 
+#: The protocol field naming the test splits a run played (``arena compare --split`` sets it aside).
+SPLITS_FIELD = "eval.splits"
+
 SORT_KEYS = ("success", "test_seen", "test_unseen", "progress", "learn_cost", "method")
 
 
@@ -69,7 +72,7 @@ def protocol_of(run: Run) -> dict[str, Any]:
     # a version 1 file holds (arena/core/results.py), so runs of Arena 0.1 and 0.2 rank together.
     fields: dict[str, Any] = {
         "env_version": provenance.get("env_version"),
-        "eval.splits": list(results.get("splits", {})),
+        SPLITS_FIELD: list(results.get("splits", {})),
         "eval.max_steps": max_steps,
         "eval.max_invalid_actions": evaluation.get("max_invalid_actions"),
         "track": results.get("track"),
@@ -91,10 +94,11 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-def differing_fields(runs: list[Run]) -> dict[str, dict[str, list[str]]]:
-    """Protocol fields on which the runs disagree: field -> shown value -> run labels."""
+def differing_fields(runs: list[Run], ignore: Sequence[str] = ()) -> dict[str, dict[str, list[str]]]:
+    """Protocol fields (but those in ``ignore``) on which the runs disagree: field -> shown
+    value -> run labels."""
     protocols = [(run.label, protocol_of(run)) for run in runs]
-    names = sorted({name for _, fields in protocols for name in fields})
+    names = sorted({name for _, fields in protocols for name in fields} - set(ignore))
     differing: dict[str, dict[str, list[str]]] = {}
     for name in names:
         by_value: dict[str, list[str]] = defaultdict(list)
@@ -113,9 +117,10 @@ def describe_differences(differing: dict[str, dict[str, list[str]]]) -> str:
     return "\n".join(parts)
 
 
-def check_compatible(runs: list[Run], allow_mixed: bool, what: str = "one table") -> list[str]:
-    """Names of the differing protocol fields; raises unless ``allow_mixed``."""
-    differing = differing_fields(runs)
+def check_compatible(runs: list[Run], allow_mixed: bool, what: str = "one table",
+                     ignore: Sequence[str] = ()) -> list[str]:
+    """Names of the differing protocol fields (but those in ``ignore``); raises unless ``allow_mixed``."""
+    differing = differing_fields(runs, ignore)
     if differing and not allow_mixed:
         raise ReportError(
             f"These runs were not evaluated under the same protocol, so they cannot share {what}:\n"

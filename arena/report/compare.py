@@ -19,11 +19,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import asdict, dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from arena.report.aggregate import check_compatible
+from arena.report.aggregate import SPLITS_FIELD, check_compatible
 from arena.report.runs import PRIMARY_VARIANT, ReportError, Run
 
 BOOTSTRAP_RESAMPLES = 10_000
@@ -78,12 +79,23 @@ def bootstrap_ci(task_differences: np.ndarray, task_weights: np.ndarray,
     return (round(float(low), 4), round(float(high), 4))
 
 
-def paired_outcomes(run_a: Run, run_b: Run, variant_a: str, variant_b: str
-                    ) -> dict[str, list[tuple[str, int, bool, bool]]]:
-    """split -> [(task, seed, A's success, B's success)]; refuses unmatched pairs, counting them."""
+def paired_outcomes(run_a: Run, run_b: Run, variant_a: str, variant_b: str,
+                    splits: Sequence[str] | None = None) -> dict[str, list[tuple[str, int, bool, bool]]]:
+    """split -> [(task, seed, A's success, B's success)]; refuses unmatched pairs, counting them.
+    ``splits``: pair only these (each must have been played by both runs); None: every split."""
     outcomes_a = _outcomes(run_a, variant_a)
     outcomes_b = _outcomes(run_b, variant_b)
     label_a, label_b = _label(run_a, variant_a), _label(run_b, variant_b)
+    if splits is not None:
+        for label, outcomes in ((label_a, outcomes_a), (label_b, outcomes_b)):
+            absent = [split for split in splits if split not in outcomes]
+            if absent:
+                raise ReportError(
+                    f"{label} has no test episodes of split {', '.join(absent)} (it played "
+                    f"{', '.join(sorted(outcomes)) or 'none'}): pass --split with splits both runs played."
+                )
+        outcomes_a = {split: outcomes_a[split] for split in splits}
+        outcomes_b = {split: outcomes_b[split] for split in splits}
     problems = []
     for split in sorted(set(outcomes_a) | set(outcomes_b)):
         keys_a, keys_b = set(outcomes_a.get(split, {})), set(outcomes_b.get(split, {}))
@@ -137,19 +149,28 @@ def compare_split(split: str, pairs: list[tuple[str, int, bool, bool]]) -> Split
         success_b=round(sum(b for *_, b in pairs) / n, 4),
         difference=round(difference, 4), ci95=bootstrap_ci(differences, weights),
         a_only=a_only, b_only=b_only,
-        p_value=round(sign_flip_p_value([int(d) for d in differences]), 6), note=note,
+        p_value=float(f"{sign_flip_p_value([int(d) for d in differences]):.4g}"), note=note,
     )
 
 
 def compare_runs(run_a: Run, run_b: Run | None = None, variant_b: str = PRIMARY_VARIANT,
-                 variant_a: str = PRIMARY_VARIANT, allow_mixed: bool = False) -> dict[str, Any]:
-    """Compare A (primary variant) with B (another run, or a variant of A when B is None)."""
+                 variant_a: str = PRIMARY_VARIANT, allow_mixed: bool = False,
+                 splits: Sequence[str] | None = None) -> dict[str, Any]:
+    """Compare A (primary variant) with B (another run, or a variant of A when B is None).
+
+    ``splits`` restricts the comparison to splits both runs played, so that a run evaluated on
+    test_seen alone pairs with one that played both test splits; the other protocol fields must
+    still agree (which splits a run played is then no longer one of them)."""
     run_b = run_b or run_a
     if run_b is run_a and variant_a == variant_b:
         raise ReportError("That compares a run with itself: give a second run, or --variant NAME "
                           f"(variants of {run_a.label}: {', '.join(run_a.variants()) or 'none'}).")
-    mixed = [] if run_b is run_a else check_compatible([run_a, run_b], allow_mixed, what="a paired comparison")
-    pairs = paired_outcomes(run_a, run_b, variant_a, variant_b)
+    if splits is not None and not splits:
+        raise ReportError("No split to compare: name at least one (--split test_seen).")
+    ignored = (SPLITS_FIELD,) if splits else ()
+    mixed = [] if run_b is run_a else check_compatible(
+        [run_a, run_b], allow_mixed, what="a paired comparison", ignore=ignored)
+    pairs = paired_outcomes(run_a, run_b, variant_a, variant_b, splits)
     return {
         "a": _label(run_a, variant_a), "b": _label(run_b, variant_b),
         "test": "exact McNemar / sign-flip over tasks (two-sided)",
