@@ -62,6 +62,9 @@ def test_compare_split_on_constructed_pairs():
     assert result.ci95[0] <= 0.375 <= result.ci95[1]
     tie = compare_split("test_seen", [(f"t{i}", 0, True, True) for i in range(3)])
     assert tie.difference == 0.0 and tie.p_value == 1.0 and tie.ci95 == (0.0, 0.0) and "no discordant" in tie.note
+    # a very small p keeps its significant digits (28 tasks won by A alone: p = 2 / 2**28)
+    decisive = compare_split("test_seen", [(f"t{i}", 0, True, False) for i in range(28)])
+    assert decisive.p_value == pytest.approx(exact_mcnemar(28, 0), rel=1e-3) and decisive.p_value > 0
 
 
 def _run(label: str, keys: list[tuple[str, int]], success: bool) -> Run:

@@ -18,8 +18,8 @@ Why these statistics:
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import asdict, dataclass
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
