@@ -288,30 +288,32 @@ def compare(run_a: str, run_b: str | None, variant: str | None, allow_mixed: boo
     if as_json:
         click.echo(json.dumps(comparison, indent=2))
         return
-    splits = comparison["splits"]
+    compared: list[dict[str, Any]] = comparison["splits"]
     table = Table(title=escape(f"A = {comparison['a']}   B = {comparison['b']}"))
     table.add_column("")
-    for split in splits:
+    for split in compared:
         table.add_column(split["split"], justify="right")
     rows = {
-        "pairs (tasks)": [f"{s['pairs']} ({s['tasks']})" for s in splits],
-        "success A": [f"{s['success_a']:.1%}" for s in splits],
-        "success B": [f"{s['success_b']:.1%}" for s in splits],
-        "A - B": [f"{s['difference']:+.1%}" for s in splits],
-        "95% CI": [f"[{s['ci95'][0]:+.1%}, {s['ci95'][1]:+.1%}]" for s in splits],
-        "A only / B only": [f"{s['a_only']} / {s['b_only']}" for s in splits],
-        "p": [f"{s['p_value']:.4g}" for s in splits],
+        "pairs (tasks)": [f"{s['pairs']} ({s['tasks']})" for s in compared],
+        "success A": [f"{s['success_a']:.1%}" for s in compared],
+        "success B": [f"{s['success_b']:.1%}" for s in compared],
+        "A - B": [f"{s['difference']:+.1%}" for s in compared],
+        "95% CI": [f"[{s['ci95'][0]:+.1%}, {s['ci95'][1]:+.1%}]" for s in compared],
+        "A only / B only": [f"{s['a_only']} / {s['b_only']}" for s in compared],
+        "p": [f"{s['p_value']:.4g}" for s in compared],
     }
     for name, cells in rows.items():
         table.add_row(name, *cells)
     out = Console()
     out.print(table)
     out.print(escape(f"test: {comparison['test']}\ninterval: {comparison['interval']}"))
-    for split in splits:
+    for split in compared:
         if split["note"]:
             out.print(f"{split['split']}: {split['note']}")
     if comparison["mixed_fields"]:
         out.print(f"[yellow]Mixed protocols: {', '.join(comparison['mixed_fields'])}[/]")
+    if comparison["dtype_note"]:
+        out.print(f"[yellow]{escape('Mixed dtypes: ' + comparison['dtype_note'])}[/]")
 
 
 @cli.group()

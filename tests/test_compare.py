@@ -148,6 +148,16 @@ def test_compare_cli(runs):
     assert alone.exit_code != 0 and "--variant" in alone.output
 
 
+def test_compare_says_when_the_two_models_ran_in_different_dtypes(runs):
+    run_a, run_b = load_run(runs["a"]), load_run(runs["b"])
+    assert compare_runs(run_a, run_b)["dtype_note"] is None
+    for run, dtype in ((run_a, "bfloat16"), (run_b, "float32")):
+        run.results["provenance"]["model"]["dtype"] = dtype
+    note = compare_runs(run_a, run_b)["dtype_note"]
+    assert note is not None and note.startswith("the model ran in bfloat16 and float32")
+    assert "docs/numerics.md" in note
+
+
 def test_compare_on_one_split_pairs_a_run_of_that_split_alone(runs):
     run_a, both, seen_only = load_run(runs["a"]), load_run(runs["b"]), load_run(runs["seen_only"])
     # without --split the runs differ in the splits they played, and test_unseen has no pairs

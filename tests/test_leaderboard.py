@@ -284,7 +284,7 @@ def test_markdown_table(runs, tmp_path):
     assert "test-time extra episodes" in body[0][-1] and body[1][-1] == "-"
     assert text.count("<details>") == 2 and "test_unseen: success per task type" in text
     assert "pick_two_obj_and_place" in _markdown_rows(text.split("test_unseen: success per task type")[1], "Method")[0]
-    assert f"weights {scripted['provenance']['weights_sha256'][0]}" in text
+    assert f"weights {scripted['provenance']['weights_sha256'][0]}; dtype not recorded)" in text  # the fake model
     for plot in ("household-success-vs-cost", "household-task-types", "household-learning-curves"):
         assert f"(plots/{plot}.png)" in text and (out / "plots" / f"{plot}.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -414,6 +414,47 @@ def test_runs_of_different_solver_layouts_never_share_a_row():
     _check_poolable([old, window], "m")  # the layout every earlier run had; the cache is exact
     with pytest.raises(ReportError, match=r"differ in config solver.layout \('window' vs 'transcript'\)"):
         _check_poolable([old, window, transcript], "m")
+
+
+def _with_dtype(run: Run, dtype: str) -> Run:
+    run.results["provenance"]["model"]["dtype"] = dtype
+    run.results["cost"]["evaluate"]["tokens_in"] = 100  # the model was called
+    return run
+
+
+def test_runs_whose_model_ran_in_different_dtypes_never_share_a_row():
+    from arena.report.aggregate import _check_poolable
+
+    # the same config (llm.dtype=auto) on two machines: bfloat16 on one, float32 on the other
+    native = _with_dtype(_constructed_run("avx512-bf16", 0, {"a": True}, learn_tokens=10), "bfloat16")
+    emulated = _with_dtype(_constructed_run("avx2", 1, {"a": True}, learn_tokens=10), "float32")
+    with pytest.raises(ReportError, match=r"different dtypes \(bfloat16 in avx512-bf16; float32 in avx2\).*"
+                                          r"llm.dtype=auto resolves per machine.*rerun one side with llm.dtype"):
+        _check_poolable([native, emulated], "m")
+    _check_poolable([native, _with_dtype(emulated, "bfloat16")], "m")
+    # a run that never called the model (the random policy) has no dtype to disagree on
+    unused = _constructed_run("random", 2, {"a": True}, learn_tokens=0)
+    unused.results["provenance"]["model"]["dtype"] = "float32"
+    assert unused.model_dtype is None
+    _check_poolable([native, unused], "m")
+
+
+def test_a_table_that_mixes_dtypes_names_each_rows(runs):
+    rows = {}
+    for label, dtype in (("base-s0", "bfloat16"), ("scripted-s0", "float32")):
+        run = load_run(runs["base" if label.startswith("base") else "s0"])
+        run.results["provenance"]["model"]["dtype"] = dtype
+        rows[label] = run
+    (table,) = build_tables(list(rows.values()))
+    flags = {row.method: row.flags for row in table.rows}
+    assert "model in bfloat16 (this table mixes bfloat16 and float32)" in flags["base"]
+    assert "model in float32 (this table mixes bfloat16 and float32)" in flags["scripted"]
+    assert {row.method: row.provenance["dtype"] for row in table.rows} == {
+        "base": ["bfloat16"], "scripted": ["float32"]}
+    # one dtype: no flag
+    rows["scripted-s0"].results["provenance"]["model"]["dtype"] = "bfloat16"
+    (table,) = build_tables(list(rows.values()))
+    assert not any("this table mixes" in flag for row in table.rows for flag in row.flags)
 
 
 def test_protocol_line_names_the_level_and_the_source_pool(runs):

@@ -180,8 +180,37 @@ class Row:
         }
 
 
+#: A row's dtype where no run of it called the model (the random policy), or where the backend
+#: records none (a remote or fake model).
+NO_MODEL_CALL = "no model call"
+NO_DTYPE = "dtype not recorded"
+#: Why a row never pools runs of two dtypes, and what to do: said where pooling is refused.
+DTYPE_ADVICE = (
+    "llm.dtype=auto resolves per machine (bfloat16 where the CPU computes it natively, float32 "
+    "elsewhere), and the two round near-tied greedy choices differently (docs/numerics.md)"
+)
+
+
+def dtypes_of(runs: Iterable[Run]) -> dict[str, list[str]]:
+    """dtype -> labels of the runs whose model ran in it (runs that record none left out)."""
+    by_dtype: dict[str, list[str]] = defaultdict(list)
+    for run in runs:
+        if run.model_dtype is not None:
+            by_dtype[run.model_dtype].append(run.label)
+    return dict(by_dtype)
+
+
 def _check_poolable(runs: list[Run], name: str) -> None:
-    """Runs pooled into one row must differ only in seeds, and never repeat a seed."""
+    """Runs pooled into one row must differ only in seeds, and never repeat a seed. The config
+    is compared as written and the model's dtype as it resolved: ``auto`` is no guarantee."""
+    by_dtype = dtypes_of(runs)
+    if len(by_dtype) > 1:
+        shown = "; ".join(f"{dtype} in {', '.join(labels)}" for dtype, labels in sorted(by_dtype.items()))
+        raise ReportError(
+            f"The runs of row '{name}' ran the model in different dtypes ({shown}): {DTYPE_ADVICE}. "
+            "One row pools runs that differ only in their seeds: rerun one side with llm.dtype set "
+            "to the other's, or build separate boards for them."
+        )
     first = runs[0]
     reference = compared_config(first)
     for other in runs[1:]:
@@ -335,6 +364,7 @@ def row_provenance(runs: list[Run]) -> dict[str, Any]:
         "git_sha": sorted({str(p.get("git_sha"))[:12] + ("-dirty" if str(p.get("git_sha")).endswith("-dirty") else "")
                            for p in provenances}),
         "model": _short(p.get("model", {}).get("id") for p in provenances),
+        "dtype": sorted({r.model_dtype or (NO_DTYPE if r.called_model else NO_MODEL_CALL) for r in runs}),
         "weights_sha256": _short(p.get("model", {}).get("weights_sha256") for p in provenances),
         "seeds": sorted(seed for r in runs for seed in r.seeds),
         "runs": [r.label for r in runs],
@@ -376,6 +406,18 @@ def build_row(runs: list[Run], mixed: dict[str, Any]) -> Row:
         valid=all(r.results.get("valid", True) for r in runs), protocol=protocol,
         learning_curves={r.label: c for r in runs if (c := learning_curves(r))},
     )
+
+
+def flag_mixed_dtypes(rows: list[Row]) -> None:
+    """Rows of one table may differ in dtype (they are different configurations), but a reader
+    comparing them must see it: each row then names its own."""
+    dtypes = sorted({d for row in rows for d in row.provenance["dtype"] if d not in (NO_MODEL_CALL, NO_DTYPE)})
+    if len(dtypes) < 2:
+        return
+    for row in rows:
+        own = [d for d in row.provenance["dtype"] if d not in (NO_MODEL_CALL, NO_DTYPE)]
+        if own:
+            row.flags.append(f"model in {', '.join(own)} (this table mixes {' and '.join(dtypes)})")
 
 
 # -- tables -----------------------------------------------------------------------------------
@@ -452,6 +494,7 @@ def build_tables(runs: list[Run], allow_mixed: bool = False, sort: str = "succes
             groups[(run.method, run.preset or "", run.model_id, mixed_key)].append(run)
         rows = [build_row(group, {name: protocol_of(group[0]).get(name) for name in mixed_fields})
                 for group in groups.values()]
+        flag_mixed_dtypes(rows)
         shared = {k: v for k, v in protocol_of(env_runs[0]).items() if k not in mixed_fields}
         tables.append(Table(env=env, rows=sort_rows(rows, sort), mixed_fields=mixed_fields,
                             protocol=shared, sort=sort))

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from arena.report.aggregate import SPLITS_FIELD, check_compatible
+from arena.report.aggregate import DTYPE_ADVICE, SPLITS_FIELD, check_compatible, dtypes_of
 from arena.report.runs import PRIMARY_VARIANT, ReportError, Run
 
 BOOTSTRAP_RESAMPLES = 10_000
@@ -171,10 +171,15 @@ def compare_runs(run_a: Run, run_b: Run | None = None, variant_b: str = PRIMARY_
     mixed = [] if run_b is run_a else check_compatible(
         [run_a, run_b], allow_mixed, what="a paired comparison", ignore=ignored)
     pairs = paired_outcomes(run_a, run_b, variant_a, variant_b, splits)
+    by_dtype = dtypes_of([run_a] if run_b is run_a else [run_a, run_b])
     return {
         "a": _label(run_a, variant_a), "b": _label(run_b, variant_b),
         "test": "exact McNemar / sign-flip over tasks (two-sided)",
         "interval": f"paired bootstrap over tasks, percentile, {BOOTSTRAP_RESAMPLES} resamples, seed {BOOTSTRAP_SEED}",
         "mixed_fields": mixed,
+        # A pairing of two dtypes is allowed (two configurations), but part of its difference
+        # is then numeric, not the methods': said beside the result.
+        "dtype_note": (f"the model ran in {' and '.join(sorted(by_dtype))}: {DTYPE_ADVICE}"
+                       if len(by_dtype) > 1 else None),
         "splits": [asdict(compare_split(split, split_pairs)) for split, split_pairs in pairs.items()],
     }

@@ -106,7 +106,8 @@ def protocol_line(table: Table) -> str:
 def provenance_line(row: Row) -> str:
     p = row.provenance
     return (f"arena {', '.join(p['arena_version'])}; git {', '.join(p['git_sha'])}; "
-            f"model {', '.join(p['model'])} (weights {', '.join(p['weights_sha256'])}); "
+            f"model {', '.join(p['model'])} (weights {', '.join(p['weights_sha256'])}; "
+            f"{', '.join(p['dtype'])}); "
             f"seeds {', '.join(map(str, p['seeds']))}; runs {', '.join(p['runs'])}")
 
 

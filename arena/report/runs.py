@@ -80,6 +80,19 @@ class Run:
         return str(self.model.get("id", "unknown"))
 
     @property
+    def called_model(self) -> bool:
+        """Whether any prompt reached the model (the random policy sends none)."""
+        cost = self.results.get("cost", {})
+        return any(cost.get(phase, {}).get("tokens_in") for phase in (LEARN, EVALUATE))
+
+    @property
+    def model_dtype(self) -> str | None:
+        """The dtype the model actually ran in (``llm.dtype=auto`` resolves per machine); None
+        where the run records none or never called the model."""
+        dtype = self.model.get("dtype")
+        return str(dtype) if self.called_model and dtype is not None else None
+
+    @property
     def seeds(self) -> list[int]:
         return [int(s) for s in self.results.get("seeds", [])]
 
