@@ -214,9 +214,11 @@ def _reused_cache(layers: list[tuple[torch.Tensor, torch.Tensor]] | None, config
 def auto_dtype(device: torch.device) -> torch.dtype:
     """bfloat16 where the hardware computes it natively, else float32.
 
-    Measured with benchmarks/bench_llm.py on this project's 2-core AVX-512-BF16 CPU, bfloat16
-    runs SmolLM2 1.9x faster than float32 in ``choose`` and 1.35x in ``generate``; without
-    native support bfloat16 is emulated and slower than float32.
+    Measured with benchmarks/bench_llm.py on a 2-core AVX-512-BF16 Xeon, bfloat16 runs SmolLM2
+    1.9x faster than float32 in ``choose`` and 1.35x in ``generate``; on a 2-core AVX2-only EPYC
+    bfloat16 is emulated and a 110-token forward takes 4.8x as long as in float32. The answer
+    therefore depends on the machine: results record it, and the leaderboard never pools two
+    (docs/numerics.md).
     """
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
