@@ -23,7 +23,7 @@ from arena.backends.transformers_backend import auto_dtype
 
 def forward_ms(model: torch.nn.Module, tokens: int, repeats: int) -> float:
     ids = torch.randint(100, 1000, (1, tokens))
-    decoder = model.get_decoder()  # type: ignore[operator]
+    decoder = model.get_decoder()
     with torch.inference_mode():
         decoder(input_ids=ids)
         times = []

@@ -92,7 +92,7 @@ CLI_CASES: list[tuple[list[str], str]] = [
     (["run", "--method", "base", "--preset", "nosuch"], "Unknown preset 'nosuch' for method 'base'"),
     (["run"], "Name a method with --method"),
     (["run", "--method", "evolving_rl", "method.iterations=abc"],
-     "method.iterations='abc' is not a number (its default is 2)"),
+     "method.iterations='abc' is not a number (its default is 1)"),
 ]
 
 

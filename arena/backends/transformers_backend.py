@@ -216,7 +216,7 @@ def auto_dtype(device: torch.device) -> torch.dtype:
 
     Measured with benchmarks/bench_llm.py on a 2-core AVX-512-BF16 Xeon, bfloat16 runs SmolLM2
     1.9x faster than float32 in ``choose`` and 1.35x in ``generate``; on a 2-core AVX2-only EPYC
-    bfloat16 is emulated and a 110-token forward takes 4.8x as long as in float32. The answer
+    bfloat16 is emulated and a 110-token forward takes 5.7x as long as in float32. The answer
     therefore depends on the machine: results record it, and the leaderboard never pools two
     (docs/numerics.md).
     """

@@ -411,12 +411,14 @@ def build_row(runs: list[Run], mixed: dict[str, Any]) -> Row:
 def flag_mixed_dtypes(rows: list[Row]) -> None:
     """Rows of one table may differ in dtype (they are different configurations), but a reader
     comparing them must see it: each row then names its own."""
-    dtypes = sorted({d for row in rows for d in row.provenance["dtype"] if d not in (NO_MODEL_CALL, NO_DTYPE)})
+    def known(row: Row) -> list[str]:
+        return [d for d in row.provenance["dtype"] if d not in (NO_MODEL_CALL, NO_DTYPE)]
+
+    dtypes = sorted({d for row in rows for d in known(row)})
     if len(dtypes) < 2:
         return
     for row in rows:
-        own = [d for d in row.provenance["dtype"] if d not in (NO_MODEL_CALL, NO_DTYPE)]
-        if own:
+        if own := known(row):
             row.flags.append(f"model in {', '.join(own)} (this table mixes {' and '.join(dtypes)})")
 
 
