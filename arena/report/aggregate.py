@@ -411,15 +411,13 @@ def build_row(runs: list[Run], mixed: dict[str, Any]) -> Row:
 def flag_mixed_dtypes(rows: list[Row]) -> None:
     """Rows of one table may differ in dtype (they are different configurations), but a reader
     comparing them must see it: each row then names its own."""
-    def known(row: Row) -> list[str]:
-        return [d for d in row.provenance["dtype"] if d not in (NO_MODEL_CALL, NO_DTYPE)]
-
-    dtypes = sorted({d for row in rows for d in known(row)})
+    own = [sorted(dtypes_of(row.runs)) for row in rows]  # one each at most: rows never mix
+    dtypes = sorted({dtype for row_dtypes in own for dtype in row_dtypes})
     if len(dtypes) < 2:
         return
-    for row in rows:
-        if own := known(row):
-            row.flags.append(f"model in {', '.join(own)} (this table mixes {' and '.join(dtypes)})")
+    for row, row_dtypes in zip(rows, own):
+        if row_dtypes:
+            row.flags.append(f"model in {', '.join(row_dtypes)} (this table mixes {' and '.join(dtypes)})")
 
 
 # -- tables -----------------------------------------------------------------------------------

@@ -171,7 +171,7 @@ def compare_runs(run_a: Run, run_b: Run | None = None, variant_b: str = PRIMARY_
     mixed = [] if run_b is run_a else check_compatible(
         [run_a, run_b], allow_mixed, what="a paired comparison", ignore=ignored)
     pairs = paired_outcomes(run_a, run_b, variant_a, variant_b, splits)
-    by_dtype = dtypes_of([run_a] if run_b is run_a else [run_a, run_b])
+    by_dtype = dtypes_of([run_a, run_b])  # a run against its own variant: one dtype
     return {
         "a": _label(run_a, variant_a), "b": _label(run_b, variant_b),
         "test": "exact McNemar / sign-flip over tasks (two-sided)",
