@@ -21,7 +21,7 @@ from arena.core.types import RolloutTokens, Step, Task, Termination, Trajectory
 from arena.envs.alfworld_tasks import HOUSEHOLD_INSTRUCTIONS
 from arena.plugins.skillrl import distill
 from arena.plugins.skillrl import method as skillrl
-from arena.plugins.skillrl import sft as sft_stage
+from arena.core.rl import sft as sft_stage
 from arena.plugins.skillrl.distill import parse_mistakes, parse_skills
 from arena.plugins.skillrl.retrieval import HEADER, embedding_retrieve, make_prompt_builder, template_retrieve
 from arena.plugins.skillrl.skillbank import GENERAL, SkillBank, sync_store

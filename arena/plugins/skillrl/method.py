@@ -49,7 +49,7 @@ from arena.core.rundir import write_json_atomic
 from arena.core.solver import Action, Policy, StandardSolver, episode_seed
 from arena.core.tasks import select_tasks
 from arena.core.types import Experience, Observation, Task, Trajectory
-from arena.plugins.skillrl import sft as sft_stage
+from arena.core.rl import sft as sft_stage
 from arena.plugins.skillrl.distill import (
     Teacher,
     build_teacher,

@@ -1,10 +1,10 @@
-"""Cold-start SFT with trl's ``SFTTrainer``: the reference policy that GRPO's KL term pulls to.
+"""Supervised fine-tuning with trl's ``SFTTrainer``: SkillRL's cold start and the shared warm-start base.
 
-The authors fine-tune in LLaMA-Factory on teacher-written trajectories (their SFT data were
-released only later, SkillRL #4/#18/#58). Here each demonstration step is one prompt-completion
-example: the prompt is exactly the skill-augmented prompt the policy sees at that step (skills
-from ``inject_from_step`` on), the completion is the demonstrated action, and the loss is on the
-completion only. The trained weights are folded into the served model (LoRA merged), so the
+Each demonstration step is one prompt-completion example: the prompt is exactly the prompt the
+policy sees at that step (SkillRL's skill-augmented one; the standard solver's for the warm start),
+the completion is the demonstrated action, and the loss is on the completion only. SkillRL's
+authors fine-tune in LLaMA-Factory on teacher-written trajectories (their SFT data were released
+only later, SkillRL #4/#18/#58). The trained weights are folded into the served model (LoRA merged), so the
 GRPO trainer built afterwards takes that model as its reference (with LoRA: the adapters
 disabled; with full fine-tuning: a copy made at construction).
 
