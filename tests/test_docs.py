@@ -163,3 +163,56 @@ def test_fidelity_defaults_match_the_configs() -> None:
         if not same:
             wrong.append(f"{method} {preset or '(default)'}: {key} is {actual!r}, the page says {stated!r}")
     assert not wrong, "docs/fidelity.md is out of step with the configs:\n" + "\n".join(wrong)
+
+
+ROOT = DOCS.parent
+README = ROOT / "README.md"
+#: The pages a newcomer is sent to from the README.
+README_LINKS = ("docs/index.md", "docs/architecture.md", "CONTRIBUTING.md", "CHANGELOG.md")
+MARKDOWN_LINK = re.compile(r"\[[^\]\n]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+INLINE_CODE = re.compile(r"`[^`\n]*`")
+
+
+def relative_links(page: Path) -> list[str]:
+    """The targets of the page's relative Markdown links (code blocks and inline code left out,
+    web addresses and in-page anchors skipped), without their #anchor."""
+    text = FENCE.sub("", page.read_text())
+    text = INLINE_CODE.sub("", text)
+    targets = []
+    for target in MARKDOWN_LINK.findall(text):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+            continue
+        targets.append(target.split("#", 1)[0])
+    return targets
+
+
+def test_the_readme_is_short_and_sends_readers_on() -> None:
+    text = README.read_text()
+    assert len(text) < 10_000, f"README.md has {len(text):,} characters; move detail to docs/"
+    linked = set(relative_links(README))
+    for name in README_LINKS:
+        assert (ROOT / name).is_file(), f"{name} is missing"
+        assert name in linked, f"README.md does not link {name}"
+
+
+def test_the_readme_keeps_its_two_commands_verbatim() -> None:
+    text = README.read_text()
+    assert "bash scripts/install.sh && arena run --method evolving_rl\n" in text
+    second = "bash scripts/install.sh --dev && ruff check . && mypy && python -m pytest -q\n"
+    assert second in text
+    assert second.strip() in (ROOT / ".ci" / "run").read_text(), ".ci/run must run the README's second command"
+
+
+def test_every_relative_link_points_to_a_file() -> None:
+    pages = [README, ROOT / "CONTRIBUTING.md", ROOT / "CHANGELOG.md", *sorted(DOCS.glob("*.md"))]
+    assert len(pages) >= 10
+    broken = [f"{page.relative_to(ROOT)} -> {target}" for page in pages if page.exists()
+              for target in relative_links(page) if not (page.parent / target).exists()]
+    assert not broken, "links to files that do not exist:\n" + "\n".join(broken)
+
+
+def test_the_link_checker_sees_links_and_skips_code(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("[a](there.md#part) [b](https://x.org) [c](#here) `[d](not.md)`\n"
+                    "```\n[e](also_not.md)\n```\n[f](<sub/g.md>)\n")
+    assert relative_links(page) == ["there.md", "sub/g.md"]
