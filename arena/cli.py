@@ -1,4 +1,4 @@
-"""The ``arena`` command line: ``run``, ``plugins``, ``show``, ``leaderboard``, ``compare``, ``data``."""
+"""The ``arena`` command line: ``run``, ``plugins``, ``show``, ``leaderboard``, ``compare``, ``data``, ``warmstart``."""
 
 from __future__ import annotations
 
@@ -364,6 +364,36 @@ def new_method(name: str, path: str | None) -> None:
                f"  cd {root} && pip install -e . && python -m pytest\n"
                f"  arena run --method {name.replace('-', '_')}")
 
+
+
+@cli.command()
+@click.argument("recipe", required=False)
+@click.option("--model", default="embedded", show_default=True,
+              help="The base model (embedded, tiny or a local Hugging Face folder).")
+@click.option("--out", default=None, type=click.Path(file_okay=False),
+              help="Also copy the built warm start here (e.g. leaderboards/<board>/base) to commit it.")
+def warmstart(recipe: str | None, model: str, out: str | None) -> None:
+    """Build (or find in the cache) the warm-start base of RECIPE: behaviour cloning of the model
+    on the expert's train demonstrations. Runs use it with llm.warmstart=RECIPE."""
+    from arena.backends.transformers_backend import resolve_model
+    from arena.warmstart import build, recipe_names
+
+    if recipe is None:
+        click.echo("Recipes (arena/warmstart/recipes/): " + ", ".join(recipe_names()))
+        click.echo("Build one with `arena warmstart NAME`; use it with `arena run ... llm.warmstart=NAME`.")
+        return
+    try:
+        folder, _ = resolve_model(model)
+        warm = build.resolve(recipe, folder)
+        if out is not None:
+            build.copy_to(warm, Path(out))
+    except (*USER_ERRORS, FileNotFoundError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    shown = warm.describe()
+    click.echo(f"Warm start '{shown['recipe']}' in {warm.folder}" + (f" (copied to {out})" if out else ""))
+    click.echo(f"  adapter sha256 {shown['adapter_sha256']}; {shown['demonstrations']} demonstrations, "
+               f"{shown['examples']} examples, {shown['steps']} steps, final loss {shown['final_loss']}")
+    click.echo(f"  use it: arena run --method NAME llm.warmstart={out or recipe}")
 
 class Terminated(BaseException):
     """SIGTERM (a job scheduler, ``kill``): unwinds like Ctrl-C so the run stops cleanly."""

@@ -56,6 +56,9 @@ from arena.core.llm import (
     sample_option,
 )
 from arena.core.torch_utils import eval_mode
+from arena.warmstart.build import WarmStart
+from arena.warmstart.build import apply as apply_warmstart
+from arena.warmstart.build import resolve as resolve_warmstart
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 #: Messages dropped at a time when a long chat is cut to fit the context (an even number: whole
@@ -79,6 +82,7 @@ class TransformersConfig:
     prefix_cache: bool | str = "auto"
     prefix_cache_entries: int = 32
     prefix_cache_tokens: int = 65536
+    warmstart: str | None = None
 
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, Any]) -> TransformersConfig:
@@ -264,6 +268,11 @@ class TransformersBackend(LLMBackend):
         transformers_logging.disable_progress_bar()  # Arena draws its own progress bars
         self.tokenizer: Any = AutoTokenizer.from_pretrained(self.folder, local_files_only=True)
         model: Any = AutoModelForCausalLM.from_pretrained(self.folder, dtype=self.dtype, local_files_only=True)
+        #: The shared warm-start base merged into the weights (``llm.warmstart``), or None.
+        self.warmstart: WarmStart | None = None
+        if self.config.warmstart:
+            self.warmstart = resolve_warmstart(str(self.config.warmstart), self.folder)
+            model = apply_warmstart(model, self.warmstart)
         self.model: Any = model.to(self.device).eval()
         self._pad_id = (
             self.tokenizer.pad_token_id
@@ -434,13 +443,15 @@ class TransformersBackend(LLMBackend):
             return {"tokens": self._prefix_cache.tokens_held, "bytes": self._prefix_cache.bytes_held()}
 
     def describe(self) -> dict[str, Any]:
-        description = {
+        description: dict[str, Any] = {
             "id": self.model_id,
             "weights_sha256": self.weights_digest(),
             "dtype": str(self.dtype).removeprefix("torch."),
             "device": str(self.device),
             "folder": str(self.folder),
         }
+        if self.warmstart is not None:
+            description["warmstart"] = self.warmstart.describe()
         gguf_sha256 = read_source(self.folder).get("gguf_sha256")
         if gguf_sha256:
             description["source_gguf_sha256"] = gguf_sha256

@@ -21,6 +21,9 @@ from arena.core.plugins import Plugins
 DEFAULTS_PATH = Path(__file__).parent / "configs" / "defaults.yaml"
 #: Settings a method's YAML may not set: they define the comparison, the same for every method.
 PROTECTED_KEYS = ("eval", "run", "env")
+#: Keys inside sections a method may otherwise set: the warm-start base is the board's, shared by
+#: every method on it, so only the user names it.
+PROTECTED_DOTTED_KEYS = ("llm.warmstart",)
 
 
 class ConfigError(ValueError):
@@ -88,6 +91,7 @@ def compose(
     for path in method_files:
         method_layer = load_yaml(path)
         touched = [key for key in PROTECTED_KEYS if key in method_layer]
+        touched += [key for key in PROTECTED_DOTTED_KEYS if OmegaConf.select(method_layer, key) is not None]
         if touched:
             raise ConfigError(
                 f"Method '{method}' sets {touched} in {path}; evaluation settings are shared by "

@@ -22,7 +22,10 @@ from arena.report.runs import PRIMARY_VARIANT, ReportError, Run
 #: a batch, whether prompt states are reused: both exact up to float rounding).
 POOLABLE_CONFIG_KEYS = frozenset({"run.seeds", "run.root", "learn.seed", "eval.concurrency",
                                   "llm.prefix_cache", "llm.prefix_cache_entries",
-                                  "llm.prefix_cache_tokens"})
+                                  "llm.prefix_cache_tokens",
+                                  # how the warm start was named (a recipe, or its built folder
+                                  # beside a board): the base itself is the protocol field below
+                                  "llm.warmstart"})
 #: Config sections that may differ too: where episodes ran changes no result.
 POOLABLE_CONFIG_SECTIONS = ("executor.",)
 #: Keys added after runs were made, with the value those runs had in effect: a run from before
@@ -60,6 +63,20 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+#: The protocol field naming a run's warm-start base: every method on a board starts from one.
+WARMSTART_FIELD = "llm.warmstart"
+#: Its value for runs on the model as shipped (every run made before warm starts existed).
+NO_WARMSTART = "none"
+
+
+def warmstart_of(run: Run) -> str:
+    """``recipe@adapter-digest`` of the run's warm-start base, or ``none``."""
+    warm = run.results.get("provenance", {}).get("model", {}).get("warmstart")
+    if not warm:
+        return NO_WARMSTART
+    return f"{warm.get('recipe')}@{str(warm.get('adapter_sha256'))[:12]}"
+
+
 def protocol_of(run: Run) -> dict[str, Any]:
     """The fields two runs must share to be ranked in one table (flat, named as in messages)."""
     results = run.results
@@ -81,6 +98,8 @@ def protocol_of(run: Run) -> dict[str, Any]:
         # Which train tasks a method could consult at test time (runs before it: train).
         "eval.source_pool": evaluation.get("source_pool", "train"),
     }
+    if warmstart_of(run) != NO_WARMSTART:  # absent otherwise, so boards made before keep their files
+        fields[WARMSTART_FIELD] = warmstart_of(run)
     for name, value in sorted(results.get("protocol", {}).get("env", {}).items()):
         fields[f"env.{name}"] = value
     for split, digest in sorted(provenance.get("split_hashes", {}).items()):
@@ -103,7 +122,7 @@ def differing_fields(runs: list[Run], ignore: Sequence[str] = ()) -> dict[str, d
     for name in names:
         by_value: dict[str, list[str]] = defaultdict(list)
         for label, fields in protocols:
-            by_value[_show(fields.get(name, "(absent)"))].append(label)
+            by_value[_show(fields.get(name, NO_WARMSTART if name == WARMSTART_FIELD else "(absent)"))].append(label)
         if len(by_value) > 1:
             differing[name] = dict(by_value)
     return differing

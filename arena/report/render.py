@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import arena
-from arena.report.aggregate import Row, Table
+from arena.report.aggregate import WARMSTART_FIELD, Row, Table
 from arena.report.plots import Plot, table_plots
 
 BOARD_SCHEMA_VERSION = 1
@@ -91,6 +91,8 @@ def protocol_line(table: Table) -> str:
     parts.extend(f"{key} {value}" for key, value in protocol.items() if key.startswith("env."))
     if "track" in protocol:
         parts.append(f"track {protocol['track']}")
+    if WARMSTART_FIELD in protocol:
+        parts.append(f"warm-start base {protocol[WARMSTART_FIELD]} (docs/warmstart.md)")
     if "limited" in protocol:
         parts.append(f"limited (eval.limit={protocol.get('eval.limit')})" if protocol["limited"]
                      else "full evaluation (no eval.limit)")

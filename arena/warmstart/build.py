@@ -251,7 +251,7 @@ def resolve(spec: str, model_folder: Path, cache_dir: Path | None = None, say: S
     base = base_weights_digest(model_folder)
     if warm.manifest.get("base_weights_sha256") != base:
         raise ConfigError(f"The warm start in {warm.folder} was built on another base model "
-                          f"({str(warm.manifest.get('base_model'))}); this run's llm.model is "
+                          f"({warm.manifest.get('base_model')!s}); this run's llm.model is "
                           f"{model_folder.name}. Use the model it was built on, or build one for this model.")
     return warm
 
