@@ -60,6 +60,18 @@ def test_the_run_context_offers_every_member_of_the_run_protocol(tmp_path, fast)
         run.env._env.close()
 
 
+def test_learn_seed_is_the_config_s_seed_typed(tmp_path, fast) -> None:
+    """``run.learn_seed`` replaces the plugins' ``int(run.cfg.learn.seed)``: the same number,
+    as an int, and read-only."""
+    run = learning_context("base", [*fast, "learn.seed=17"], out=tmp_path / "r")
+    try:
+        assert run.learn_seed == 17 and isinstance(run.learn_seed, int)
+        with pytest.raises(AttributeError):
+            run.learn_seed = 3
+    finally:
+        run.env._env.close()
+
+
 def test_the_budget_is_the_harness_s_and_persists_gradient_steps(tmp_path, fast) -> None:
     run = learning_context("base", fast, out=tmp_path / "r")
     try:

@@ -155,6 +155,12 @@ class RunContext:
                              "in run.method_state (load, save, folder) and use "
                              "run.recorded_trajectory / run.discard_rollouts for episodes.")
 
+    @property
+    def learn_seed(self) -> int:
+        """The learning phase's seed (``learn.seed``), typed: a method's own shuffles and sampling
+        derive from it (the evaluation's seeds are the harness's, ``run.seeds``)."""
+        return int(self.cfg.learn.seed)
+
     def learning_finished(self) -> bool:
         """Whether this run's learning phase is over (a method resumed for evaluation serves
         its learned state from its constructor)."""

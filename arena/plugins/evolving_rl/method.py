@@ -189,7 +189,7 @@ class EvolvingRL:
             backend = run.trainable_backend(" (Evolving-RL trains the served model in-process)")
             self._trainer = rl.CheckpointedTrainer(
                 backend, rl.TrainerConfig.from_mapping(self.cfg.trainer), run.method_state.checkpoints(),
-                seed=int(run.cfg.learn.seed))
+                seed=run.learn_seed)
         return self._trainer
 
     # -- learning -----------------------------------------------------------------------------
@@ -212,7 +212,7 @@ class EvolvingRL:
         learning curve's held-out points (after ``after`` iterations). Nothing is learned from
         them; the harness still flags the run as having played valid tasks."""
         tasks = run.tasks("valid")[: self.cfg.valid_tasks]
-        requests = [EpisodeRequest(task, [], int(run.cfg.learn.seed), f"valid/after{after}",
+        requests = [EpisodeRequest(task, [], run.learn_seed, f"valid/after{after}",
                                    sampling=run.cfg.eval.sampling) for task in tasks]
         with run.progress(f"valid after {after} iterations", total=len(requests)) as shown:
             episodes = run.play_many(requests, policy=STANDARD, on_done=shown.advance)
@@ -238,7 +238,7 @@ class EvolvingRL:
             # The same tags on every attempt: a resumed iteration gets back the episodes (and
             # their rollout tokens) an interrupted attempt finished, instead of replaying them.
             tag = f"it{iteration}"
-            rng = random.Random(int(run.cfg.learn.seed) * 100_003 + iteration)
+            rng = random.Random(run.learn_seed * 100_003 + iteration)
             if self.cfg.mode == "grpo":
                 samples, metrics = self._grpo_iteration(run, train, rng, tag)
             else:
@@ -305,7 +305,7 @@ class EvolvingRL:
     def _coevolution_iteration(self, run: Run, train: list[Task], rng: random.Random,
                                tag: str) -> tuple[list[rl.Sample], dict[str, Any]]:
         cfg = self.cfg
-        seed = int(run.cfg.learn.seed)
+        seed = run.learn_seed
         clock = time.perf_counter()
         sources = rng.sample(train, min(cfg.n_sources, len(train)))
         with run.progress(f"{tag}: source episodes", total=len(sources)) as shown:
@@ -356,7 +356,7 @@ class EvolvingRL:
                         tag: str) -> tuple[list[rl.Sample], dict[str, Any]]:
         """Solver-only GRPO, no skills: each task played ``group_size`` times is one group."""
         cfg = self.cfg
-        seed = int(run.cfg.learn.seed)
+        seed = run.learn_seed
         tasks = rng.sample(train, min(cfg.n_sources, len(train)))
         requests = [EpisodeRequest(task, [], seed, f"{tag}/task{i}/rollout{g}")
                     for i, task in enumerate(tasks) for g in range(cfg.group_size)]

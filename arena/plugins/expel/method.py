@@ -214,7 +214,7 @@ class ExpeL:
         """``train_tasks`` tasks of the learn split, shuffled by the learn seed and balanced over
         task types (all of them when null)."""
         tasks = list(run.tasks(str(run.cfg.learn.split)))
-        random.Random(int(run.cfg.learn.seed)).shuffle(tasks)
+        random.Random(run.learn_seed).shuffle(tasks)
         return select_tasks(tasks, self.cfg.train_tasks)
 
     def _stored_trials(self, run: Run) -> dict[str, dict[int, Experience]]:
@@ -226,7 +226,7 @@ class ExpeL:
     def _gather(self, run: Run, tasks: list[Task]) -> None:
         """Rounds of trials: round ``r`` plays trial ``r`` of every task still failing, side by
         side; then each failure that will be retried gets its reflection."""
-        seed = int(run.cfg.learn.seed)
+        seed = run.learn_seed
         max_reflections = self.cfg.max_reflections
         stored = self._stored_trials(run)
         for trial in range(1 + max_reflections):
@@ -326,7 +326,7 @@ class ExpeL:
                                     "ids": [success.experience_id, failure.experience_id]})
             if won:
                 successes.append(won[0].experience_id)
-        rng = random.Random(int(run.cfg.learn.seed) * 7_919 + 1)
+        rng = random.Random(run.learn_seed * 7_919 + 1)
         chunks = divide_in_chunks(successes, self.cfg.success_chunk, rng)
         return compare + [{"kind": "success", "ids": chunk} for chunk in chunks]
 
@@ -360,7 +360,7 @@ class ExpeL:
             else:
                 raise RuntimeError(f"Critique job {index} refers to trajectories missing from the store: "
                                    f"{job['ids']}. The run directory is incomplete; start a new run.")
-            seed = int(run.cfg.learn.seed) * 1_000_003 + index
+            seed = run.learn_seed * 1_000_003 + index
             (generation,) = run.llm.generate([prompt], self._sampling(run, self.cfg.critique_max_tokens, seed))
             parsed = parse_operations(generation.text)
             sources = sorted({str(e.metadata["task_id"]) for e in trials})

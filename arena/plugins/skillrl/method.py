@@ -201,7 +201,7 @@ class SkillRL:
         if self._trainer is None:
             self._trainer = rl.CheckpointedTrainer(
                 self._backend(run), rl.TrainerConfig.from_mapping(self.cfg.rl.trainer),
-                run.method_state.checkpoints(), seed=int(run.cfg.learn.seed))
+                run.method_state.checkpoints(), seed=run.learn_seed)
         return self._trainer
 
     def _restore_sft(self, run: Run) -> None:
@@ -287,16 +287,16 @@ class SkillRL:
     def train_tasks(self, run: Run, count: int | None, salt: int) -> list[Task]:
         """``count`` train tasks, shuffled by the learn seed and balanced over task types."""
         tasks = list(run.tasks(str(run.cfg.learn.split)))
-        random.Random(int(run.cfg.learn.seed) * 7_919 + salt).shuffle(tasks)
+        random.Random(run.learn_seed * 7_919 + salt).shuffle(tasks)
         return select_tasks(tasks, count)
 
     def _collect(self, run: Run) -> list[Trajectory]:
         tasks = self.train_tasks(run, self.cfg.collect.tasks, salt=1)
-        seed = int(run.cfg.learn.seed)
+        seed = run.learn_seed
         return self._play(run, [EpisodeRequest(task, [], seed, "collect") for task in tasks])
 
     def _collected(self, run: Run) -> list[Trajectory]:
-        seed = int(run.cfg.learn.seed)
+        seed = run.learn_seed
         found = [self._loaded(run, task, seed, "collect")
                  for task in self.train_tasks(run, self.cfg.collect.tasks, salt=1)]
         return [t for t in found if t is not None]
@@ -307,7 +307,7 @@ class SkillRL:
         trajectories = self._collected(run)
         split = str(run.cfg.learn.split)
         bank = self.bank(state)
-        seed = int(run.cfg.learn.seed) * 1_000_003
+        seed = run.learn_seed * 1_000_003
         answers = teacher.ask([trajectory_prompt(t, teacher.transcript_chars, run.env.instructions)
                               for t in trajectories], seed)
         bank.begin()
@@ -357,7 +357,7 @@ class SkillRL:
         """Demonstrations with skill-augmented prompts, then trl's SFTTrainer."""
         cfg = self.cfg.sft
         mode = cfg.demonstrations
-        seed = int(run.cfg.learn.seed)
+        seed = run.learn_seed
         tasks = self.train_tasks(run, cfg.tasks, salt=2)
         requests = [EpisodeRequest(task, self.retrieve(run, task), seed, "sft_demo") for task in tasks]
         demos = self._play(run, requests, mode=mode, temperature=float(self.teacher(run).temperature))
@@ -413,7 +413,7 @@ class SkillRL:
         cfg = self.cfg.rl
         steps = cfg.steps
         every = self.cfg.evolution.every
-        seed = int(run.cfg.learn.seed)
+        seed = run.learn_seed
         for step in range(int(state["steps_done"]), steps):
             if evolution_due(int(state["steps_done"]), every, state["evolved_at"]):
                 self._evolve(run, state, int(state["steps_done"]))
@@ -455,9 +455,9 @@ class SkillRL:
         cfg, teacher = self.cfg.evolution, self.teacher(run)
         valid = list(run.tasks("valid"))  # recorded by the harness as learning from valid
         state["valid_used"] = True
-        random.Random(int(run.cfg.learn.seed) * 31 + step).shuffle(valid)
+        random.Random(run.learn_seed * 31 + step).shuffle(valid)
         tasks = select_tasks(valid, cfg.valid_tasks)
-        seed = int(run.cfg.learn.seed)
+        seed = run.learn_seed
         requests = [EpisodeRequest(task, self._experiences(run, task, rollout=False), seed,
                                    f"evolve{step}/valid") for task in tasks]
         episodes = self._play(run, requests, temperature=cfg.temperature)
