@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from arena import Run
 from arena.core.plugins import new_plugin_manager
 from tests.test_new_method import make_venv, sh
 
@@ -73,6 +74,59 @@ def test_hook_doc_examples_compile() -> None:
         if code.startswith("def ") and code.count("\n") == 1:
             code = code.rstrip("\n") + ":\n    ...\n"
         compile(textwrap.dedent(code), "plugin_hooks.md", "exec")
+
+
+def protocol_members(protocol: type) -> dict[str, str]:
+    """name -> ``run.name(arg: Annotation = default, ...) -> Return`` (``run.name: Type`` for a
+    property) of every public member of a protocol, as written in its source."""
+    members = {}
+    for name, value in vars(protocol).items():
+        if name.startswith("_"):
+            continue
+        if isinstance(value, property):
+            members[name] = f"run.{name}: {inspect.signature(value.fget).return_annotation}"
+            continue
+        parts, starred = [], False
+        for param in list(inspect.signature(value).parameters.values())[1:]:
+            if param.kind is param.VAR_KEYWORD:
+                parts.append(f"**{param.name}: {param.annotation}")
+                continue
+            if param.kind is param.KEYWORD_ONLY and not starred:
+                parts.append("*")
+                starred = True
+            default = "" if param.default is param.empty else f" = {param.default!r}"
+            parts.append(f"{param.name}: {param.annotation}{default}")
+        members[name] = f"run.{name}({', '.join(parts)}) -> {inspect.signature(value).return_annotation}"
+    return members
+
+
+def documented_members(text: str) -> dict[str, str]:
+    """name -> the signature of each ``- `run.name...` `` entry of the ``## The `Run` protocol``
+    section."""
+    section = text.split("## The `Run` protocol", 1)[1].split("\n## ", 1)[0]
+    entries = re.findall(r"^- `(run\.(\w+)[^`]*)`", section, flags=re.M)
+    return {name: signature for signature, name in entries}
+
+
+def test_the_run_protocol_is_documented_member_by_member() -> None:
+    """docs/plugin_hooks.md lists exactly the members of ``arena.Run``, each with its signature."""
+    members = protocol_members(Run)
+    documented = documented_members((DOCS / "plugin_hooks.md").read_text())
+    assert len(members) >= 30 and "play" in members and "cfg" in members
+    assert set(documented) == set(members), (
+        f"members not documented: {sorted(set(members) - set(documented))}; documented but "
+        f"not in arena.Run: {sorted(set(documented) - set(members))}")
+    for name, signature in members.items():
+        assert documented[name] == signature, f"docs say `{documented[name]}`, arena.Run `{signature}`"
+
+
+def test_the_member_check_sees_a_difference() -> None:
+    class Smaller(Run):  # the check compares both ways: a member more or less is seen
+        def extra(self, n: int = 2) -> int: ...
+
+    assert protocol_members(Smaller) == {"extra": "run.extra(n: int = 2) -> int"}
+    text = "## The `Run` protocol\n\n- `run.extra(n: int = 2) -> int`: more.\n\n## Next\n- `run.no`\n"
+    assert documented_members(text) == protocol_members(Smaller)
 
 
 def tutorial_blocks() -> list[tuple[str, str, str]]:

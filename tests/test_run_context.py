@@ -3,6 +3,7 @@ auxiliary models counted and closed, training through one interface."""
 
 from __future__ import annotations
 
+import inspect
 import json
 from typing import ClassVar
 
@@ -10,6 +11,7 @@ import pytest
 
 import arena
 from arena.core import protocol
+from arena.core.context import RunContext
 from arena.core.errors import NotTrainable
 from arena.core.llm import SamplingParams, TrainableBackend
 from arena.testing import learning_context
@@ -30,6 +32,42 @@ def test_nothing_is_set_on_the_run_context_from_outside(tmp_path, fast) -> None:
         with pytest.raises(AttributeError, match="run.method_state"):
             run.run_dir  # noqa: B018
         assert not hasattr(run, "start_evaluation") and not hasattr(run, "start_learning")
+    finally:
+        run.env._env.close()
+
+
+def test_the_run_context_offers_every_member_of_the_run_protocol(tmp_path, fast) -> None:
+    """At run time as mypy checks it statically (``context._is_a_run``): every member of
+    ``arena.Run`` is on a real context, each method accepting the protocol's parameters (same
+    names, kinds and defaults), so a method typed against ``Run`` never meets a missing call."""
+    run = learning_context("base", fast, out=tmp_path / "r")
+    try:
+        members = [name for name in vars(arena.Run) if not name.startswith("_")]
+        assert len(members) >= 30
+        for name in members:
+            declared = vars(arena.Run)[name]
+            if isinstance(declared, property):
+                assert name in vars(run) or isinstance(inspect.getattr_static(RunContext, name, None),
+                                                       property), name
+                continue
+            offered = inspect.signature(getattr(RunContext, name)).parameters
+            for param in inspect.signature(declared).parameters.values():
+                assert param.name in offered, f"RunContext.{name} lacks {param.name}"
+                got = offered[param.name]
+                assert (got.kind, got.default) == (param.kind, param.default), f"RunContext.{name}({param.name})"
+        assert not hasattr(arena.Run, "phases") and hasattr(run, "phases")  # a part stays the harness's
+    finally:
+        run.env._env.close()
+
+
+def test_learn_seed_is_the_config_s_seed_typed(tmp_path, fast) -> None:
+    """``run.learn_seed`` replaces the plugins' ``int(run.cfg.learn.seed)``: the same number,
+    as an int, and read-only."""
+    run = learning_context("base", [*fast, "learn.seed=17"], out=tmp_path / "r")
+    try:
+        assert run.learn_seed == 17 and isinstance(run.learn_seed, int)
+        with pytest.raises(AttributeError):
+            run.learn_seed = 3
     finally:
         run.env._env.close()
 

@@ -15,13 +15,13 @@ from arena.core.config import compose
 from arena.core.embedder import make_embedder
 from arena.core.llm import Chat, Choice, SamplingParams
 from arena.core.rl import PolicyTrainer, group_advantages
+from arena.core.rl import sft as sft_stage
 from arena.core.solver import StandardSolver, play
 from arena.core.store import ExperienceStore
 from arena.core.types import RolloutTokens, Step, Task, Termination, Trajectory
 from arena.envs.alfworld_tasks import HOUSEHOLD_INSTRUCTIONS
 from arena.plugins.skillrl import distill
 from arena.plugins.skillrl import method as skillrl
-from arena.core.rl import sft as sft_stage
 from arena.plugins.skillrl.distill import parse_mistakes, parse_skills
 from arena.plugins.skillrl.retrieval import HEADER, embedding_retrieve, make_prompt_builder, template_retrieve
 from arena.plugins.skillrl.skillbank import GENERAL, SkillBank, sync_store

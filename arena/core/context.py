@@ -17,7 +17,8 @@
 The context is built complete and then closed: nothing is set on it from outside (the
 harness's session passes the hook relay and the episode callback to the constructor), and a
 method that tries to set ``run.phase`` is refused on record. The methods below are the plugin
-API; each forwards to the part that owns it.
+API; each forwards to the part that owns it. Methods are typed against
+:class:`~arena.core.run_api.Run`, the part of it they may call (checked below by mypy).
 """
 
 from __future__ import annotations
@@ -29,20 +30,14 @@ from omegaconf import DictConfig
 
 from arena.core.budget import BUDGET_KEYS, Budget
 from arena.core.env import Environment
-from arena.core.episodes import (
-    STANDARD,
-    EpisodeRequest,
-    EpisodeRunner,
-    PolicyChoice,
-    checked_experiences,
-    run_in_threads,
-)
+from arena.core.episodes import EpisodeRunner, checked_experiences, run_in_threads
 from arena.core.errors import BudgetExhausted, HookReturnError, NotTrainable, ProtocolViolation
 from arena.core.llm import LLMBackend, TrainableBackend
 from arena.core.method_state import MethodState
 from arena.core.metrics import MetricsLog
 from arena.core.phase import EVALUATE, LEARN, PhaseGuard, ViolationLog
 from arena.core.progress import ProgressTask, Reporter
+from arena.core.run_api import STANDARD, EpisodeRequest, PolicyChoice, Run
 from arena.core.rundir import RunDir
 from arena.core.services import GuardedStore, Services
 from arena.core.solver import Policy
@@ -159,6 +154,12 @@ class RunContext:
         raise AttributeError("run.run_dir is the harness's since Arena 0.2: keep the method's state "
                              "in run.method_state (load, save, folder) and use "
                              "run.recorded_trajectory / run.discard_rollouts for episodes.")
+
+    @property
+    def learn_seed(self) -> int:
+        """The learning phase's seed (``learn.seed``), typed: a method's own shuffles and sampling
+        derive from it (the evaluation's seeds are the harness's, ``run.seeds``)."""
+        return int(self.cfg.learn.seed)
 
     def learning_finished(self) -> bool:
         """Whether this run's learning phase is over (a method resumed for evaluation serves
@@ -296,3 +297,8 @@ class RunContext:
 
     def refresh_token_usage(self) -> None:
         self.budget.refresh()
+
+
+def _is_a_run(context: RunContext) -> Run:
+    """Never called: mypy checks here that RunContext still offers every member of ``Run``."""
+    return context

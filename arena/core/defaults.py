@@ -6,8 +6,8 @@ implementing the same hook; what it leaves out behaves as here.
 
 from __future__ import annotations
 
-from arena.core.context import RunContext
 from arena.core.hookspecs import hookimpl
+from arena.core.run_api import Run
 from arena.core.types import Experience, Task, Trajectory
 
 
@@ -15,19 +15,19 @@ class HarnessDefaults:
     """Standard solver, no retrieval, no extraction, and a generic experience loop for learning."""
 
     @hookimpl(trylast=True)
-    def solve(self, run: RunContext, task: Task, experiences: list[Experience], seed: int) -> Trajectory:
+    def solve(self, run: Run, task: Task, experiences: list[Experience], seed: int) -> Trajectory:
         return run.standard_solve(task, experiences, seed)
 
     @hookimpl(trylast=True)
-    def retrieve(self, run: RunContext, task: Task) -> list[Experience]:
+    def retrieve(self, run: Run, task: Task) -> list[Experience]:
         return []
 
     @hookimpl(trylast=True)
-    def extract(self, run: RunContext, trajectories: list[Trajectory]) -> list[Experience]:
+    def extract(self, run: Run, trajectories: list[Trajectory]) -> list[Experience]:
         return []
 
     @hookimpl(trylast=True)
-    def learn(self, run: RunContext) -> bool:
-        """The experience loop (:meth:`RunContext.experience_loop`)."""
+    def learn(self, run: Run) -> bool:
+        """The experience loop (:meth:`Run.experience_loop`)."""
         run.experience_loop()
         return True

@@ -16,8 +16,7 @@ import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from omegaconf import DictConfig
 
@@ -27,6 +26,7 @@ from arena.core.env import POOL_SPLIT, TEST_SPLITS, Environment
 from arena.core.errors import BudgetExhausted, HookReturnError
 from arena.core.llm import LLMBackend
 from arena.core.phase import EVALUATE, LEARN, PhaseGuard, ViolationLog
+from arena.core.run_api import STANDARD, EpisodeRequest, PolicyChoice
 from arena.core.rundir import RunDir
 from arena.core.services import Services
 from arena.core.solver import Policy, StandardSolver, episode_seed, play
@@ -36,29 +36,11 @@ from arena.core.views import TaskGate
 if TYPE_CHECKING:
     import pluggy
 
-    from arena.core.context import RunContext
+    from arena.core.run_api import Run
 
-#: ``run.play(..., policy=STANDARD)``: the harness's standard solver, not the method's ``solve``.
-STANDARD: Final = "standard"
-PolicyChoice = Policy | Literal["standard"] | None
 
 T = TypeVar("T")
 R = TypeVar("R")
-
-
-@dataclass
-class EpisodeRequest:
-    """One episode for :meth:`EpisodeRunner.play_many`."""
-
-    task: Task
-    experiences: list[Experience]
-    seed: int
-    variant: str = "default"
-    #: Sampling of a standard-solver episode (``temperature``, ``top_p``); None: the phase's
-    #: (e.g. a learning method's held-out check decoded as evaluation decodes).
-    sampling: Mapping[str, float] | None = None
-    #: Who plays it: None, the method's ``solve``; ``"standard"``; or a policy of the method's.
-    policy: PolicyChoice = None
 
 
 def checked_experiences(hook: str, method: str, value: object) -> list[Experience]:
@@ -111,7 +93,7 @@ def run_in_threads(work: Callable[[T], R], items: list[T], *, workers: int, llm:
 class EpisodeRunner:
     """Plays, verifies and records the run's episodes under the phase's rules."""
 
-    def __init__(self, run: RunContext, *, cfg: DictConfig, run_dir: RunDir, env: Environment,
+    def __init__(self, run: Run, *, cfg: DictConfig, run_dir: RunDir, env: Environment,
                  phases: PhaseGuard, gate: TaskGate, violations: ViolationLog, budget: Budget,
                  services: Services, hooks: pluggy.HookRelay,
                  on_episode: Callable[[EpisodeResult], None]) -> None:

@@ -22,9 +22,10 @@ package does (entry-point group ``arena``)::
 ``state_digest``, ``state_size``) are called on a *per-run* plugin manager that holds only the
 harness defaults and the one selected method object, so two methods never mix in a run. A method
 object implements the method hooks it needs; every hook it leaves out falls back to the harness
-default (a standard solver, no retrieval, no learning). Every method hook receives ``run``, the
-:class:`arena.core.context.RunContext` (config, LLM, environment, experience store, embedder,
-budgets, cost counters), and may declare only the arguments it uses.
+default (a standard solver, no retrieval, no learning). Every method hook receives ``run``, typed
+as :class:`arena.Run` (config, LLM, environment, experience store, embedder, budgets, episodes):
+the protocol of what a method may call on the harness's run context. A hook may declare only
+the arguments it uses.
 
 During the frozen evaluation phase the harness never calls ``update``, ``extract`` or ``learn``,
 the experience store is read-only, and the method's ``state_digest`` must not change.
@@ -38,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
-    from arena.core.context import RunContext
+    from arena.core.run_api import Run
     from arena.core.types import EpisodeResult, Experience, Task, Trajectory
 
 hookspec = pluggy.HookspecMarker("arena")
@@ -55,7 +56,7 @@ def register_methods(register: Callable[..., None]) -> None:
     """Register experience-driven methods by name.
 
     Call ``register(name, factory, *, config=None, description="", presets=None)`` once per
-    method. ``factory(run)`` receives the :class:`~arena.core.context.RunContext` and returns the
+    method. ``factory(run)`` receives the run (an :class:`arena.Run`) and returns the
     method object whose ``@hookimpl`` functions implement the method hooks. ``config`` is the path
     (or a list of paths, merged in order) of the method's OmegaConf YAML defaults, a top-level
     fragment that may set ``method``, ``learn``, ``solver`` and ``llm`` but not ``eval``,
@@ -88,7 +89,7 @@ def register_backends(register: Callable[..., None]) -> None:
 
 
 @hookspec(firstresult=True)
-def learn(run: RunContext) -> bool | None:
+def learn(run: Run) -> bool | None:
     """Drive the whole learning phase on the train split.
 
     Override it for a method with its own training loop (e.g. RL over several roles). The default
@@ -100,7 +101,7 @@ def learn(run: RunContext) -> bool | None:
 
 
 @hookspec(firstresult=True)
-def extract(run: RunContext, trajectories: list[Trajectory]) -> list[Experience] | None:
+def extract(run: Run, trajectories: list[Trajectory]) -> list[Experience] | None:
     """Turn finished trajectories into experiences (insights, skills, memories).
 
     Called while learning, and after each test episode on the ``online`` track (never on the
@@ -109,7 +110,7 @@ def extract(run: RunContext, trajectories: list[Trajectory]) -> list[Experience]
 
 
 @hookspec(firstresult=True)
-def retrieve(run: RunContext, task: Task) -> list[Experience] | None:
+def retrieve(run: Run, task: Task) -> list[Experience] | None:
     """Experiences to give the solver for ``task``. The default retrieves nothing.
 
     Called in both phases; in the frozen evaluation phase the store is read-only.
@@ -118,7 +119,7 @@ def retrieve(run: RunContext, task: Task) -> list[Experience] | None:
 
 @hookspec(firstresult=True)
 def solve(
-    run: RunContext, task: Task, experiences: list[Experience], seed: int
+    run: Run, task: Task, experiences: list[Experience], seed: int
 ) -> Trajectory | None:
     """Play one episode of ``task`` with ``experiences`` and return its trajectory.
 
@@ -128,7 +129,7 @@ def solve(
 
 
 @hookspec
-def update(run: RunContext, trajectories: list[Trajectory], experiences: list[Experience]) -> None:
+def update(run: Run, trajectories: list[Trajectory], experiences: list[Experience]) -> None:
     """Learn from finished episodes: store writes, votes, Q-values, gradient steps.
 
     ``experiences`` are those ``extract`` produced from ``trajectories``. Never called during
@@ -137,12 +138,12 @@ def update(run: RunContext, trajectories: list[Trajectory], experiences: list[Ex
 
 
 @hookspec
-def episode_end(run: RunContext, result: EpisodeResult, trajectory: Trajectory) -> None:
+def episode_end(run: Run, result: EpisodeResult, trajectory: Trajectory) -> None:
     """Observe every finished episode, in any phase (logging, statistics). Must not learn."""
 
 
 @hookspec
-def state_digest(run: RunContext) -> str | None:
+def state_digest(run: Run) -> str | None:
     """A digest of method state outside the experience store (weights, tables, files).
 
     The harness combines it with the store digest before and after frozen evaluation; a change
@@ -151,5 +152,5 @@ def state_digest(run: RunContext) -> str | None:
 
 
 @hookspec
-def state_size(run: RunContext) -> dict[str, Any] | None:
+def state_size(run: Run) -> dict[str, Any] | None:
     """Extra size figures of the method's state (e.g. ``{"skills": 12}``) for ``results.json``."""

@@ -22,7 +22,7 @@ from arena.core.views import TaskGate
 if TYPE_CHECKING:
     import pluggy
 
-    from arena.core.context import RunContext
+    from arena.core.run_api import Run
     from arena.core.store import ExperienceStore
 
 #: The files a step may change besides the store, as the journal names them.
@@ -47,7 +47,7 @@ class StepWindow:
 class LearningSteps:
     """The learning loop's steps, each whole or not at all."""
 
-    def __init__(self, run: RunContext, *, cfg: DictConfig, run_dir: RunDir, runner: EpisodeRunner,
+    def __init__(self, run: Run, *, cfg: DictConfig, run_dir: RunDir, runner: EpisodeRunner,
                  gate: TaskGate, budget: Budget, method_state: MethodState, window: StepWindow,
                  hooks: pluggy.HookRelay, method: str) -> None:
         self._run = run

@@ -7,6 +7,7 @@ groups, calls :func:`assign_advantages`, then :meth:`PolicyTrainer.step`.
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from arena.core.rl import sft  # imports no torch until it trains
 from arena.core.rl.advantages import assign_advantages, group_advantages, with_signal
 from arena.core.rl.data import (
     Sample,
@@ -68,6 +69,7 @@ __all__ = [
     "mini_batches",
     "policy_loss",
     "sample_from_choice",
+    "sft",
     "token_entropy",
     "token_logprobs",
     "with_signal",

@@ -10,13 +10,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import arena
-from arena.core.context import RunContext
+from arena import Run
 
 
 class BaseMethod:
     """The harness's standard solver with no experience."""
 
-    def __init__(self, run: RunContext) -> None:
+    def __init__(self, run: Run) -> None:
         self.run = run
 
 

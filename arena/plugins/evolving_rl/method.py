@@ -27,19 +27,20 @@ from pathlib import Path
 from typing import Any
 
 import arena
-from arena.core import rl
-from arena.core.context import EVALUATE, STANDARD, EpisodeRequest, RunContext
-from arena.core.llm import SamplingParams
-from arena.core.method_config import typed_config
-from arena.core.rl import (
-    Sample,
-    decision_samples,
-    episode_sample,
-    group_advantages,
-    sample_from_choice,
+from arena import (
+    EVALUATE,
+    STANDARD,
+    EpisodeRequest,
+    Experience,
+    Provenance,
+    Run,
+    SamplingParams,
+    Task,
+    Trajectory,
+    rl,
+    typed_config,
+    write_json_atomic,
 )
-from arena.core.rundir import write_json_atomic
-from arena.core.types import Experience, Provenance, Task, Trajectory
 from arena.plugins.evolving_rl.prompts import extractor_prompt
 from arena.plugins.evolving_rl.settings import (
     EvolvingRLSettings,
@@ -91,7 +92,7 @@ def candidate_experience(candidate: Candidate, source: Task) -> Experience:
     )
 
 
-def most_similar(run: RunContext, queries: list[Task], pool: list[Task], k: int) -> list[list[Task]]:
+def most_similar(run: Run, queries: list[Task], pool: list[Task], k: int) -> list[list[Task]]:
     """For each query, the ``k`` pool tasks whose goals are most similar (the query included)."""
     matrix = run.embedder.similarity([q.goal for q in queries], [t.goal for t in pool])
     ranked = []
@@ -102,17 +103,17 @@ def most_similar(run: RunContext, queries: list[Task], pool: list[Task], k: int)
 
 
 def solver_samples(trajectory: Trajectory, group: str, reward: float, advantage: float,
-                   how: str = "decision") -> list[Sample]:
+                   how: str = "decision") -> list[rl.Sample]:
     """The solver samples of one episode, all with the episode's advantage: one per model
     decision (``decision``), or the whole episode as one sequence (``episode``, as slime trains
     the authors' multi-turn rollouts; needs ``solver.layout: transcript``, and an episode whose
     prompts do not extend each other falls back to one sample per decision)."""
     if how == "episode":
-        whole = episode_sample(trajectory, role=SOLVER, group=group, reward=reward,
-                               advantage=advantage)
+        whole = rl.episode_sample(trajectory, role=SOLVER, group=group, reward=reward,
+                                  advantage=advantage)
         if whole is not None:
             return [whole]
-    return decision_samples(trajectory, role=SOLVER, group=group, reward=reward, advantage=advantage)
+    return rl.decision_samples(trajectory, role=SOLVER, group=group, reward=reward, advantage=advantage)
 
 
 def solver_reward(trajectory: Trajectory, cfg: EvolvingRLSettings) -> float:
@@ -123,7 +124,7 @@ def solver_reward(trajectory: Trajectory, cfg: EvolvingRLSettings) -> float:
 
 
 def build_samples(candidates: list[Candidate], owners: list[tuple[Candidate, int]],
-                  episodes: list[Trajectory], cfg: EvolvingRLSettings) -> list[Sample]:
+                  episodes: list[Trajectory], cfg: EvolvingRLSettings) -> list[rl.Sample]:
     """Rewards, GRPO groups and scaled advantages of one co-evolution iteration.
 
     ``owners[i]`` is the (card, downstream index) that ``episodes[i]`` was played with.
@@ -137,17 +138,17 @@ def build_samples(candidates: list[Candidate], owners: list[tuple[Candidate, int
     for candidate in candidates:
         won = wins.get(id(candidate), [])
         candidate.reward = sum(won) / len(won) if candidate.usable and won else 0.0
-    samples: list[Sample] = []
+    samples: list[rl.Sample] = []
     if cfg.train_extractor:
         groups = [f"source{c.source_index}" for c in candidates]
-        advantages = group_advantages([c.reward for c in candidates], groups,
-                                      std=cfg.advantage_std)
+        advantages = rl.group_advantages([c.reward for c in candidates], groups,
+                                         std=cfg.advantage_std)
         for candidate, group, advantage in zip(candidates, groups, advantages):
             if not candidate.token_ids:
                 continue
-            sample = sample_from_choice(candidate.prompt_token_ids, candidate.token_ids,
-                                        candidate.logprobs, role=EXTRACTOR, group=group,
-                                        reward=candidate.reward)
+            sample = rl.sample_from_choice(candidate.prompt_token_ids, candidate.token_ids,
+                                           candidate.logprobs, role=EXTRACTOR, group=group,
+                                           reward=candidate.reward)
             sample.advantage = advantage * cfg.lambda_extractor
             samples.append(sample)
     if cfg.train_solver and episodes:
@@ -155,7 +156,7 @@ def build_samples(candidates: list[Candidate], owners: list[tuple[Candidate, int
         groups = [f"source{c.source_index}/down{k}" for c, k in owners]
         for trajectory, group, reward, advantage in zip(
                 episodes, groups, rewards,
-                group_advantages(rewards, groups, std=cfg.advantage_std)):
+                rl.group_advantages(rewards, groups, std=cfg.advantage_std)):
             samples.extend(solver_samples(trajectory, group, reward,
                                           advantage * cfg.lambda_solver,
                                           cfg.solver_samples))
@@ -165,7 +166,7 @@ def build_samples(candidates: list[Candidate], owners: list[tuple[Candidate, int
 class EvolvingRL:
     """The Evolving-RL method (``mode: coevolve``) and its GRPO baseline (``mode: grpo``)."""
 
-    def __init__(self, run: RunContext) -> None:
+    def __init__(self, run: Run) -> None:
         self.cfg: EvolvingRLSettings = typed_config(run.cfg.method, EvolvingRLSettings)
         self.folder = run.method_state.folder
         run.keep_rollouts()  # a kill mid-iteration must not lose the rollouts played
@@ -179,22 +180,22 @@ class EvolvingRL:
             self.trainer(run).serve()  # the very state the pre-evaluation digest covers
 
     @staticmethod
-    def _state(run: RunContext) -> dict[str, Any]:
+    def _state(run: Run) -> dict[str, Any]:
         return run.method_state.load({"iterations_done": 0, "attempts": {}})
 
-    def trainer(self, run: RunContext) -> rl.CheckpointedTrainer:
+    def trainer(self, run: Run) -> rl.CheckpointedTrainer:
         """The checkpointed trainer on the served model (built on first use)."""
         if self._trainer is None:
             backend = run.trainable_backend(" (Evolving-RL trains the served model in-process)")
             self._trainer = rl.CheckpointedTrainer(
                 backend, rl.TrainerConfig.from_mapping(self.cfg.trainer), run.method_state.checkpoints(),
-                seed=int(run.cfg.learn.seed))
+                seed=run.learn_seed)
         return self._trainer
 
     # -- learning -----------------------------------------------------------------------------
 
     @arena.hookimpl
-    def learn(self, run: RunContext) -> bool:
+    def learn(self, run: Run) -> bool:
         trainer = self.trainer(run)
         state = self._state(run)
         state["iterations_done"] = self.iterations_done
@@ -206,12 +207,12 @@ class EvolvingRL:
         trainer.serve()
         return True
 
-    def _held_out_success(self, run: RunContext, after: int) -> float:
+    def _held_out_success(self, run: Run, after: int) -> float:
         """Success on the first ``valid_tasks`` valid tasks, decoded as evaluation decodes: the
         learning curve's held-out points (after ``after`` iterations). Nothing is learned from
         them; the harness still flags the run as having played valid tasks."""
         tasks = run.tasks("valid")[: self.cfg.valid_tasks]
-        requests = [EpisodeRequest(task, [], int(run.cfg.learn.seed), f"valid/after{after}",
+        requests = [EpisodeRequest(task, [], run.learn_seed, f"valid/after{after}",
                                    sampling=run.cfg.eval.sampling) for task in tasks]
         with run.progress(f"valid after {after} iterations", total=len(requests)) as shown:
             episodes = run.play_many(requests, policy=STANDARD, on_done=shown.advance)
@@ -222,7 +223,7 @@ class EvolvingRL:
         last = iterations_done == self.cfg.iterations
         return every > 0 and (iterations_done % every == 0 or last)
 
-    def _iterate(self, run: RunContext, trainer: rl.CheckpointedTrainer, state: dict[str, Any],
+    def _iterate(self, run: Run, trainer: rl.CheckpointedTrainer, state: dict[str, Any],
                  train: list[Task], iterations: Any) -> None:
         if self.iterations_done == 0 and self._held_out_due(0) and "valid_before" not in state:
             state["valid_before"] = self._held_out_success(run, 0)
@@ -237,7 +238,7 @@ class EvolvingRL:
             # The same tags on every attempt: a resumed iteration gets back the episodes (and
             # their rollout tokens) an interrupted attempt finished, instead of replaying them.
             tag = f"it{iteration}"
-            rng = random.Random(int(run.cfg.learn.seed) * 100_003 + iteration)
+            rng = random.Random(run.learn_seed * 100_003 + iteration)
             if self.cfg.mode == "grpo":
                 samples, metrics = self._grpo_iteration(run, train, rng, tag)
             else:
@@ -281,12 +282,12 @@ class EvolvingRL:
                           text=row["text"])
                 for row in json.loads(path.read_text())]
 
-    def _sampling(self, run: RunContext, max_new_tokens: int, seed: int) -> SamplingParams:
+    def _sampling(self, run: Run, max_new_tokens: int, seed: int) -> SamplingParams:
         sampling = run.cfg.learn.sampling
         return SamplingParams(temperature=float(sampling.temperature), top_p=float(sampling.top_p),
                               max_new_tokens=max_new_tokens, seed=seed)
 
-    def extract(self, run: RunContext, sources: list[Trajectory], n: int, seed: int,
+    def extract(self, run: Run, sources: list[Trajectory], n: int, seed: int,
                 params: SamplingParams | None = None) -> list[Candidate]:
         """``n`` candidate cards per source trajectory (one batched generate call)."""
         prefix = self.cfg.extractor_reply_prefix or ""
@@ -301,10 +302,10 @@ class EvolvingRL:
                                         _parse_or_none(text), text=text))
         return candidates
 
-    def _coevolution_iteration(self, run: RunContext, train: list[Task], rng: random.Random,
-                               tag: str) -> tuple[list[Sample], dict[str, Any]]:
+    def _coevolution_iteration(self, run: Run, train: list[Task], rng: random.Random,
+                               tag: str) -> tuple[list[rl.Sample], dict[str, Any]]:
         cfg = self.cfg
-        seed = int(run.cfg.learn.seed)
+        seed = run.learn_seed
         clock = time.perf_counter()
         sources = rng.sample(train, min(cfg.n_sources, len(train)))
         with run.progress(f"{tag}: source episodes", total=len(sources)) as shown:
@@ -351,11 +352,11 @@ class EvolvingRL:
         }
         return samples, metrics
 
-    def _grpo_iteration(self, run: RunContext, train: list[Task], rng: random.Random,
-                        tag: str) -> tuple[list[Sample], dict[str, Any]]:
+    def _grpo_iteration(self, run: Run, train: list[Task], rng: random.Random,
+                        tag: str) -> tuple[list[rl.Sample], dict[str, Any]]:
         """Solver-only GRPO, no skills: each task played ``group_size`` times is one group."""
         cfg = self.cfg
-        seed = int(run.cfg.learn.seed)
+        seed = run.learn_seed
         tasks = rng.sample(train, min(cfg.n_sources, len(train)))
         requests = [EpisodeRequest(task, [], seed, f"{tag}/task{i}/rollout{g}")
                     for i, task in enumerate(tasks) for g in range(cfg.group_size)]
@@ -363,10 +364,10 @@ class EvolvingRL:
             episodes = run.play_many(requests, policy=STANDARD, on_done=shown.advance)
         rewards = [solver_reward(t, cfg) for t in episodes]
         groups = [r.variant.rsplit("/", 1)[0] for r in requests]
-        samples: list[Sample] = []
+        samples: list[rl.Sample] = []
         for trajectory, group, reward, advantage in zip(
                 episodes, groups, rewards,
-                group_advantages(rewards, groups, std=cfg.advantage_std)):
+                rl.group_advantages(rewards, groups, std=cfg.advantage_std)):
             samples.extend(solver_samples(trajectory, group, reward, advantage * cfg.lambda_solver,
                                           cfg.solver_samples))
         return samples, {"success": _mean([t.success for t in episodes]), "samples": len(samples)}
@@ -374,7 +375,7 @@ class EvolvingRL:
     # -- evaluation ---------------------------------------------------------------------------
 
     @arena.hookimpl
-    def solve(self, run: RunContext, task: Task, experiences: list[Experience],
+    def solve(self, run: Run, task: Task, experiences: list[Experience],
               seed: int) -> Trajectory | None:
         """Paired evaluation with a skill extracted from the most similar train task."""
         if run.phase != EVALUATE or self.cfg.mode == "grpo" or not self.cfg.eval_with_skill:
@@ -404,7 +405,7 @@ class EvolvingRL:
         return run.standard_solve(task, [], seed)
 
     @arena.hookimpl
-    def state_size(self, run: RunContext) -> dict[str, Any]:
+    def state_size(self, run: Run) -> dict[str, Any]:
         if self._trainer is None:
             return {}
         return {"trainable_parameters": self._trainer.trainable_parameters()}

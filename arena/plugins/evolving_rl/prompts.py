@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import json
 
-from arena.core.env import Instructions
-from arena.core.llm import Chat
-from arena.core.types import Trajectory
+from arena import Chat, Instructions, Trajectory
 
 
 def extractor_system(instructions: Instructions) -> str:

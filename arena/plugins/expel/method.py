@@ -30,13 +30,20 @@ import random
 from typing import Any
 
 import arena
-from arena.core.context import BudgetExhausted, EpisodeRequest, RunContext
-from arena.core.env import Instructions
-from arena.core.llm import SamplingParams
-from arena.core.method_config import typed_config
-from arena.core.solver import StandardSolver
-from arena.core.tasks import select_tasks
-from arena.core.types import Experience, Provenance, Task, Trajectory
+from arena import (
+    BudgetExhausted,
+    EpisodeRequest,
+    Experience,
+    Instructions,
+    Provenance,
+    Run,
+    SamplingParams,
+    StandardSolver,
+    Task,
+    Trajectory,
+    select_tasks,
+    typed_config,
+)
 from arena.plugins.expel.insights import InsightBook, UpdateReport, parse_operations
 from arena.plugins.expel.prompts import (
     compare_prompt,
@@ -158,7 +165,7 @@ def _count_into(target: dict[str, int], counts: dict[str, int]) -> None:
 class ExpeL:
     """The ExpeL method: Reflexion gathering, weighted insights, insights + few-shots at test."""
 
-    def __init__(self, run: RunContext) -> None:
+    def __init__(self, run: Run) -> None:
         self.cfg: ExpeLSettings = typed_config(run.cfg.method, ExpeLSettings)
         self.weights = self.cfg.weights
 
@@ -169,14 +176,14 @@ class ExpeL:
         return book
 
     @staticmethod
-    def _state(run: RunContext) -> dict[str, Any]:
+    def _state(run: Run) -> dict[str, Any]:
         return run.method_state.load() or fresh_state()
 
     @staticmethod
-    def _save(run: RunContext, state: dict[str, Any]) -> None:
+    def _save(run: Run, state: dict[str, Any]) -> None:
         run.method_state.save(state)
 
-    def _sampling(self, run: RunContext, max_new_tokens: int, seed: int) -> SamplingParams:
+    def _sampling(self, run: Run, max_new_tokens: int, seed: int) -> SamplingParams:
         sampling = run.cfg.learn.sampling
         return SamplingParams(temperature=float(sampling.temperature), top_p=float(sampling.top_p),
                               max_new_tokens=max_new_tokens, seed=seed)
@@ -184,7 +191,7 @@ class ExpeL:
     # -- learning -----------------------------------------------------------------------------
 
     @arena.hookimpl
-    def learn(self, run: RunContext) -> bool:
+    def learn(self, run: Run) -> bool:
         state = self._state(run)
         self._sync_insights(run, self._book(state))  # also creates the store: digested either way
         if state["stage"] == GATHER:
@@ -203,23 +210,23 @@ class ExpeL:
             self._save(run, state)
         return True
 
-    def train_tasks(self, run: RunContext) -> list[Task]:
+    def train_tasks(self, run: Run) -> list[Task]:
         """``train_tasks`` tasks of the learn split, shuffled by the learn seed and balanced over
         task types (all of them when null)."""
         tasks = list(run.tasks(str(run.cfg.learn.split)))
-        random.Random(int(run.cfg.learn.seed)).shuffle(tasks)
+        random.Random(run.learn_seed).shuffle(tasks)
         return select_tasks(tasks, self.cfg.train_tasks)
 
-    def _stored_trials(self, run: RunContext) -> dict[str, dict[int, Experience]]:
+    def _stored_trials(self, run: Run) -> dict[str, dict[int, Experience]]:
         trials: dict[str, dict[int, Experience]] = {}
         for experience in run.store.all(kind=TRAJECTORY):
             trials.setdefault(str(experience.metadata["task_id"]), {})[int(experience.metadata["trial"])] = experience
         return trials
 
-    def _gather(self, run: RunContext, tasks: list[Task]) -> None:
+    def _gather(self, run: Run, tasks: list[Task]) -> None:
         """Rounds of trials: round ``r`` plays trial ``r`` of every task still failing, side by
         side; then each failure that will be retried gets its reflection."""
-        seed = int(run.cfg.learn.seed)
+        seed = run.learn_seed
         max_reflections = self.cfg.max_reflections
         stored = self._stored_trials(run)
         for trial in range(1 + max_reflections):
@@ -251,7 +258,7 @@ class ExpeL:
             if stopped:
                 return
 
-    def _play_round(self, run: RunContext, due: list[Task], trial: int, seed: int,
+    def _play_round(self, run: Run, due: list[Task], trial: int, seed: int,
                     shown: dict[str, list[str]]) -> tuple[list[Trajectory], bool]:
         """Trial ``trial`` of each due task: recorded ones are read back, the rest played within
         the episode budget. Returns the trajectories (task order) and whether the budget ended."""
@@ -281,7 +288,7 @@ class ExpeL:
                 trajectories.append(found)
         return trajectories, stopped
 
-    def _reflect(self, run: RunContext, failures: list[Trajectory], seed: int) -> dict[str, str]:
+    def _reflect(self, run: Run, failures: list[Trajectory], seed: int) -> dict[str, str]:
         """One reflection per failed trial, in one batched generate call."""
         if not failures:
             return {}
@@ -290,7 +297,7 @@ class ExpeL:
         generations = run.llm.generate(prompts, self._sampling(run, self.cfg.reflection_max_tokens, seed))
         return {t.task.task_id: parse_reflection(g.text) for t, g in zip(failures, generations)}
 
-    def _gather_summary(self, run: RunContext) -> dict[str, Any]:
+    def _gather_summary(self, run: Run) -> dict[str, Any]:
         trials = [e.metadata for e in run.store.all(kind=TRAJECTORY)]
         by_trial: dict[str, list[int]] = {}
         for meta in trials:
@@ -305,7 +312,7 @@ class ExpeL:
             "trials_and_successes_by_trial": by_trial,
         }
 
-    def _plan_critiques(self, run: RunContext, tasks: list[Task]) -> list[dict[str, Any]]:
+    def _plan_critiques(self, run: Run, tasks: list[Task]) -> list[dict[str, Any]]:
         """The critique jobs, fixed once gathering ends (so a resume runs the same list)."""
         stored = self._stored_trials(run)
         compare, successes = [], []
@@ -319,11 +326,11 @@ class ExpeL:
                                     "ids": [success.experience_id, failure.experience_id]})
             if won:
                 successes.append(won[0].experience_id)
-        rng = random.Random(int(run.cfg.learn.seed) * 7_919 + 1)
+        rng = random.Random(run.learn_seed * 7_919 + 1)
         chunks = divide_in_chunks(successes, self.cfg.success_chunk, rng)
         return compare + [{"kind": "success", "ids": chunk} for chunk in chunks]
 
-    def _extract(self, run: RunContext, state: dict[str, Any]) -> None:
+    def _extract(self, run: Run, state: dict[str, Any]) -> None:
         """Run the remaining critique jobs; each one's update is saved before the next starts."""
         book = self._book(state)
         jobs = state["jobs"]
@@ -331,7 +338,7 @@ class ExpeL:
             shown.update(int(state["jobs_done"]))
             self._critiques(run, state, book, jobs, shown)
 
-    def _critiques(self, run: RunContext, state: dict[str, Any], book: Any, jobs: list[dict[str, Any]],
+    def _critiques(self, run: Run, state: dict[str, Any], book: Any, jobs: list[dict[str, Any]],
                    shown: Any) -> None:
         max_chars = self.cfg.critique_chars
         max_operations = self.cfg.max_operations or 4
@@ -353,7 +360,7 @@ class ExpeL:
             else:
                 raise RuntimeError(f"Critique job {index} refers to trajectories missing from the store: "
                                    f"{job['ids']}. The run directory is incomplete; start a new run.")
-            seed = int(run.cfg.learn.seed) * 1_000_003 + index
+            seed = run.learn_seed * 1_000_003 + index
             (generation,) = run.llm.generate([prompt], self._sampling(run, self.cfg.critique_max_tokens, seed))
             parsed = parse_operations(generation.text)
             sources = sorted({str(e.metadata["task_id"]) for e in trials})
@@ -381,7 +388,7 @@ class ExpeL:
         counts["evicted"] += report.evicted
 
     @staticmethod
-    def _log(run: RunContext, index: int, job: dict[str, Any], output: str, malformed: int,
+    def _log(run: Run, index: int, job: dict[str, Any], output: str, malformed: int,
              report: UpdateReport) -> None:
         """Each critique's raw answer and what it did, for inspection (not read back)."""
         record = {"job": index, "kind": job["kind"], "ids": job["ids"], "output": output,
@@ -389,7 +396,7 @@ class ExpeL:
         with (run.method_state.folder / CRITIQUE_LOG).open("a") as handle:
             handle.write(json.dumps(record, sort_keys=True) + "\n")
 
-    def _sync_insights(self, run: RunContext, book: InsightBook) -> None:
+    def _sync_insights(self, run: Run, book: InsightBook) -> None:
         """Make the store's insights exactly the book's (idempotent, so safe to repeat on resume)."""
         split = str(run.cfg.learn.split)
         wanted = [
@@ -406,7 +413,7 @@ class ExpeL:
     # -- every phase ----------------------------------------------------------------------------
 
     @arena.hookimpl
-    def retrieve(self, run: RunContext, task: Task) -> list[Experience]:
+    def retrieve(self, run: Run, task: Task) -> list[Experience]:
         """The insights (highest weight first) and the few-shot successes for ``task``."""
         insights = sorted(run.store.all(kind=INSIGHT), key=lambda e: int(e.metadata["rank"]))
         fewshots = select_fewshots(run.store, task, k=self.cfg.fewshots,
@@ -415,7 +422,7 @@ class ExpeL:
         return insights[: self.cfg.max_insights] + fewshots
 
     @arena.hookimpl
-    def solve(self, run: RunContext, task: Task, experiences: list[Experience], seed: int) -> Trajectory:
+    def solve(self, run: Run, task: Task, experiences: list[Experience], seed: int) -> Trajectory:
         """The standard solver's constrained choice, with ExpeL's prompt sections."""
         solver_cfg, sampling = run.cfg.solver, run.sampling()
         solver = StandardSolver.from_config(run.llm, solver_cfg, prompt_builder=solver_prompt,
@@ -425,7 +432,7 @@ class ExpeL:
         return run.play_policy(task, policy, experiences)
 
     @arena.hookimpl
-    def state_size(self, run: RunContext) -> dict[str, Any]:
+    def state_size(self, run: Run) -> dict[str, Any]:
         state = self._state(run)
         critique = state["critique"]
         return {

@@ -12,10 +12,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from arena.core.env import Instructions
-from arena.core.llm import Chat
-from arena.core.solver import build_prompt, with_task_message
-from arena.core.types import Experience, Observation, Task, Trajectory
+from arena import (
+    Chat,
+    Experience,
+    Instructions,
+    Observation,
+    Task,
+    Trajectory,
+    build_prompt,
+    with_task_message,
+)
 
 
 def reflection_system(instructions: Instructions) -> str:

@@ -30,10 +30,17 @@ from typing import Any
 import numpy as np
 
 import arena
-from arena.core.context import LEARN, RunContext
-from arena.core.llm import SamplingParams
-from arena.core.method_config import typed_config
-from arena.core.types import Experience, Provenance, Task, Termination, Trajectory
+from arena import (
+    LEARN,
+    Experience,
+    Provenance,
+    Run,
+    SamplingParams,
+    Task,
+    Termination,
+    Trajectory,
+    typed_config,
+)
 from arena.plugins.memrl.prompts import (
     action_line,
     failure_memory,
@@ -103,13 +110,13 @@ def reward_of(trajectory: Trajectory, cfg: MemRLSettings) -> float:
 class MemRL:
     """Two-phase retrieval over a Q-valued episodic memory; the LLM is never trained."""
 
-    def __init__(self, run: RunContext) -> None:
+    def __init__(self, run: Run) -> None:
         self.cfg: MemRLSettings = typed_config(run.cfg.method, MemRLSettings)
 
     # -- learning --------------------------------------------------------------------------
 
     @arena.hookimpl
-    def learn(self, run: RunContext) -> bool:
+    def learn(self, run: Run) -> bool:
         """The harness's experience loop, then (optionally) a snapshot of the learned memory."""
         run.experience_loop()
         if self.cfg.snapshot:
@@ -117,7 +124,7 @@ class MemRL:
         return True
 
     @arena.hookimpl
-    def extract(self, run: RunContext, trajectories: list[Trajectory]) -> list[Experience]:
+    def extract(self, run: Run, trajectories: list[Trajectory]) -> list[Experience]:
         """A new memory per finished episode: a script of a success, a reflection on a failure.
 
         Episodes that ended in an error (a crash, not the environment's verdict) teach nothing.
@@ -161,7 +168,7 @@ class MemRL:
         return memories
 
     @arena.hookimpl
-    def update(self, run: RunContext, trajectories: list[Trajectory],
+    def update(self, run: Run, trajectories: list[Trajectory],
                experiences: list[Experience]) -> None:
         """Q-update every memory the episodes retrieved, then file the new memories."""
         alpha = self.cfg.alpha
@@ -191,7 +198,7 @@ class MemRL:
                 "memories": run.store.count(kind=MEMORY), "intents": run.store.count(kind=INTENT),
                 "q_updated": len(updated), "mean_q_updated": sum(updated) / len(updated) if updated else 0.0})
 
-    def _file(self, run: RunContext, memory: Experience) -> None:
+    def _file(self, run: Run, memory: Experience) -> None:
         """Add a memory under the nearest intent at >= merge_threshold, or under a new intent.
 
         A memory identical to a stored one (same text, same source task) is the same memory:
@@ -224,7 +231,7 @@ class MemRL:
 
     # -- retrieval ------------------------------------------------------------------------
 
-    def candidates(self, run: RunContext, task: Task) -> list[Candidate]:
+    def candidates(self, run: Run, task: Task) -> list[Candidate]:
         """Phase A: every memory of the ``k1`` intents at similarity >= ``sim_threshold``."""
         recalled = run.store.query(task.goal, k=self.cfg.k1, kind=INTENT,
                                    min_similarity=self.cfg.sim_threshold)
@@ -238,7 +245,7 @@ class MemRL:
                 if m.kind == MEMORY and m.metadata.get("intent_id") in similarity]
 
     @arena.hookimpl
-    def retrieve(self, run: RunContext, task: Task) -> list[Experience]:
+    def retrieve(self, run: Run, task: Task) -> list[Experience]:
         """Phase A then phase B (or, while learning, epsilon-greedy random picks). Read-only."""
         candidates = self.candidates(run, task)
         k2 = self.cfg.k2
@@ -260,7 +267,7 @@ class MemRL:
     # -- reporting --------------------------------------------------------------------------
 
     @arena.hookimpl
-    def state_size(self, run: RunContext) -> dict[str, Any]:
+    def state_size(self, run: Run) -> dict[str, Any]:
         if not run.store_exists():
             return {"intents": 0, "memories": 0}
         memories = run.store.all(kind=MEMORY)

@@ -6,9 +6,7 @@ becomes "Task + SCRIPT (3-5 steps) + TRAJECTORY", a failure "reflection + failed
 
 from __future__ import annotations
 
-from arena.core.env import Instructions
-from arena.core.llm import Chat
-from arena.core.types import Trajectory
+from arena import Chat, Instructions, Trajectory
 
 
 def script_system(instructions: Instructions) -> str:

@@ -12,10 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import arena
-from arena.core.context import LEARN, RunContext
-from arena.core.env import TEST_SPLITS
-from arena.core.method_config import typed_config
-from arena.core.types import Experience, Provenance, Task, Trajectory
+from arena import LEARN, TEST_SPLITS, Experience, Provenance, Run, Task, Trajectory, typed_config
 from arena.plugins.rag.settings import RAGSettings
 
 TRAJECTORY = "trajectory"
@@ -43,16 +40,16 @@ def example_experience(trajectory: Trajectory, max_chars: int) -> Experience:
 class Rag:
     """Trajectory retrieval by task-text similarity; learns nothing but what it stores."""
 
-    def __init__(self, run: RunContext) -> None:
+    def __init__(self, run: Run) -> None:
         self.cfg: RAGSettings = typed_config(run.cfg.method, RAGSettings)
 
     @arena.hookimpl
-    def extract(self, run: RunContext, trajectories: list[Trajectory]) -> list[Experience]:
+    def extract(self, run: Run, trajectories: list[Trajectory]) -> list[Experience]:
         return [example_experience(t, self.cfg.max_action_chars)
                 for t in trajectories if t.success]
 
     @arena.hookimpl
-    def update(self, run: RunContext, trajectories: list[Trajectory],
+    def update(self, run: Run, trajectories: list[Trajectory],
                experiences: list[Experience]) -> None:
         examples = [e for e in experiences if e.kind == TRAJECTORY]
         if examples:
@@ -63,7 +60,7 @@ class Rag:
                 "examples": run.store.count(kind=TRAJECTORY)})
 
     @arena.hookimpl
-    def retrieve(self, run: RunContext, task: Task) -> list[Experience]:
+    def retrieve(self, run: Run, task: Task) -> list[Experience]:
         """The k stored successes whose task text is most similar to this task's.
 
         While learning, the task's own earlier trajectories are left out (they would be its
@@ -81,7 +78,7 @@ class Rag:
         return [experience for experience, _ in found]
 
     @arena.hookimpl
-    def state_size(self, run: RunContext) -> dict[str, Any]:
+    def state_size(self, run: Run) -> dict[str, Any]:
         if not run.store_exists():
             return {"trajectories": 0}
         return {"trajectories": run.store.count(kind=TRAJECTORY)}

@@ -11,9 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import arena
-from arena.core.context import RunContext
-from arena.core.solver import Action
-from arena.core.types import Experience, Observation, Task, Trajectory
+from arena import Action, Experience, Observation, Run, Task, Trajectory
 
 
 class RandomPolicy:
@@ -27,11 +25,11 @@ class RandomPolicy:
 
 
 class RandomMethod:
-    def __init__(self, run: RunContext) -> None:
+    def __init__(self, run: Run) -> None:
         self.run = run
 
     @arena.hookimpl
-    def solve(self, run: RunContext, task: Task, experiences: list[Experience], seed: int) -> Trajectory:
+    def solve(self, run: Run, task: Task, experiences: list[Experience], seed: int) -> Trajectory:
         return run.play_policy(task, RandomPolicy(seed), experiences)
 
 

@@ -24,9 +24,7 @@ import threading
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from arena.core.env import Instructions
-from arena.core.llm import Chat, LLMBackend, SamplingParams
-from arena.core.types import Trajectory
+from arena import Chat, Instructions, LLMBackend, SamplingParams, Trajectory
 from arena.plugins.skillrl.settings import TeacherSettings
 from arena.plugins.skillrl.skillbank import Skill
 

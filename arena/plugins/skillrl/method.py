@@ -39,17 +39,25 @@ from pathlib import Path
 from typing import Any
 
 import arena
-from arena.core import rl
-from arena.core.context import EpisodeRequest, RunContext, run_in_threads
-from arena.core.env import Episode
-from arena.core.llm import TrainableBackend
-from arena.core.method_config import typed_config
-from arena.core.rl import Sample, assign_advantages, decision_samples, group_advantages
-from arena.core.rundir import write_json_atomic
-from arena.core.solver import Action, Policy, StandardSolver, episode_seed
-from arena.core.tasks import select_tasks
-from arena.core.types import Experience, Observation, Task, Trajectory
-from arena.core.rl import sft as sft_stage
+from arena import (
+    Action,
+    Episode,
+    EpisodeRequest,
+    Experience,
+    Observation,
+    Policy,
+    Run,
+    StandardSolver,
+    Task,
+    TrainableBackend,
+    Trajectory,
+    episode_seed,
+    rl,
+    run_in_threads,
+    select_tasks,
+    typed_config,
+    write_json_atomic,
+)
 from arena.plugins.skillrl.distill import (
     Teacher,
     build_teacher,
@@ -108,7 +116,7 @@ def episode_reward(trajectory: Trajectory, win_reward: float, invalid_penalty: f
 
 def grpo_samples(trajectories: list[Trajectory], groups: list[str], rewards: list[float],
                  *, advantage_over: str = "episodes", win_reward: float = 10.0,
-                 invalid_penalty: float = 0.0) -> list[Sample]:
+                 invalid_penalty: float = 0.0) -> list[rl.Sample]:
     """One sample per model decision.
 
     ``episodes``: each carries its episode's group-normalised advantage (``rewards`` per episode).
@@ -123,18 +131,18 @@ def grpo_samples(trajectories: list[Trajectory], groups: list[str], rewards: lis
     samples = []
     if advantage_over == "episodes":
         for trajectory, group, reward, advantage in zip(trajectories, groups, rewards,
-                                                         group_advantages(rewards, groups)):
-            samples.extend(decision_samples(trajectory, role=SOLVER, group=group, reward=reward,
-                                            advantage=advantage))
+                                                         rl.group_advantages(rewards, groups)):
+            samples.extend(rl.decision_samples(trajectory, role=SOLVER, group=group, reward=reward,
+                                               advantage=advantage))
         return samples
     for trajectory, group in zip(trajectories, groups):
         won = win_reward * float(trajectory.success)
         decided = [step for step in trajectory.steps if step.rollout is not None and step.rollout.token_ids]
-        for step, sample in zip(decided, decision_samples(trajectory, role=SOLVER, group=group,
-                                                          reward=won, advantage=0.0)):
+        for step, sample in zip(decided, rl.decision_samples(trajectory, role=SOLVER, group=group,
+                                                             reward=won, advantage=0.0)):
             sample.reward = won - (0.0 if step.valid else invalid_penalty)
             samples.append(sample)
-    assign_advantages(samples, {})
+    rl.assign_advantages(samples, {})
     return samples
 
 
@@ -146,7 +154,7 @@ def fresh_state() -> dict[str, Any]:
 class SkillRL:
     """The SkillRL method (see the module docstring)."""
 
-    def __init__(self, run: RunContext) -> None:
+    def __init__(self, run: Run) -> None:
         self.cfg: SkillRLSettings = typed_config(run.cfg.method, SkillRLSettings)
         self.work = run.method_state.folder
         self._trainer: rl.CheckpointedTrainer | None = None
@@ -166,10 +174,10 @@ class SkillRL:
     # -- state and files -------------------------------------------------------------------------
 
     @staticmethod
-    def _state(run: RunContext) -> dict[str, Any]:
+    def _state(run: Run) -> dict[str, Any]:
         return run.method_state.load() or fresh_state()
 
-    def _save(self, run: RunContext, state: dict[str, Any]) -> None:
+    def _save(self, run: Run, state: dict[str, Any]) -> None:
         if self._teacher is not None:
             state["teacher"] = self._teacher.cost_dict()
         run.method_state.save(state)
@@ -177,27 +185,27 @@ class SkillRL:
     def _needs_model(self) -> bool:
         return self.cfg.sft.enabled or self.cfg.rl.steps > 0
 
-    def teacher(self, run: RunContext) -> Teacher:
+    def teacher(self, run: Run) -> Teacher:
         if self._teacher is None:
             self._teacher = build_teacher(run, self.cfg.teacher, cost=self._state(run).get("teacher") or None)
         return self._teacher
 
     @staticmethod
-    def _backend(run: RunContext) -> TrainableBackend:
+    def _backend(run: Run) -> TrainableBackend:
         return run.trainable_backend(", or turn SkillRL's training off with "
                                      "method.sft.enabled=false method.rl.steps=0")
 
-    def trainer(self, run: RunContext) -> rl.CheckpointedTrainer:
+    def trainer(self, run: Run) -> rl.CheckpointedTrainer:
         """GRPO on the served model, built after SFT so its reference is the SFT policy."""
         if self._trainer is None:
             self._trainer = rl.CheckpointedTrainer(
                 self._backend(run), rl.TrainerConfig.from_mapping(self.cfg.rl.trainer),
-                run.method_state.checkpoints(), seed=int(run.cfg.learn.seed))
+                run.method_state.checkpoints(), seed=run.learn_seed)
         return self._trainer
 
-    def _restore_sft(self, run: RunContext) -> None:
+    def _restore_sft(self, run: Run) -> None:
         backend = self._backend(run)
-        backend.model = sft_stage.restore(backend.model, self.work)
+        backend.model = rl.sft.restore(backend.model, self.work)
         backend.mark_weights_changed()
 
     def bank(self, state: dict[str, Any]) -> SkillBank:
@@ -205,7 +213,7 @@ class SkillRL:
 
     # -- episodes ------------------------------------------------------------------------------
 
-    def _play(self, run: RunContext, requests: list[EpisodeRequest], *, mode: str | None = None,
+    def _play(self, run: Run, requests: list[EpisodeRequest], *, mode: str | None = None,
               temperature: float | None = None) -> list[Trajectory]:
         """Play and record ``requests`` side by side: with ``mode`` as demonstrations (the
         teacher's or the expert's), with ``temperature`` by the policy decoding so; else
@@ -242,13 +250,13 @@ class SkillRL:
         """Task ids hold slashes; the file name is a digest of the id."""
         return self.work / "demos" / f"{hashlib.sha256(task.task_id.encode()).hexdigest()[:16]}.json"
 
-    def _loaded(self, run: RunContext, task: Task, seed: int, variant: str) -> Trajectory | None:
+    def _loaded(self, run: Run, task: Task, seed: int, variant: str) -> Trajectory | None:
         return run.recorded_trajectory(task, seed, variant)
 
     # -- learning ------------------------------------------------------------------------------
 
     @arena.hookimpl
-    def learn(self, run: RunContext) -> bool:
+    def learn(self, run: Run) -> bool:
         state = self._state(run)
         if state["valid_used"]:
             run.tasks("valid")  # a resumed session records again that valid was learned from
@@ -275,30 +283,30 @@ class SkillRL:
             self._trainer.serve()  # unmerged adapters slow every evaluation forward
         return True
 
-    def train_tasks(self, run: RunContext, count: int | None, salt: int) -> list[Task]:
+    def train_tasks(self, run: Run, count: int | None, salt: int) -> list[Task]:
         """``count`` train tasks, shuffled by the learn seed and balanced over task types."""
         tasks = list(run.tasks(str(run.cfg.learn.split)))
-        random.Random(int(run.cfg.learn.seed) * 7_919 + salt).shuffle(tasks)
+        random.Random(run.learn_seed * 7_919 + salt).shuffle(tasks)
         return select_tasks(tasks, count)
 
-    def _collect(self, run: RunContext) -> list[Trajectory]:
+    def _collect(self, run: Run) -> list[Trajectory]:
         tasks = self.train_tasks(run, self.cfg.collect.tasks, salt=1)
-        seed = int(run.cfg.learn.seed)
+        seed = run.learn_seed
         return self._play(run, [EpisodeRequest(task, [], seed, "collect") for task in tasks])
 
-    def _collected(self, run: RunContext) -> list[Trajectory]:
-        seed = int(run.cfg.learn.seed)
+    def _collected(self, run: Run) -> list[Trajectory]:
+        seed = run.learn_seed
         found = [self._loaded(run, task, seed, "collect")
                  for task in self.train_tasks(run, self.cfg.collect.tasks, salt=1)]
         return [t for t in found if t is not None]
 
-    def _distill(self, run: RunContext, state: dict[str, Any]) -> None:
+    def _distill(self, run: Run, state: dict[str, Any]) -> None:
         """Per-trajectory skills (successes) and mistakes (failures), then general skills."""
         cfg, teacher = self.cfg.distill, self.teacher(run)
         trajectories = self._collected(run)
         split = str(run.cfg.learn.split)
         bank = self.bank(state)
-        seed = int(run.cfg.learn.seed) * 1_000_003
+        seed = run.learn_seed * 1_000_003
         answers = teacher.ask([trajectory_prompt(t, teacher.transcript_chars, run.env.instructions)
                               for t in trajectories], seed)
         bank.begin()
@@ -344,11 +352,11 @@ class SkillRL:
 
     # -- SFT ------------------------------------------------------------------------------------
 
-    def _sft(self, run: RunContext, state: dict[str, Any]) -> dict[str, Any]:
+    def _sft(self, run: Run, state: dict[str, Any]) -> dict[str, Any]:
         """Demonstrations with skill-augmented prompts, then trl's SFTTrainer."""
         cfg = self.cfg.sft
         mode = cfg.demonstrations
-        seed = int(run.cfg.learn.seed)
+        seed = run.learn_seed
         tasks = self.train_tasks(run, cfg.tasks, salt=2)
         requests = [EpisodeRequest(task, self.retrieve(run, task), seed, "sft_demo") for task in tasks]
         demos = self._play(run, requests, mode=mode, temperature=float(self.teacher(run).temperature))
@@ -369,14 +377,14 @@ class SkillRL:
         backend = self._backend(run)
         settings: dict[str, Any] = dataclasses.asdict(cfg)
         with run.progress("skillrl: SFT steps", total=cfg.steps) as shown:
-            model, metrics = sft_stage.train_sft(backend.model, backend.tokenizer, rows,
+            model, metrics = rl.sft.train_sft(backend.model, backend.tokenizer, rows,
                                                  settings, self.work, seed, on_step=shown.update)
         backend.model = model
         backend.mark_weights_changed()
         run.charge(gradient_steps=int(metrics["sft/steps"]))
         return {**summary, **{k: round(v, 5) for k, v in metrics.items()}}
 
-    def _demonstration(self, run: RunContext, task: Task, experiences: list[Experience], seed: int,
+    def _demonstration(self, run: Run, task: Task, experiences: list[Experience], seed: int,
                        mode: str) -> DemonstrationPolicy:
         """The policy of one demonstration episode: the expert's plan or the teacher's choices,
         each decision kept with SkillRL's prompt as an SFT row."""
@@ -387,7 +395,7 @@ class SkillRL:
 
     # -- GRPO and evolution ----------------------------------------------------------------------
 
-    def _rl(self, run: RunContext, state: dict[str, Any]) -> None:
+    def _rl(self, run: Run, state: dict[str, Any]) -> None:
         cfg = self.cfg.rl
         steps = cfg.steps
         every = self.cfg.evolution.every
@@ -399,12 +407,12 @@ class SkillRL:
         if evolution_due(int(state["steps_done"]), every, state["evolved_at"]):
             self._evolve(run, state, int(state["steps_done"]))
 
-    def _rl_steps(self, run: RunContext, state: dict[str, Any], train: list[Task],
+    def _rl_steps(self, run: Run, state: dict[str, Any], train: list[Task],
                   trainer: rl.CheckpointedTrainer | None, shown: Any) -> None:
         cfg = self.cfg.rl
         steps = cfg.steps
         every = self.cfg.evolution.every
-        seed = int(run.cfg.learn.seed)
+        seed = run.learn_seed
         for step in range(int(state["steps_done"]), steps):
             if evolution_due(int(state["steps_done"]), every, state["evolved_at"]):
                 self._evolve(run, state, int(state["steps_done"]))
@@ -441,14 +449,14 @@ class SkillRL:
             run.log_metrics(step + 1, _rounded(metrics))  # step: RL steps done
             shown.update(step + 1, note=f"success {metrics['success']:.0%}")
 
-    def _evolve(self, run: RunContext, state: dict[str, Any], step: int) -> None:
+    def _evolve(self, run: Run, state: dict[str, Any], step: int) -> None:
         """Validate on the valid split; the teacher grows the bank when a task type is weak."""
         cfg, teacher = self.cfg.evolution, self.teacher(run)
         valid = list(run.tasks("valid"))  # recorded by the harness as learning from valid
         state["valid_used"] = True
-        random.Random(int(run.cfg.learn.seed) * 31 + step).shuffle(valid)
+        random.Random(run.learn_seed * 31 + step).shuffle(valid)
         tasks = select_tasks(valid, cfg.valid_tasks)
-        seed = int(run.cfg.learn.seed)
+        seed = run.learn_seed
         requests = [EpisodeRequest(task, self._experiences(run, task, rollout=False), seed,
                                    f"evolve{step}/valid") for task in tasks]
         episodes = self._play(run, requests, temperature=cfg.temperature)
@@ -517,7 +525,7 @@ class SkillRL:
         bank.commit()
         return added, revised
 
-    def _log(self, run: RunContext, stage: str, record: dict[str, Any]) -> None:
+    def _log(self, run: Run, stage: str, record: dict[str, Any]) -> None:
         """The teacher's raw answers, for inspection (not read back)."""
         with (run.method_state.folder / TEACHER_LOG).open("a") as handle:
             handle.write(json.dumps({"stage": stage, **record}, sort_keys=True) + "\n")
@@ -525,10 +533,10 @@ class SkillRL:
     # -- every phase -----------------------------------------------------------------------------
 
     @arena.hookimpl
-    def retrieve(self, run: RunContext, task: Task) -> list[Experience]:
+    def retrieve(self, run: Run, task: Task) -> list[Experience]:
         return self._experiences(run, task, rollout=False)
 
-    def _experiences(self, run: RunContext, task: Task, *, rollout: bool) -> list[Experience]:
+    def _experiences(self, run: Run, task: Task, *, rollout: bool) -> list[Experience]:
         """The skills of ``task``'s prompt. Evolved skills are left out except in RL rollouts
         when ``evolution.visible_to`` is ``training`` (the authors: only the training envs get
         them; validation and test prompts do not)."""
@@ -540,13 +548,13 @@ class SkillRL:
         return template_retrieve(run.store, task, top_general=cfg.top_general,
                                  max_mistakes=cfg.max_mistakes, evolved=evolved)
 
-    def _solver(self, run: RunContext, backend: Any) -> StandardSolver:
+    def _solver(self, run: Run, backend: Any) -> StandardSolver:
         """The standard solver with SkillRL's prompt (every retrieved skill shown)."""
         return StandardSolver.from_config(backend, run.cfg.solver, max_experiences=1_000,
                                           prompt_builder=self.prompt_builder,
                                           instructions=run.env.instructions)
 
-    def _policy(self, run: RunContext, backend: Any, task: Task, experiences: list[Experience],
+    def _policy(self, run: Run, backend: Any, task: Task, experiences: list[Experience],
                 seed: int, temperature: float | None = None) -> Policy:
         sampling = run.sampling()
         solver = self._solver(run, backend)
@@ -555,13 +563,13 @@ class SkillRL:
                              top_p=float(sampling.top_p))
 
     @arena.hookimpl
-    def solve(self, run: RunContext, task: Task, experiences: list[Experience], seed: int) -> Trajectory:
+    def solve(self, run: Run, task: Task, experiences: list[Experience], seed: int) -> Trajectory:
         """The standard constrained choice, with the skills shown from ``inject_from_step`` on."""
         policy = self._policy(run, run.llm, task, experiences, seed)
         return run.play_policy(task, policy, experiences)
 
     @arena.hookimpl
-    def state_size(self, run: RunContext) -> dict[str, Any]:
+    def state_size(self, run: Run) -> dict[str, Any]:
         state = self._state(run)
         bank = self.bank(state)
         teacher = state.get("teacher") or {}
@@ -582,7 +590,7 @@ class SkillRL:
         return sizes
 
     @arena.hookimpl
-    def state_digest(self, run: RunContext) -> str:
+    def state_digest(self, run: Run) -> str:
         """The bank as the method keeps it (the store copy is digested by the harness)."""
         bank = self._state(run).get("bank")
         return json.dumps(bank, sort_keys=True) if bank else ""
@@ -613,7 +621,7 @@ class DemonstrationPolicy:
                 raise RuntimeError(f"Environment '{self._env_name}' has no expert; use "
                                    "method.sft.demonstrations=teacher.")
             action = Action(text=plan)
-        self.rows.append(sft_stage.example(self._prompt_of(observation, trajectory), action.text))
+        self.rows.append(rl.sft.example(self._prompt_of(observation, trajectory), action.text))
         return action
 
 

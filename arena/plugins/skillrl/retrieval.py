@@ -17,9 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from arena.core.llm import Chat
-from arena.core.solver import build_prompt, with_task_message
-from arena.core.types import Experience, Observation, Task, Trajectory
+from arena import Chat, Experience, Observation, Task, Trajectory, build_prompt, with_task_message
 from arena.plugins.skillrl.skillbank import GENERAL, MISTAKE, SKILL
 
 HEADER = "Retrieved Relevant Experience:"

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from arena.core.types import Experience, Provenance
+from arena import Experience, Provenance
 
 GENERAL = "general"
 SKILL = "skill"

@@ -12,9 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import arena
-from arena.core.context import LEARN, RunContext
-from arena.core.llm import SamplingParams
-from arena.core.types import Experience, Provenance, Task, Termination, Trajectory
+from arena import LEARN, Experience, Provenance, Run, SamplingParams, Task, Termination, Trajectory
 
 LESSON = "lesson"
 
@@ -35,13 +33,13 @@ def lesson_prompt(trajectory: Trajectory, steps: int) -> list[dict[str, str]]:
 class Lessons:
     """Lessons in Arena's experience store, indexed by the goal they were learned on."""
 
-    def __init__(self, run: RunContext) -> None:
+    def __init__(self, run: Run) -> None:
         self.cfg = run.cfg.method
         if int(self.cfg.k) < 1:
             raise ValueError(f"method.k must be >= 1, got {self.cfg.k}")
 
     @arena.hookimpl
-    def extract(self, run: RunContext, trajectories: list[Trajectory]) -> list[Experience]:
+    def extract(self, run: Run, trajectories: list[Trajectory]) -> list[Experience]:
         """One lesson per finished episode; an episode that crashed teaches nothing."""
         usable = [t for t in trajectories if t.status is not Termination.ERROR and t.steps]
         if not usable:
@@ -61,13 +59,13 @@ class Lessons:
         ]
 
     @arena.hookimpl
-    def update(self, run: RunContext, experiences: list[Experience]) -> None:
+    def update(self, run: Run, experiences: list[Experience]) -> None:
         lessons = [e for e in experiences if e.kind == LESSON]
         if lessons:  # found by the goal they came from, not by their wording
             run.store.add(lessons, index_texts=[str(e.metadata["goal"]) for e in lessons])
 
     @arena.hookimpl
-    def retrieve(self, run: RunContext, task: Task) -> list[Experience]:
+    def retrieve(self, run: Run, task: Task) -> list[Experience]:
         """The k lessons of this task type with the most similar goals. Read-only."""
         if not run.has_store():
             return []
@@ -79,7 +77,7 @@ class Lessons:
         return [lesson for lesson, _ in found]
 
     @arena.hookimpl
-    def state_size(self, run: RunContext) -> dict[str, Any]:
+    def state_size(self, run: Run) -> dict[str, Any]:
         return {"lessons": run.store.count(kind=LESSON) if run.has_store() else 0}
 
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from arena_lessons.plugin import LESSON, Lessons
 from omegaconf import OmegaConf
 
-from arena.core.types import Step, Termination, Trajectory
+from arena import Step, Termination, Trajectory
 from arena.testing import FakeLLM, assert_frozen_protocol, fresh_plugins
 
 

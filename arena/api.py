@@ -1,0 +1,96 @@
+"""Arena's public API for plugins: everything a method, environment or backend may import.
+
+A plugin imports from ``arena`` (which re-exports this module) and from its own package, never
+from ``arena.core``: the core is the harness's and may be reorganised between releases, while
+the names here are the contract (``tests/test_architecture.py`` holds the built-in plugins, the
+example plugin and the ``arena new-method`` template to it). As ``pytest`` re-exports
+``_pytest``, these are re-exports: each object lives, and is documented, where the core defines
+it. Importing this module imports no torch (``arena plugins`` stays fast); ``rl``'s trainer
+classes load torch on first use.
+"""
+
+from __future__ import annotations
+
+from arena.core import rl
+from arena.core.embedder import Embedder
+from arena.core.env import TEST_SPLITS, Environment, Episode, Instructions
+from arena.core.episodes import run_in_threads
+from arena.core.errors import BudgetExhausted, HookReturnError, NotTrainable, ProtocolViolation
+from arena.core.hookspecs import hookimpl, hookspec
+from arena.core.llm import Chat, Generation, LLMBackend, SamplingParams, TrainableBackend
+from arena.core.method_config import typed_config
+from arena.core.method_state import Checkpoints, MethodState
+from arena.core.phase import EVALUATE, LEARN
+from arena.core.progress import ProgressTask
+from arena.core.run_api import STANDARD, BudgetView, EpisodeRequest, PolicyChoice, Run, Store
+from arena.core.rundir import write_json_atomic
+from arena.core.solver import (
+    Action,
+    Policy,
+    StandardSolver,
+    build_prompt,
+    episode_seed,
+    with_task_message,
+)
+from arena.core.tasks import select_tasks
+from arena.core.types import (
+    EpisodeResult,
+    Experience,
+    Observation,
+    Provenance,
+    Step,
+    Task,
+    Termination,
+    Trajectory,
+)
+from arena.core.views import EnvironmentView
+
+__all__ = [
+    "EVALUATE",
+    "LEARN",
+    "STANDARD",
+    "TEST_SPLITS",
+    "Action",
+    "BudgetExhausted",
+    "BudgetView",
+    "Chat",
+    "Checkpoints",
+    "Embedder",
+    "Environment",
+    "EnvironmentView",
+    "Episode",
+    "EpisodeRequest",
+    "EpisodeResult",
+    "Experience",
+    "Generation",
+    "HookReturnError",
+    "Instructions",
+    "LLMBackend",
+    "MethodState",
+    "NotTrainable",
+    "Observation",
+    "Policy",
+    "PolicyChoice",
+    "ProgressTask",
+    "ProtocolViolation",
+    "Provenance",
+    "Run",
+    "SamplingParams",
+    "StandardSolver",
+    "Step",
+    "Store",
+    "Task",
+    "Termination",
+    "TrainableBackend",
+    "Trajectory",
+    "build_prompt",
+    "episode_seed",
+    "hookimpl",
+    "hookspec",
+    "rl",
+    "run_in_threads",
+    "select_tasks",
+    "typed_config",
+    "with_task_message",
+    "write_json_atomic",
+]
