@@ -160,3 +160,13 @@ def test_a_recipe_names_its_fix(tmp_path: Path) -> None:
         load_recipe(str(bad))
     assert json.dumps(load_recipe("household-easy").to_dict())  # the shipped recipes load
     assert load_recipe("household-easy").env == {"name": "household", "level": "easy"}
+
+
+@pytest.mark.slow
+def test_a_build_is_reproducible_on_one_machine(built: tuple[Path, Path, build.WarmStart], tmp_path: Path) -> None:
+    """The same recipe and base give the same adapter bit for bit here (same kernels and
+    threads); across CPUs float rounding differs, which is why a board commits its base/."""
+    recipe, _, warm = built
+    again = build.resolve(str(recipe), tiny_model_dir(), cache_dir=tmp_path / "cache", say=lambda _: None)
+    assert again.folder != warm.folder
+    assert again.manifest["adapter_sha256"] == warm.manifest["adapter_sha256"]
