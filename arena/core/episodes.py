@@ -353,8 +353,9 @@ class EpisodeRunner:
             episode = self._env.open(task)
             if start is not None:
                 start(episode)
-            return play(episode, policy, max_steps=limit, max_invalid_actions=invalid,
-                        experience_ids=ids)
+            return self._shown(lambda shown: play(episode, shown(policy), max_steps=limit,
+                                                  max_invalid_actions=invalid, experience_ids=ids),
+                               limit)
         if start is not None:
             raise self._violations.refusal(
                 f"Method '{self._method}' passed a policy that reads its episode (start) at "
@@ -368,13 +369,33 @@ class EpisodeRunner:
                 spot_check()
             return policy(observation, trajectory)
 
-        trajectory = play(self._env.open(self._gate.full_task(task)),
-                          checked if spot_check is not None else policy,
-                          max_steps=limit, max_invalid_actions=invalid, experience_ids=ids)
+        trajectory = self._shown(
+            lambda shown: play(self._env.open(self._gate.full_task(task)),
+                               shown(checked if spot_check is not None else policy),
+                               max_steps=limit, max_invalid_actions=invalid, experience_ids=ids),
+            limit)
         trajectory.task = task  # the method's copy: no payload in what it gets back or in records
         trajectory.derived_experience_ids = derived
         self._seal(trajectory)
         return trajectory
+
+    def _shown(self, played: Callable[[Callable[[Policy], Policy]], Trajectory], limit: int) -> Trajectory:
+        """``played(shown)``, an episode whose policy ``shown`` wraps, reported to the progress
+        display as it starts, at each step and when it ends (every episode played, a method's
+        helper episodes too: a count of the plan's tasks alone stands still meanwhile)."""
+        reporter, phase = self._services.reporter, self._phases.phase
+
+        def shown(policy: Policy) -> Policy:
+            def step(observation: Any, trajectory: Trajectory) -> Any:
+                reporter.play_step(phase, len(trajectory.steps) + 1)
+                return policy(observation, trajectory)
+            return step
+
+        reporter.play_start(phase, limit)
+        try:
+            return played(shown)
+        finally:
+            reporter.play_end(phase)
 
     # -- evaluation: set up by the harness ------------------------------------------------------
 
