@@ -466,6 +466,7 @@ class Session:
                               error=f"retrieve failed: {type(exc).__name__}: {exc}")
 
     def _frozen_episode(self, task: Task, seed: int) -> None:
+        self.ctx.episodes.begin_task(self._key)
         self.reporter.plan_task_start(EVALUATE)
         task = public_task(task)
         experiences = self._retrieve(task)
@@ -475,6 +476,7 @@ class Session:
         self.ctx.episodes.play(task, experiences, seed=seed)
 
     def _online_episode(self, task: Task, seed: int) -> None:
+        self.ctx.episodes.begin_task(self._key)
         self.reporter.plan_task_start(EVALUATE)
         task = public_task(task)
         experiences = self._retrieve(task)
