@@ -210,7 +210,11 @@ def leaderboard(run_dirs: tuple[str, ...], out: str | None, allow_mixed: bool, s
             raise click.UsageError(f"The runs cover several environments ({', '.join(envs)}): "
                                    "choose a folder with --out.")
         out = str(Path("leaderboards") / envs[0])
-    written = write_board(tables, out)
+    try:
+        written = write_board(tables, out)
+    except OSError as exc:
+        raise click.ClickException(f"Cannot write the leaderboard to {out}: {exc.strerror or exc}. "
+                                   "Choose a folder you can write with --out.") from exc
     for table in tables:
         console.print(escape(f"{table.env}: {len(table.rows)} rows ({', '.join(row.name for row in table.rows)})"))
     console.print(f"Wrote {len(written)} files to {out}: README.md, index.html, leaderboard.json, plots/")

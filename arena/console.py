@@ -3,7 +3,10 @@
 A job on a cluster or ``arena run ... > log`` has no terminal, where rich's bars draw nothing
 until the end; there every phase and every reported step writes a line when it starts, at most
 one line per ``interval_s`` while it lasts (counts, rate and ETA), and one when it ends, as pytest
-and lm-eval do when their output is not a terminal.
+and lm-eval do when their output is not a terminal. A phase's line counts what it records (the
+plan's tasks at evaluation) and also every episode actually played, with the step each one in
+play has reached: a method that plays helper episodes (Evolving-RL plays three per task) moves
+its line every step, not only when a task ends.
 """
 
 from __future__ import annotations
@@ -18,14 +21,17 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    ProgressColumn,
     SpinnerColumn,
+    Task,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+from rich.text import Text
 
 from arena.core.context import EVALUATE
-from arena.core.progress import format_duration
+from arena.core.progress import PhaseTally, format_duration
 from arena.core.protocol import PRIMARY_VARIANT
 from arena.core.types import EpisodeResult
 
@@ -37,54 +43,116 @@ def counted(result: EpisodeResult) -> bool:
     return result.phase != EVALUATE or result.variant == PRIMARY_VARIANT
 
 
+def unit_of(phase: str) -> str:
+    """What a phase's count counts: the plan's tasks at evaluation, episodes while learning."""
+    return "tasks" if phase == EVALUATE else "episodes"
+
+
+class EtaColumn(ProgressColumn):
+    """``eta 4m10s``: the phase's own estimate (from the episodes played) where it gives one,
+    else rich's (from the bar's count)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rich = TimeRemainingColumn()
+
+    def render(self, task: Task) -> Text:
+        if "eta" in task.fields:
+            return Text(f"eta {task.fields['eta']}" if task.fields["eta"] else "", style="progress.remaining")
+        return Text("eta ") + self.rich.render(task)
+
+
 def bars(console: Any) -> Progress:
     """The rich progress display the terminal reporter draws into."""
     return Progress(
         SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("{task.fields[success]}"), TimeElapsedColumn(), TextColumn("eta"),
-        TimeRemainingColumn(), console=console, transient=False,
+        TextColumn("{task.fields[success]}"), TimeElapsedColumn(), EtaColumn(),
+        console=console, transient=False,
     )
 
 
 class RichReporter:
-    """Progress bars: one per phase, with episode counts, success so far and ETA, and one per
-    step a method reports while it lasts."""
+    """Progress bars: one per phase, with its count (tasks at evaluation), the episodes played and
+    the steps of those in play, success so far and an ETA from the episodes played; one per step
+    a method reports while it lasts. A phase's bar stops when the phase ends."""
 
     def __init__(self, progress: Progress) -> None:
         self.progress = progress
         self.tasks: dict[str, Any] = {}
-        self.successes: dict[str, int] = {}
+        self.phases: dict[str, PhaseTally] = {}
         self.counts: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def _show(self, name: str, *, final: bool = False) -> None:
+        tally = self.phases[name]
+        eta = None if final else tally.eta_s()
+        self.progress.update(self.tasks[name], completed=tally.done, total=tally.total,
+                             success="; ".join(tally.detail(final=final)),
+                             eta=format_duration(eta) if eta is not None else "")
 
     def phase(self, name: str, total: int | None, done: int) -> None:
-        self.successes[name] = 0
-        self.counts[name] = 0
-        self.tasks[name] = self.progress.add_task(f"{name:<8}", total=total, completed=done, success="")
+        with self._lock:
+            self.phases[name] = PhaseTally(total, done, unit_of(name))
+            self.tasks[name] = self.progress.add_task(f"{name:<8}", total=total, completed=done,
+                                                      success="", eta="")
 
     def episode(self, result: EpisodeResult) -> None:
-        task = self.tasks.get(result.phase)
-        if task is None or not counted(result):
-            return
-        self.counts[result.phase] += 1
-        self.successes[result.phase] += int(result.success)
-        rate = self.successes[result.phase] / self.counts[result.phase]
-        self.progress.update(task, advance=1, success=f"success {rate:5.1%}")
+        with self._lock:
+            tally = self.phases.get(result.phase)
+            if tally is None or not counted(result):
+                return
+            tally.result(result.success)
+            self._show(result.phase)
+
+    def phase_end(self, name: str) -> None:
+        with self._lock:
+            if self.phases.get(name) is None:
+                return
+            self._show(name, final=True)
+            self.progress.stop_task(self.tasks.pop(name))
+            del self.phases[name]
+
+    def plan_task_start(self, phase: str) -> None:
+        with self._lock:
+            if phase in self.phases:
+                self.phases[phase].plan_task_start()
+
+    def play_start(self, phase: str, max_steps: int) -> None:
+        with self._lock:
+            if phase in self.phases:
+                self.phases[phase].play_start(max_steps)
+                self._show(phase)
+
+    def play_step(self, phase: str, step: int) -> None:
+        with self._lock:
+            if phase in self.phases:
+                self.phases[phase].play_step(step)
+                self._show(phase)
+
+    def play_end(self, phase: str) -> None:
+        with self._lock:
+            if phase in self.phases:
+                self.phases[phase].play_end()
+                self._show(phase)
 
     def task_start(self, label: str, total: int | None) -> None:
-        self.tasks[label] = self.progress.add_task(f"  {label}", total=total, success="")
-        self.counts[label] = 0
+        with self._lock:
+            self.tasks[label] = self.progress.add_task(f"  {label}", total=total, success="")
+            self.counts[label] = 0
 
     def task_update(self, label: str, done: int, total: int | None, note: str) -> None:
-        if label in self.tasks:
-            self.counts[label] = done
-            self.progress.update(self.tasks[label], completed=done, total=total, success=note)
+        with self._lock:
+            if label in self.tasks:
+                self.counts[label] = done
+                self.progress.update(self.tasks[label], completed=done, total=total, success=note)
 
     def task_end(self, label: str, note: str) -> None:
-        task = self.tasks.pop(label, None)
-        if task is not None:  # a step without a count ends as one full bar
-            done = max(self.counts.pop(label, 0), 1)
-            self.progress.update(task, completed=done, total=done, success=note)
-            self.progress.stop_task(task)
+        with self._lock:
+            task = self.tasks.pop(label, None)
+            if task is not None:  # a step without a count ends as one full bar
+                done = max(self.counts.pop(label, 0), 1)
+                self.progress.update(task, completed=done, total=done, success=note)
+                self.progress.stop_task(task)
 
 
 class _Line:
@@ -96,14 +164,18 @@ class _Line:
 
 
 class LineReporter:
-    """Plain lines for logs: ``09:41:07 evaluate 120/480 (25%) success 3.3% 4m10s eta 12m30s``."""
+    """Plain lines for logs, one per interval while a phase or step lasts and one when it ends:
+    ``09:41:07 evaluate 3/8 (38%) tasks; 9 episodes played; playing step 14/30, 3/30; 4m10s eta
+    8m20s; success 33.3%``. A phase that ended writes nothing more."""
 
     def __init__(self, stream: IO[str] | None = None, interval_s: float = 10.0) -> None:
         self.stream = stream or sys.stderr
         self.interval_s = interval_s
         self.lines: dict[str, _Line] = {}
-        self.successes: dict[str, int] = {}
-        self.counts: dict[str, int] = {}
+        self.phases: dict[str, PhaseTally] = {}
+        self.printed: dict[str, float] = {}  # phase -> when its last line was written
+        self.opened_in: dict[str, str] = {}  # step label -> the phase it began in
+        self.current: str | None = None
         self._lock = threading.Lock()
         self._heartbeat: threading.Thread | None = None
 
@@ -115,6 +187,10 @@ class LineReporter:
             time.sleep(period)
             with self._lock:
                 now = time.monotonic()
+                for name, tally in list(self.phases.items()):
+                    if now - self.printed[name] >= period:
+                        self.printed[name] = now
+                        self._write(name, tally.status() + " (running)")
                 for label, line in list(self.lines.items()):
                     if now - line.printed >= period:
                         line.printed = now
@@ -149,28 +225,72 @@ class LineReporter:
             line.printed = now
             self._write(label, self._status(line))
 
+    def _maybe_print_phase(self, name: str, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self.printed[name] >= self.interval_s:
+            self.printed[name] = now
+            self._write(name, self.phases[name].status())
+
     def phase(self, name: str, total: int | None, done: int) -> None:
         with self._lock:
-            self.successes[name] = self.counts[name] = 0
-            self.lines[name] = line = _Line(total, done)
-            line.printed = time.monotonic()
+            self.phases[name] = tally = PhaseTally(total, done, unit_of(name))
+            self.printed[name] = time.monotonic()
+            self.current = name
             self._ensure_heartbeat()
-            self._write(name, f"started: {done}/{total} episodes done" if total else "started")
+            self._write(name, f"started: {done}/{total} {tally.unit} done" if total else "started")
+
+    def phase_end(self, name: str) -> None:
+        with self._lock:
+            tally = self.phases.pop(name, None)
+            if tally is None:
+                return
+            self.printed.pop(name, None)
+            for label in [label for label, phase in self.opened_in.items() if phase == name]:
+                line = self.lines.pop(label, None)  # a step the method left open ends with its phase
+                self.opened_in.pop(label)
+                if line is not None:
+                    self._write(label, f"stopped with the {name} phase after "
+                                       f"{format_duration(time.monotonic() - line.started)}")
+            self._write(name, f"done in {format_duration(tally.elapsed())}: {tally.status(final=True)}")
+            if self.current == name:
+                self.current = None
 
     def episode(self, result: EpisodeResult) -> None:
         with self._lock:
-            line = self.lines.get(result.phase)
-            if line is None or not counted(result):
+            tally = self.phases.get(result.phase)
+            if tally is None or not counted(result):
                 return
-            self.counts[result.phase] += 1
-            self.successes[result.phase] += int(result.success)
-            line.done += 1
-            line.note = f"success {self.successes[result.phase] / self.counts[result.phase]:.1%}"
-            self._maybe_print(result.phase, line, force=line.total is not None and line.done >= line.total)
+            tally.result(result.success)
+            self._maybe_print_phase(result.phase, force=tally.total is not None and tally.done >= tally.total)
+
+    def plan_task_start(self, phase: str) -> None:
+        with self._lock:
+            if phase in self.phases:
+                self.phases[phase].plan_task_start()
+
+    def play_start(self, phase: str, max_steps: int) -> None:
+        with self._lock:
+            if phase in self.phases:
+                self.phases[phase].play_start(max_steps)
+                self._maybe_print_phase(phase)
+
+    def play_step(self, phase: str, step: int) -> None:
+        with self._lock:
+            if phase in self.phases:
+                self.phases[phase].play_step(step)
+                self._maybe_print_phase(phase)
+
+    def play_end(self, phase: str) -> None:
+        with self._lock:
+            if phase in self.phases:
+                self.phases[phase].play_end()
+                self._maybe_print_phase(phase)
 
     def task_start(self, label: str, total: int | None) -> None:
         with self._lock:
             self.lines[label] = line = _Line(total, 0)
+            if self.current is not None:
+                self.opened_in[label] = self.current
             line.printed = time.monotonic()
             self._ensure_heartbeat()
             self._write(label, f"started ({total} to do)" if total else "started")
@@ -184,6 +304,7 @@ class LineReporter:
 
     def task_end(self, label: str, note: str) -> None:
         with self._lock:
+            self.opened_in.pop(label, None)
             line = self.lines.pop(label, None)
             if line is not None:
                 line.note = note or line.note

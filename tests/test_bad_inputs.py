@@ -144,6 +144,18 @@ def test_an_unwritable_out_is_a_user_error(tmp_path):
     assert "Cannot create the run directory" in result.output and "--out" in result.output
 
 
+@pytest.mark.parametrize("model", ["/nonexistent/folder", "EMPTY"])
+def test_a_model_path_that_holds_no_model_is_a_user_error(tmp_path, model):
+    if model == "EMPTY":
+        model = str(tmp_path / "empty")
+        Path(model).mkdir()
+    result = CliRunner().invoke(cli, run_args(tmp_path, ["llm.backend=transformers", f"llm.model={model}"]))
+    assert_refused(result, f"llm.model='{model}'", tmp_path)
+    assert "set llm.model to a folder holding a Hugging Face model" in result.output
+    assert isinstance(result.exception, SystemExit), result.exception  # a message, no traceback
+    assert len(result.output.strip().splitlines()) == 1, result.output
+
+
 # -- damaged runs: one line naming the file, nothing changed ---------------------------------------
 
 
@@ -254,3 +266,32 @@ def test_a_run_started_by_another_version_resumes_only_when_allowed(finished):
     assert allowed.exit_code == 0, allowed.output
     resumed_by = json.loads((finished / "results.json").read_text())["provenance"]["resumed_by"]
     assert [entry["arena_version"] for entry in resumed_by] == [arena.__version__]
+
+
+@pytest.mark.parametrize("where", ["under a file", "/proc/forbidden", "over a folder"])
+def test_an_unwritable_leaderboard_out_is_one_line_and_loses_nothing(finished, tmp_path, where):
+    if where == "/proc/forbidden" and not Path("/proc/self").is_dir():
+        pytest.skip("no /proc on this system")
+    board = tmp_path / "board"
+    made = CliRunner().invoke(cli, ["leaderboard", str(finished), "--out", str(board)])
+    assert made.exit_code == 0, made.output
+    if where == "under a file":
+        (tmp_path / "file").write_text("not a folder")
+        out = str(tmp_path / "file" / "board")
+    elif where == "over a folder":  # a board whose leaderboard.json cannot be replaced
+        (board / "leaderboard.json").unlink()
+        (board / "leaderboard.json").mkdir()
+        (board / "leaderboard.json" / "keep").write_text("kept")
+        out = str(board)
+    else:
+        out = where
+    before = {path: path.read_bytes() for path in finished.rglob("*") if path.is_file()}
+    result = CliRunner().invoke(cli, ["leaderboard", str(finished), "--out", out])
+    assert result.exit_code != 0 and isinstance(result.exception, SystemExit), result.exception  # no traceback
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1, result.output
+    assert f"Cannot write the leaderboard to {out}" in result.output and "--out" in result.output
+    assert {path: path.read_bytes() for path in finished.rglob("*") if path.is_file()} == before
+    assert not list(board.rglob(".*.partial"))
+    if where == "over a folder":
+        assert (board / "leaderboard.json" / "keep").read_text() == "kept"
+        assert (board / "README.md").is_file() and (board / "index.html").is_file()

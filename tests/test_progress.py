@@ -9,13 +9,17 @@ import os
 import re
 import subprocess
 import sys
+import time
+import types
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+import arena
 from arena.cli import cli
 from arena.console import LineReporter
+from arena.core import protocol
 from arena.core.progress import ProgressTask, format_duration
 from arena.core.types import EpisodeResult
 
@@ -40,8 +44,8 @@ def test_line_reporter_writes_a_line_per_phase_step_and_rate_limits_the_rest() -
             task.advance()  # within the interval: no line until the end
     lines = stream.getvalue().splitlines()
     assert all(re.match(STAMP, line) for line in lines), lines
-    assert lines[0].endswith("evaluate started: 0/4 episodes done")
-    assert "evaluate 4/4 (100%)" in lines[1] and "success 25.0%" in lines[1]
+    assert lines[0].endswith("evaluate started: 0/4 tasks done")
+    assert "evaluate 4/4 (100%) tasks" in lines[1] and "success 25.0%" in lines[1]
     assert lines[2].endswith("it0: skill extraction started (8 to do)")
     assert re.search(r"it0: skill extraction done in \d+s$", lines[3])
     assert len(lines) == 4
@@ -65,6 +69,92 @@ def test_an_interrupted_step_says_so() -> None:
 
 def test_durations_read_as_a_person_would() -> None:
     assert [format_duration(s) for s in (5, 65, 3725)] == ["5s", "1m05s", "1h02m"]
+
+
+class HelperEpisodes:
+    """Plays two helper episodes before each test episode, as Evolving-RL plays a source episode
+    and a without-skill one: a count of tasks alone stands still while they play. Each step takes
+    a while, as a model's does."""
+
+    def __init__(self, run) -> None:
+        pass
+
+    @arena.hookimpl
+    def solve(self, run, task, experiences, seed):
+        standard = run.standard_policy(task, experiences, seed)
+
+        def slow(observation, trajectory):
+            time.sleep(0.03)
+            return standard(observation, trajectory)
+
+        if run.phase == "evaluate":
+            for helper in ("source", "without_skill"):
+                run.play(task, [], seed=run.current_seed(), variant=helper, policy=slow)
+        return run.play_policy(task, slow, experiences)
+
+
+class Timed(io.StringIO):
+    """A log that keeps when each of its lines was written."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.times: list[float] = []
+
+    def write(self, text: str) -> int:
+        self.times.extend(time.monotonic() for _ in range(text.count("\n")))
+        return super().write(text)
+
+
+def test_a_logged_run_moves_every_interval_with_helper_episodes_and_ended_phases_stay_quiet(
+        plugins, fast, tmp_path: Path) -> None:
+    """Issue 43: `evaluate 0/8 (0%)` for 8 minutes while each task played three long episodes,
+    and the finished learning phase printing `(running)` until the end. The log now counts every
+    episode played and the step each has reached, gives an ETA from the episodes done, and a phase
+    writes nothing after its `done` line."""
+    module = types.SimpleNamespace(__name__="progress_test_plugin")
+
+    @arena.hookimpl
+    def register_methods(register):
+        register("helper_episodes", HelperEpisodes)
+
+    module.register_methods = register_methods
+    plugins.register_plugin(module, name="progress_test_plugin")
+    log, interval = Timed(), 0.2
+    protocol.run("helper_episodes", overrides=[*fast, "eval.limit=2", "eval.max_steps=8",
+                                               "learn.budget.episodes=3"],
+                 out=tmp_path / "run", plugins=plugins, reporter=LineReporter(log, interval_s=interval))
+    lines = log.getvalue().splitlines()
+    assert all(re.match(STAMP, line) for line in lines), lines
+    text = [line[9:] for line in lines]
+    for phase in ("learn", "evaluate"):
+        ended = [k for k, line in enumerate(text) if line.startswith(f"{phase} done in ")]
+        assert len(ended) == 1, text
+        after = [line for line in text[ended[0] + 1:] if line.startswith(phase + " ")]
+        assert not after, f"{phase} wrote after it ended: {after}"
+    assert text.index("evaluate started: 0/4 tasks done") > next(
+        k for k, line in enumerate(text) if line.startswith("learn done in "))
+
+    start = text.index("evaluate started: 0/4 tasks done")
+    end = next(k for k, line in enumerate(text) if line.startswith("evaluate done in "))
+    shown = [k for k in range(start + 1, end) if text[k].startswith("evaluate ")]
+    states = [re.match(r"evaluate (\d+)/4 \(\d+%\) tasks; (?:(\d+) episodes? played)?(?:; playing step ([\d/, ]+))?",
+                       text[k]) for k in shown]
+    assert all(states), [text[k] for k in shown]
+    tasks_done = [int(m.group(1)) for m in states]
+    played = [int(m.group(2) or 0) for m in states]
+    assert tasks_done == sorted(tasks_done) and played == sorted(played)
+    # progress moves while no task has ended yet: episodes and steps, not only tasks
+    before_first_task = [m.group(2, 3) for m in states if m.group(1) == "0"]
+    assert len(set(before_first_task)) >= 3, [text[k] for k in shown]
+    assert max(played) >= 8  # 4 tasks x 3 episodes: the helpers count
+    assert "4/4 (100%) tasks; 12 episodes played" in text[end], text[end]
+    assert any(" eta " in text[k] for k in shown), [text[k] for k in shown]
+    # a line at least once per interval while steps are played (rate-limited to one per
+    # interval); a second of silence at most (the heartbeat's), with slack for a busy machine
+    gaps = [b - a for a, b in zip([log.times[start], *[log.times[k] for k in shown]],
+                                  [*[log.times[k] for k in shown], log.times[end]])]
+    assert max(gaps) < max(interval, 1.0) + 0.5, gaps
+    assert len(shown) >= 4, [text[k] for k in shown]
 
 
 @pytest.mark.slow
@@ -152,3 +242,37 @@ def test_ctrl_c_and_sigterm_stop_cleanly_and_say_how_to_resume(tmp_path: Path, s
     assert not (out / "results.json").exists() and (out / "episodes.jsonl").exists()
     shown = CliRunner().invoke(cli, ["show", str(out)])
     assert "was interrupted" in shown.output  # the lock went with the process
+
+
+def test_the_terminal_bars_show_episodes_played_and_stop_when_their_phase_ends() -> None:
+    """The rich display shows what the log does: the episodes played and the step reached, an
+    ETA from the episodes done; a phase's bar stops at its end and takes no more updates."""
+    from rich.console import Console
+
+    from arena.console import RichReporter, bars
+
+    console = Console(file=io.StringIO(), force_terminal=True, width=200)
+    with bars(console) as progress:
+        reporter = RichReporter(progress)
+        reporter.phase("learn", 2, 0)
+        reporter.phase_end("learn")
+        (learn,) = progress.tasks
+        assert learn.stop_time is not None
+        reporter.episode(episode("learn", success=True))  # a straggler: ignored
+        assert learn.completed == 0
+        reporter.phase("evaluate", 2, 0)
+        reporter.plan_task_start("evaluate")
+        for _ in range(2):  # a helper episode, then the task's own
+            reporter.play_start("evaluate", 30)
+            reporter.play_step("evaluate", 14)
+            reporter.play_end("evaluate")
+        evaluate = progress.tasks[1]
+        assert evaluate.fields["success"] == "2 episodes played"
+        reporter.plan_task_start("evaluate")
+        reporter.play_start("evaluate", 30)
+        reporter.play_step("evaluate", 3)
+        assert evaluate.fields["success"] == "2 episodes played; playing step 3/30"
+        assert evaluate.fields["eta"]  # 2 episodes per task, 2 done, 2 to go
+        reporter.play_end("evaluate")
+        reporter.phase_end("evaluate")
+        assert evaluate.stop_time is not None and evaluate.fields["eta"] == ""

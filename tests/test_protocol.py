@@ -386,3 +386,61 @@ def test_a_choice_key_outside_its_choices_is_refused_before_the_run_exists(plugi
     with pytest.raises(ValueError, match=f"{override.split('=')[0]}=.* is not one of"):
         protocol.prepare("base", overrides=fast + [override], out=tmp_path / "r", plugins=plugins)
     assert not (tmp_path / "r").exists()
+
+
+class HelperPlayer:
+    """Plays two helper episodes of each test task before its own, as Evolving-RL does."""
+
+    def __init__(self, run):
+        pass
+
+    @arena.hookimpl
+    def solve(self, run, task, experiences, seed):
+        if run.phase == "evaluate":
+            for helper in ("source", "without_skill"):
+                run.play(task, [], seed=run.current_seed(), variant=helper, policy="standard")
+        return None
+
+
+def expected_spot_checks(plugins, fast, tmp_path, method, monkeypatch) -> tuple[float, int]:
+    """The checks a frozen evaluation expects (the sum of the check chance over its decisions),
+    and the decisions it made."""
+    from arena.core.episodes import EpisodeRunner
+
+    chances: list[float] = []
+    rate = EpisodeRunner.spot_rate
+
+    def recorded(self):
+        chances.append(rate(self))
+        return chances[-1]
+
+    monkeypatch.setattr(EpisodeRunner, "spot_rate", recorded)
+    protocol.run(method, overrides=fast + ["eval.limit=2", "eval.concurrency=1"], out=tmp_path / method,
+                 plugins=plugins)
+    return sum(chances), len(chances)
+
+
+def test_spot_checks_count_the_episodes_a_method_plays_not_only_the_planned_tasks(
+        plugins, fast, tmp_path, monkeypatch):
+    """Issue 43: the rate assumed one episode per planned task, so a method that plays three per
+    task (Evolving-RL) got three times the checks planned, and paid for them in time. Now about
+    the same number of checks either way; the chance of each stays a fresh draw from `secrets`."""
+    register(plugins, helpers=HelperPlayer)
+    single, single_steps = expected_spot_checks(plugins, fast, tmp_path, "base", monkeypatch)
+    helped, helped_steps = expected_spot_checks(plugins, fast, tmp_path, "helpers", monkeypatch)
+    assert helped_steps == 3 * single_steps  # the same episode played three times (greedy)
+    assert single > 0  # about SPOT_CHECKS where episodes take half their step limit, as planned
+    assert helped < 1.5 * single, (helped, single)  # was 3 x: a rate per planned decision
+
+
+def test_a_method_cannot_dilute_the_spot_checks_with_endless_helper_episodes():
+    from arena.core.episodes import MAX_EPISODES_PER_TASK, EpisodePace
+
+    pace = EpisodePace()
+    for _ in range(3):
+        pace.task_begun()
+        for _ in range(50):
+            pace.episode_begun()
+        pace.task_finished()
+    assert pace.episodes_per_task() == 50
+    assert MAX_EPISODES_PER_TASK == 4  # the rate's divisor stops there (EpisodeRunner.spot_rate)

@@ -229,6 +229,11 @@ def auto_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32
 
 
+class ModelNotFoundError(FileNotFoundError, ValueError):
+    """``llm.model`` names no model: a user's error (the CLI prints it as one line), still a
+    FileNotFoundError for code that catches that."""
+
+
 def resolve_model(name: str) -> tuple[Path, str]:
     """The folder and model id of ``"embedded"``, ``"tiny"`` or a local Hugging Face folder."""
     if name == "embedded":
@@ -236,10 +241,13 @@ def resolve_model(name: str) -> tuple[Path, str]:
     if name == "tiny":
         return tiny_model_dir(), TINY_MODEL_ID
     folder = Path(name).expanduser()
+    fix = ("set llm.model to a folder holding a Hugging Face model (config.json and weights), "
+           "or to 'embedded' (the packaged SmolLM2) or 'tiny'")
     if not folder.is_dir():
-        raise FileNotFoundError(
-            f"llm.model={name!r} is neither 'embedded', 'tiny' nor a local model folder"
-        )
+        raise ModelNotFoundError(
+            f"llm.model={name!r} is neither 'embedded', 'tiny' nor a local model folder: {fix}.")
+    if not (folder / "config.json").is_file():
+        raise ModelNotFoundError(f"llm.model={name!r} is a folder without a model's config.json: {fix}.")
     return folder, folder.name
 
 

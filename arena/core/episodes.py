@@ -90,6 +90,53 @@ def run_in_threads(work: Callable[[T], R], items: list[T], *, workers: int, llm:
         pool.shutdown(wait=True, cancel_futures=True)
 
 
+#: The variant of the episode that is a task's result (a method's helper episodes take others).
+PRIMARY: Final = "default"
+#: A task's helper episodes lower the spot checks' rate per decision up to this many episodes
+#: per task; a method playing more is checked proportionally more (its primary episodes keep
+#: about SPOT_CHECKS / MAX_EPISODES_PER_TASK expected checks however many helpers it plays).
+MAX_EPISODES_PER_TASK: Final = 4
+
+
+class EpisodePace:
+    """How many episodes a task of the evaluation takes: counted per thread from the harness's
+    ``task_begun`` to the task's recorded result, each task being played on one thread (with the
+    helper episodes its ``solve`` plays). Thread-safe."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self.tasks_begun = self.episodes_begun = 0
+        self.finished_tasks = self.finished_episodes = 0
+
+    def task_begun(self) -> None:
+        self._local.episodes = 0
+        with self._lock:
+            self.tasks_begun += 1
+
+    def episode_begun(self) -> None:
+        if getattr(self._local, "episodes", None) is not None:
+            self._local.episodes += 1
+        with self._lock:
+            self.episodes_begun += 1
+
+    def task_finished(self) -> None:
+        episodes = getattr(self._local, "episodes", None)
+        self._local.episodes = None
+        if episodes is not None:
+            with self._lock:
+                self.finished_tasks += 1
+                self.finished_episodes += episodes
+
+    def episodes_per_task(self) -> float:
+        """As many as the finished tasks took, at least as many as those begun have begun so
+        far, at least one."""
+        with self._lock:
+            finished = self.finished_episodes / self.finished_tasks if self.finished_tasks else 0.0
+            begun = self.episodes_begun / self.tasks_begun if self.tasks_begun else 0.0
+        return max(1.0, finished, begun)
+
+
 class EpisodeRunner:
     """Plays, verifies and records the run's episodes under the phase's rules."""
 
@@ -113,7 +160,9 @@ class EpisodeRunner:
         self._journaled: dict[tuple, Trajectory] = {}  # a killed step's episode, to finish it
         self._sealed: set[str] = set()  # seals of the episodes the harness played (evaluation)
         self._spot_check: Callable[[], None] | None = None
-        self._spot_rate = 0.0
+        self._spot_checks = 0  # about how many decisions of the evaluation are checked
+        self._spot_steps = 1  # the decisions planned: its tasks x half their step limit
+        self._pace = EpisodePace()
         self._local = threading.local()
         self._lock = threading.Lock()
 
@@ -187,6 +236,8 @@ class EpisodeRunner:
         self._run_dir.record(result, trajectory)
         if phase == LEARN:
             self._budget.charge(episodes=1, env_steps=result.steps)
+        elif variant == PRIMARY:
+            self._pace.task_finished()
         self._on_episode(result)
         try:
             self._hooks.episode_end(run=self._run, result=result, trajectory=trajectory)
@@ -335,28 +386,50 @@ class EpisodeRunner:
             episode = self._env.open(task)
             if start is not None:
                 start(episode)
-            return play(episode, policy, max_steps=limit, max_invalid_actions=invalid,
-                        experience_ids=ids)
+            return self._shown(lambda shown: play(episode, shown(policy), max_steps=limit,
+                                                  max_invalid_actions=invalid, experience_ids=ids),
+                               limit)
         if start is not None:
             raise self._violations.refusal(
                 f"Method '{self._method}' passed a policy that reads its episode (start) at "
                 f"evaluation on {task.task_id}; such policies (experts, demonstrations) are for "
                 "learning only.")
         derived = self._derived_experiences(task, experiences)
-        spot_check, rate = self._spot_check, self._spot_rate
+        spot_check = self._spot_check
+        self._pace.episode_begun()
 
         def checked(observation: Any, trajectory: Trajectory) -> Any:
-            if spot_check is not None and secrets.randbelow(1_000_000) < rate * 1_000_000:
+            if spot_check is not None and secrets.randbelow(1_000_000) < self.spot_rate() * 1_000_000:
                 spot_check()
             return policy(observation, trajectory)
 
-        trajectory = play(self._env.open(self._gate.full_task(task)),
-                          checked if spot_check is not None else policy,
-                          max_steps=limit, max_invalid_actions=invalid, experience_ids=ids)
+        trajectory = self._shown(
+            lambda shown: play(self._env.open(self._gate.full_task(task)),
+                               shown(checked if spot_check is not None else policy),
+                               max_steps=limit, max_invalid_actions=invalid, experience_ids=ids),
+            limit)
         trajectory.task = task  # the method's copy: no payload in what it gets back or in records
         trajectory.derived_experience_ids = derived
         self._seal(trajectory)
         return trajectory
+
+    def _shown(self, played: Callable[[Callable[[Policy], Policy]], Trajectory], limit: int) -> Trajectory:
+        """``played(shown)``, an episode whose policy ``shown`` wraps, reported to the progress
+        display as it starts, at each step and when it ends (every episode played, a method's
+        helper episodes too: a count of the plan's tasks alone stands still meanwhile)."""
+        reporter, phase = self._services.reporter, self._phases.phase
+
+        def shown(policy: Policy) -> Policy:
+            def step(observation: Any, trajectory: Trajectory) -> Any:
+                reporter.play_step(phase, len(trajectory.steps) + 1)
+                return policy(observation, trajectory)
+            return step
+
+        reporter.play_start(phase, limit)
+        try:
+            return played(shown)
+        finally:
+            reporter.play_end(phase)
 
     # -- evaluation: set up by the harness ------------------------------------------------------
 
@@ -365,13 +438,33 @@ class EpisodeRunner:
                          steps: int = 1) -> None:
         """Enter evaluation (the harness's call, with its key): ``tasks`` are the test tasks
         with their payloads (methods get them without); ``spot_check`` runs before about
-        ``spot_checks`` of the evaluation's ``steps`` decisions, chosen at random, so a method
-        cannot tell when its state is looked at."""
+        ``spot_checks`` of the evaluation's decisions, chosen at random (``secrets``), so a
+        method cannot tell when its state is looked at. ``steps``: the decisions planned for
+        its tasks, one episode each; :meth:`spot_rate` scales them by the episodes a task
+        actually takes."""
         self._phases.authorise(key, "start the evaluation")
         self._phases.advance(EVALUATE, key=key)
         self._gate.open_evaluation(list(tasks))
         self._spot_check = spot_check
-        self._spot_rate = min(1.0, spot_checks / max(1, steps)) if spot_check else 0.0
+        self._spot_checks, self._spot_steps = (spot_checks, max(1, steps)) if spot_check else (0, 1)
+
+    def begin_task(self, key: object) -> None:
+        """A task of the evaluation plan begins on this thread (the harness's call): the episodes
+        played on it until its result is recorded are its own (a method's helper episodes too)."""
+        self._phases.authorise(key, "count a task of the evaluation")
+        self._pace.task_begun()
+
+    def spot_rate(self) -> float:
+        """The chance that the next decision of an evaluation episode is checked: about
+        ``spot_checks`` over the evaluation, spread over the steps its tasks take where each
+        task takes as many episodes as the method plays for one (Evolving-RL plays three); so a
+        method's helper episodes neither multiply the checks (and their cost) nor, beyond
+        :data:`MAX_EPISODES_PER_TASK` per task, dilute them. Never zero while checks are on: no
+        stretch of an evaluation goes unchecked."""
+        if not self._spot_checks:
+            return 0.0
+        per_task = min(self._pace.episodes_per_task(), MAX_EPISODES_PER_TASK)
+        return min(1.0, self._spot_checks / (self._spot_steps * per_task))
 
     # -- what is credited: episodes the harness played, or that replay exactly ---------------
 

@@ -40,7 +40,7 @@ from arena.core.executors import build_environment
 from arena.core.llm import LLMBackend
 from arena.core.phase import EVALUATE, LEARN
 from arena.core.plugins import Plugins, get_plugins, new_plugin_manager
-from arena.core.progress import NullReporter, Reporter
+from arena.core.progress import Reporter, complete
 from arena.core.results import SCHEMA_VERSION
 from arena.core.results import validate as validate_results
 from arena.core.rundir import RunDir, RunDirError, RunLock, new_run_dir
@@ -189,7 +189,7 @@ class Session:
         self.cfg = prepared.cfg
         self.run_dir = prepared.run_dir
         self.resumed = prepared.resumed
-        self.reporter = reporter or NullReporter()
+        self.reporter = complete(reporter)
         cfg = self.cfg
         self._usage_lock = threading.Lock()
         self._frozen_digests: dict[str, str] | None = None  # set when evaluation starts
@@ -372,6 +372,8 @@ class Session:
             pass  # the harness stopped the method's learning; evaluation follows as usual
         except ProtocolViolation:
             pass  # already in ctx.violations: the run goes on and is reported invalid
+        finally:
+            self.reporter.phase_end(LEARN)  # its line stops (a reporter ignores a phase not shown)
         budget.refresh()
         self._save_phase_cost(LEARN)
         # One write: a session killed between "learning is over" and "this is the state that
@@ -405,11 +407,14 @@ class Session:
         todo = [(task, seed) for task, seed in plan if ctx.finished(task, seed) is None]
         self._start_phase(EVALUATE)
         self.reporter.phase(EVALUATE, len(plan), len(plan) - len(todo))
-        if ctx.track == "online":
-            for task, seed in todo:
-                self._online_episode(task, seed)
-        else:
-            self._run_concurrently(todo, self._frozen_episode)
+        try:
+            if ctx.track == "online":
+                for task, seed in todo:
+                    self._online_episode(task, seed)
+            else:
+                self._run_concurrently(todo, self._frozen_episode)
+        finally:
+            self.reporter.phase_end(EVALUATE)
         self._save_phase_cost(EVALUATE)
         digest_after = self.state_digest()
         if ctx.track == "frozen" and digest_after != state["digest_before_eval"]:
@@ -461,6 +466,8 @@ class Session:
                               error=f"retrieve failed: {type(exc).__name__}: {exc}")
 
     def _frozen_episode(self, task: Task, seed: int) -> None:
+        self.ctx.episodes.begin_task(self._key)
+        self.reporter.plan_task_start(EVALUATE)
         task = public_task(task)
         experiences = self._retrieve(task)
         if isinstance(experiences, Trajectory):
@@ -469,6 +476,8 @@ class Session:
         self.ctx.episodes.play(task, experiences, seed=seed)
 
     def _online_episode(self, task: Task, seed: int) -> None:
+        self.ctx.episodes.begin_task(self._key)
+        self.reporter.plan_task_start(EVALUATE)
         task = public_task(task)
         experiences = self._retrieve(task)
         if isinstance(experiences, Trajectory):

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from arena.core.errors import NotTrainable
 from arena.core.llm import LLMBackend, TrainableBackend, WrappingBackend
-from arena.core.progress import NullReporter, ProgressTask, Reporter
+from arena.core.progress import ProgressTask, Reporter, complete
 
 if TYPE_CHECKING:
     from arena.core.embedder import Embedder
@@ -62,7 +62,7 @@ class Services:
         self._before_store_write = before_store_write
         self._frozen = frozen
         self._make_backend = make_backend
-        self._reporter: Reporter = reporter or NullReporter()
+        self._reporter: Reporter = complete(reporter)
         self._auxiliary: list[LLMBackend] = []
         self._embedder: Embedder | None = None
         self._store: GuardedStore | None = None
@@ -103,6 +103,11 @@ class Services:
 
     def progress(self, label: str, total: int | None = None) -> ProgressTask:
         return ProgressTask(self._reporter, label, total)
+
+    @property
+    def reporter(self) -> Reporter:
+        """The harness's progress display (it reports every episode played, step by step)."""
+        return self._reporter
 
     # -- models ------------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -296,18 +297,24 @@ def board_json(tables: list[Table]) -> dict[str, Any]:
 
 
 def write_board(tables: list[Table], out: Path | str) -> list[Path]:
-    """Write README.md, index.html, leaderboard.json and plots/*.png into ``out``."""
+    """Write README.md, index.html, leaderboard.json and plots/*.png into ``out``.
+
+    Everything is rendered before anything is written, and each file is replaced whole (written
+    next to it, then renamed), so a folder that cannot be written keeps the board it had.
+    """
     out = Path(out)
-    (out / "plots").mkdir(parents=True, exist_ok=True)
     plots = {table.env: table_plots(table) for table in tables}
-    written = []
-    for env_plots in plots.values():
-        for plot in env_plots:
-            path = out / "plots" / f"{plot.name}.png"
-            path.write_bytes(plot.png)
-            written.append(path)
+    files: list[tuple[Path, bytes]] = [
+        (out / "plots" / f"{plot.name}.png", plot.png) for env_plots in plots.values() for plot in env_plots]
     for name, text in (("README.md", markdown(tables, plots)), ("index.html", html_page(tables, plots)),
                        ("leaderboard.json", json.dumps(board_json(tables), indent=2) + "\n")):
-        (out / name).write_text(text)
-        written.append(out / name)
-    return written
+        files.append((out / name, text.encode()))
+    (out / "plots").mkdir(parents=True, exist_ok=True)
+    for path, data in files:
+        partial = path.with_name(f".{path.name}.partial")
+        try:
+            partial.write_bytes(data)
+            os.replace(partial, path)
+        finally:
+            partial.unlink(missing_ok=True)
+    return [path for path, _ in files]
