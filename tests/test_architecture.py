@@ -154,3 +154,20 @@ def test_a_plugin_keeps_to_the_run_context(path: Path) -> None:
 def test_nothing_unwraps_the_run_s_backend_anywhere() -> None:
     for path in sorted((ROOT / "arena").rglob("*.py")):
         assert 'getattr(run.llm, "inner"' not in path.read_text(), path
+
+
+#: A hand cast of config (``int(run.cfg.learn.seed)``, ``float(self.cfg.k)``): settings come typed
+#: (``arena.typed_config``) and harness values as typed ``run`` members (``run.learn_seed``).
+CONFIG_CAST = re.compile(r"\b(?:int|float|str|bool)\(\s*[\w.]*\bcfg\b[\w.\[\]\"']*\s*\)")
+
+
+@pytest.mark.parametrize("path", [*PLUGIN_FILES, *THIRD_PARTY_FILES], ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_plugin_casts_no_config(path: Path) -> None:
+    found = CONFIG_CAST.findall(path.read_text())
+    assert not found, f"{path.relative_to(ROOT)} casts config by hand: {found}"
+
+
+def test_the_config_cast_check_finds_one() -> None:
+    assert CONFIG_CAST.findall("seed = int(run.cfg.learn.seed)") == ["int(run.cfg.learn.seed)"]
+    assert CONFIG_CAST.findall("k=float(self.cfg.min_similarity)") == ["float(self.cfg.min_similarity)"]
+    assert not CONFIG_CAST.findall("k = run.learn_seed")

@@ -49,3 +49,20 @@ def test_committed_board_rebuilds_from_its_committed_runs(board: str) -> None:
     committed = json.loads((folder / "leaderboard.json").read_text())
     rebuilt = board_json(build_tables(load_runs(runs)))
     assert without_clocks(json.loads(json.dumps(rebuilt))) == without_clocks(committed)
+
+
+@pytest.mark.parametrize("board", sorted(p.name for p in BOARDS.iterdir() if (p / "base").is_dir()))
+def test_a_board_on_a_warm_start_commits_its_base_and_every_run_names_it(board: str) -> None:
+    """The committed base/ loads (its adapter matches its manifest), is small enough to carry,
+    and is the very base every run of the board served (docs/warmstart.md)."""
+    from arena.warmstart.build import load
+
+    base = load(BOARDS / board / "base")
+    size = sum(path.stat().st_size for path in (BOARDS / board / "base").rglob("*") if path.is_file())
+    assert size <= 25 * 2**20, f"{board}/base is {size / 2**20:.1f} MB; a board carries at most 25 MB"
+    for run in board_runs(BOARDS / board):
+        results = json.loads((run / "results.json").read_text())
+        warm = results["provenance"]["model"].get("warmstart")
+        assert warm is not None, f"{run.name} ran without the board's warm start"
+        assert warm["adapter_sha256"] == base.manifest["adapter_sha256"], run.name
+        assert warm["recipe_sha256"] == base.manifest["recipe_sha256"], run.name

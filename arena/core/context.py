@@ -161,6 +161,22 @@ class RunContext:
         derive from it (the evaluation's seeds are the harness's, ``run.seeds``)."""
         return int(self.cfg.learn.seed)
 
+    @property
+    def learn_split(self) -> str:
+        """The split the learning phase draws tasks from (``learn.split``: train or valid)."""
+        return str(self.cfg.learn.split)
+
+    @property
+    def concurrency(self) -> int:
+        """Episodes the harness plays side by side (``eval.concurrency``): a method's own
+        parallel episodes should use as many."""
+        return int(self.cfg.eval.concurrency)
+
+    @property
+    def env_name(self) -> str:
+        """The registered name of the run's environment (``env.name``)."""
+        return str(self.cfg.env.name)
+
     def learning_finished(self) -> bool:
         """Whether this run's learning phase is over (a method resumed for evaluation serves
         its learned state from its constructor)."""

@@ -213,7 +213,7 @@ class ExpeL:
     def train_tasks(self, run: Run) -> list[Task]:
         """``train_tasks`` tasks of the learn split, shuffled by the learn seed and balanced over
         task types (all of them when null)."""
-        tasks = list(run.tasks(str(run.cfg.learn.split)))
+        tasks = list(run.tasks(run.learn_split))
         random.Random(run.learn_seed).shuffle(tasks)
         return select_tasks(tasks, self.cfg.train_tasks)
 
@@ -398,7 +398,7 @@ class ExpeL:
 
     def _sync_insights(self, run: Run, book: InsightBook) -> None:
         """Make the store's insights exactly the book's (idempotent, so safe to repeat on resume)."""
-        split = str(run.cfg.learn.split)
+        split = run.learn_split
         wanted = [
             Experience(kind=INSIGHT, text=insight.text, provenance=Provenance(tuple(insight.sources), split),
                        metadata={"weight": insight.weight, "rank": rank}, experience_id=insight.insight_id)

@@ -104,7 +104,7 @@ def rank_candidates(
 
 
 def reward_of(trajectory: Trajectory, cfg: MemRLSettings) -> float:
-    return float(cfg.success_reward if trajectory.success else cfg.failure_reward)
+    return cfg.success_reward if trajectory.success else cfg.failure_reward
 
 
 class MemRL:
@@ -251,7 +251,7 @@ class MemRL:
         k2 = self.cfg.k2
         epsilon = self.cfg.epsilon
         if candidates and epsilon > 0 and run.phase == LEARN:
-            rng = random.Random(f"{run.cfg.learn.seed}|{task.task_id}|{run.store.count()}")
+            rng = random.Random(f"{run.learn_seed}|{task.task_id}|{run.store.count()}")
             if rng.random() < epsilon:
                 return [c.memory for c in rng.sample(candidates, min(k2, len(candidates)))]
         ranked = rank_candidates(

@@ -244,7 +244,7 @@ class SkillRL:
             run.record(trajectory, seed=request.seed, variant=request.variant)
             return trajectory
 
-        return run_in_threads(one, list(requests), workers=int(run.cfg.eval.concurrency), llm=run.llm)
+        return run_in_threads(one, list(requests), workers=run.concurrency, llm=run.llm)
 
     def _demo_path(self, task: Task) -> Path:
         """Task ids hold slashes; the file name is a digest of the id."""
@@ -285,7 +285,7 @@ class SkillRL:
 
     def train_tasks(self, run: Run, count: int | None, salt: int) -> list[Task]:
         """``count`` train tasks, shuffled by the learn seed and balanced over task types."""
-        tasks = list(run.tasks(str(run.cfg.learn.split)))
+        tasks = list(run.tasks(run.learn_split))
         random.Random(run.learn_seed * 7_919 + salt).shuffle(tasks)
         return select_tasks(tasks, count)
 
@@ -304,7 +304,7 @@ class SkillRL:
         """Per-trajectory skills (successes) and mistakes (failures), then general skills."""
         cfg, teacher = self.cfg.distill, self.teacher(run)
         trajectories = self._collected(run)
-        split = str(run.cfg.learn.split)
+        split = run.learn_split
         bank = self.bank(state)
         seed = run.learn_seed * 1_000_003
         answers = teacher.ask([trajectory_prompt(t, teacher.transcript_chars, run.env.instructions)
@@ -391,7 +391,7 @@ class SkillRL:
         act = None if mode == "expert" else self._policy(run, self.teacher(run).backend, task,
                                                          experiences, seed)
         return DemonstrationPolicy(act, self._solver(run, run.llm).prompts(task, experiences),
-                                   env_name=str(run.cfg.env.name))
+                                   env_name=run.env_name)
 
     # -- GRPO and evolution ----------------------------------------------------------------------
 
@@ -399,7 +399,7 @@ class SkillRL:
         cfg = self.cfg.rl
         steps = cfg.steps
         every = self.cfg.evolution.every
-        train = list(run.tasks(str(run.cfg.learn.split)))
+        train = list(run.tasks(run.learn_split))
         trainer = self.trainer(run) if steps > 0 else None
         with run.progress("skillrl: RL steps", total=steps) as shown:
             shown.update(int(state["steps_done"]))

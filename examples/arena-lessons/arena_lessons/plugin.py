@@ -8,6 +8,7 @@ kept (``update``), how they are found (``retrieve``), and its size for results.j
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,16 @@ import arena
 from arena import LEARN, Experience, Provenance, Run, SamplingParams, Task, Termination, Trajectory
 
 LESSON = "lesson"
+
+
+@dataclass
+class LessonsSettings:
+    """The ``method`` section (config.yaml holds the defaults and says why each)."""
+
+    k: int
+    min_similarity: float
+    transcript_steps: int
+    max_new_tokens: int
 
 
 def lesson_prompt(trajectory: Trajectory, steps: int) -> list[dict[str, str]]:
@@ -34,8 +45,8 @@ class Lessons:
     """Lessons in Arena's experience store, indexed by the goal they were learned on."""
 
     def __init__(self, run: Run) -> None:
-        self.cfg = run.cfg.method
-        if int(self.cfg.k) < 1:
+        self.cfg = arena.typed_config(run.cfg.method, LessonsSettings)
+        if self.cfg.k < 1:
             raise ValueError(f"method.k must be >= 1, got {self.cfg.k}")
 
     @arena.hookimpl
@@ -44,8 +55,8 @@ class Lessons:
         usable = [t for t in trajectories if t.status is not Termination.ERROR and t.steps]
         if not usable:
             return []
-        params = SamplingParams(max_new_tokens=int(self.cfg.max_new_tokens))
-        steps = int(self.cfg.transcript_steps)
+        params = SamplingParams(max_new_tokens=self.cfg.max_new_tokens)
+        steps = self.cfg.transcript_steps
         generations = run.llm.generate([lesson_prompt(t, steps) for t in usable], params)
         return [
             Experience(
@@ -70,8 +81,8 @@ class Lessons:
         if not run.has_store():
             return []
         found = run.store.query(
-            task.goal, k=int(self.cfg.k), kind=LESSON, task_type=task.task_type,
-            min_similarity=float(self.cfg.min_similarity),
+            task.goal, k=self.cfg.k, kind=LESSON, task_type=task.task_type,
+            min_similarity=self.cfg.min_similarity,
             exclude_source_tasks=[task.task_id] if run.phase == LEARN else None,
         )
         return [lesson for lesson, _ in found]
