@@ -71,7 +71,41 @@ def bars(console: Any) -> Progress:
     )
 
 
-class RichReporter:
+class _EpisodeProgress:
+    """The episode and step callbacks both reporters share: each updates the phase's tally under
+    the lock, then the reporter shows it its own way (``_refresh``)."""
+
+    phases: dict[str, PhaseTally]
+    _lock: threading.Lock
+
+    def _refresh(self, phase: str) -> None:
+        raise NotImplementedError
+
+    def plan_task_start(self, phase: str) -> None:
+        with self._lock:
+            if phase in self.phases:
+                self.phases[phase].plan_task_start()
+
+    def play_start(self, phase: str, max_steps: int) -> None:
+        with self._lock:
+            if phase in self.phases:
+                self.phases[phase].play_start(max_steps)
+                self._refresh(phase)
+
+    def play_step(self, phase: str, step: int) -> None:
+        with self._lock:
+            if phase in self.phases:
+                self.phases[phase].play_step(step)
+                self._refresh(phase)
+
+    def play_end(self, phase: str) -> None:
+        with self._lock:
+            if phase in self.phases:
+                self.phases[phase].play_end()
+                self._refresh(phase)
+
+
+class RichReporter(_EpisodeProgress):
     """Progress bars: one per phase, with its count (tasks at evaluation), the episodes played and
     the steps of those in play, success so far and an ETA from the episodes played; one per step
     a method reports while it lasts. A phase's bar stops when the phase ends."""
@@ -82,6 +116,9 @@ class RichReporter:
         self.phases: dict[str, PhaseTally] = {}
         self.counts: dict[str, int] = {}
         self._lock = threading.Lock()
+
+    def _refresh(self, phase: str) -> None:
+        self._show(phase)
 
     def _show(self, name: str, *, final: bool = False) -> None:
         tally = self.phases[name]
@@ -112,29 +149,6 @@ class RichReporter:
             self.progress.stop_task(self.tasks.pop(name))
             del self.phases[name]
 
-    def plan_task_start(self, phase: str) -> None:
-        with self._lock:
-            if phase in self.phases:
-                self.phases[phase].plan_task_start()
-
-    def play_start(self, phase: str, max_steps: int) -> None:
-        with self._lock:
-            if phase in self.phases:
-                self.phases[phase].play_start(max_steps)
-                self._show(phase)
-
-    def play_step(self, phase: str, step: int) -> None:
-        with self._lock:
-            if phase in self.phases:
-                self.phases[phase].play_step(step)
-                self._show(phase)
-
-    def play_end(self, phase: str) -> None:
-        with self._lock:
-            if phase in self.phases:
-                self.phases[phase].play_end()
-                self._show(phase)
-
     def task_start(self, label: str, total: int | None) -> None:
         with self._lock:
             self.tasks[label] = self.progress.add_task(f"  {label}", total=total, success="")
@@ -163,7 +177,7 @@ class _Line:
         self.note = ""
 
 
-class LineReporter:
+class LineReporter(_EpisodeProgress):
     """Plain lines for logs, one per interval while a phase or step lasts and one when it ends:
     ``09:41:07 evaluate 3/8 (38%) tasks; 9 episodes played; playing step 14/30, 3/30; 4m10s eta
     8m20s; success 33.3%``. A phase that ended writes nothing more."""
@@ -225,6 +239,9 @@ class LineReporter:
             line.printed = now
             self._write(label, self._status(line))
 
+    def _refresh(self, phase: str) -> None:
+        self._maybe_print_phase(phase)
+
     def _maybe_print_phase(self, name: str, force: bool = False) -> None:
         now = time.monotonic()
         if force or now - self.printed[name] >= self.interval_s:
@@ -262,29 +279,6 @@ class LineReporter:
                 return
             tally.result(result.success)
             self._maybe_print_phase(result.phase, force=tally.total is not None and tally.done >= tally.total)
-
-    def plan_task_start(self, phase: str) -> None:
-        with self._lock:
-            if phase in self.phases:
-                self.phases[phase].plan_task_start()
-
-    def play_start(self, phase: str, max_steps: int) -> None:
-        with self._lock:
-            if phase in self.phases:
-                self.phases[phase].play_start(max_steps)
-                self._maybe_print_phase(phase)
-
-    def play_step(self, phase: str, step: int) -> None:
-        with self._lock:
-            if phase in self.phases:
-                self.phases[phase].play_step(step)
-                self._maybe_print_phase(phase)
-
-    def play_end(self, phase: str) -> None:
-        with self._lock:
-            if phase in self.phases:
-                self.phases[phase].play_end()
-                self._maybe_print_phase(phase)
 
     def task_start(self, label: str, total: int | None) -> None:
         with self._lock:

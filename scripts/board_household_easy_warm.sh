@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The household `easy` board on the warm-start base (docs/warmstart.md): every row under the same
+# protocol (full test splits, the environment's step limit, seed 0 unless said), each run into
+# RUNS/<row>, then the board rebuilt from them. Rows already finished are skipped; an interrupted
+# one is resumed. Usage: bash scripts/board_household_easy_warm.sh [ROW ...] (default: all rows).
+# One run at a time: two share 2 cores badly.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNS="${RUNS:-/work/runs/household-easy-warm}"
+BOARD=leaderboards/household-easy-warm
+COMMON=(--env household env.level=easy eval.limit=null llm.dtype=float32)
+mkdir -p "$RUNS"
+
+# The base every run serves: the committed one where it exists, else the recipe (built on first use).
+if [[ -f "$BOARD/base/manifest.json" ]]; then WARM="$BOARD/base"; else WARM=household-easy; fi
+
+run_row() {  # run_row ROW METHOD [ARGS...]
+    local row=$1 method=$2; shift 2
+    local out="$RUNS/$row"
+    if [[ -f "$out/results.json" ]]; then echo "[board] $row: done" >&2; return; fi
+    if [[ -d "$out" ]]; then
+        echo "[board] $row: resuming" >&2
+        arena run --resume "$out"
+    else
+        echo "[board] $row: arena run --method $method ${COMMON[*]} llm.warmstart=$WARM $*" >&2
+        arena run --method "$method" "${COMMON[@]}" "llm.warmstart=$WARM" --out "$out" "$@"
+    fi
+}
+
+rows=("$@")
+if [[ ${#rows[@]} -eq 0 ]]; then
+    rows=(base-seed0 random-seed0 random-seed1 random-seed2 evolving_rl-seed0 grpo-cpu-seed0 rag-seed0
+          expel-seed0 memrl-seed0 skillrl-seed0)
+fi
+for row in "${rows[@]}"; do
+    case "$row" in
+        random-seed*) seed=${row#random-seed}; run_row "$row" random "run.seeds=[$seed]" "learn.seed=$seed" ;;
+        grpo-cpu-seed0) run_row "$row" grpo --preset cpu ;;
+        *-seed0) run_row "$row" "${row%-seed0}" ;;
+        *) echo "unknown row $row" >&2; exit 2 ;;
+    esac
+done
