@@ -201,6 +201,7 @@ def build(recipe: Recipe, model_folder: Path, out: Path, say: Say = _stderr) -> 
     work = out / "work"
     _, metrics = train_sft(model, tokenizer, rows, settings, work, recipe.seed, on_step=on_step)
     os.replace(work / ADAPTER_DIR, out / ADAPTER)
+    (out / ADAPTER / "README.md").unlink(missing_ok=True)  # peft's model-card template, empty
     shutil.rmtree(work, ignore_errors=True)
     OmegaConf.save(OmegaConf.create(recipe.to_dict()), out / RECIPE_FILE)
     import arena
@@ -286,6 +287,7 @@ def copy_to(warm: WarmStart, out: Path) -> Path:
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"{out} exists and is not empty; choose another --out or remove it.")
     shutil.copytree(warm.folder, out, dirs_exist_ok=True)
+    (out / ADAPTER / "README.md").unlink(missing_ok=True)
     config = out / ADAPTER / "adapter_config.json"
     if config.is_file():
         data = json.loads(config.read_text())
