@@ -91,8 +91,14 @@ def adapter_digest(adapter_dir: Path) -> str:
 
 
 def base_weights_digest(model_folder: Path) -> str:
-    """SHA-256 of the base model's weight files as stored (whatever dtype a run serves them in)."""
-    from arena.backends.embedded import file_sha256
+    """The base model's identity, whatever dtype a run serves it in: for the embedded model the
+    SHA-256 of the GGUF it was converted from (the same file on every machine), else the SHA-256
+    of the folder's weight files as stored."""
+    from arena.backends.embedded import file_sha256, read_source
+
+    gguf = read_source(model_folder).get("gguf_sha256")
+    if gguf:
+        return str(gguf)
 
     files = sorted(model_folder.glob("*.safetensors"))
     if not files:
