@@ -293,7 +293,7 @@ def oracle(plugins):
     train tasks ExpeL gathers on (chosen exactly as the method chooses them)."""
     env = plugins.envs.get("household").factory(
         OmegaConf.create({"seed": 0, "n_train": 60, "n_valid": 12, "n_test": 12}))
-    stub_run = types.SimpleNamespace(tasks=env.tasks, learn_seed=0, cfg=OmegaConf.create({"learn": {"split": "train", "seed": 0}}))
+    stub_run = types.SimpleNamespace(tasks=env.tasks, learn_seed=0, learn_split="train", cfg=OmegaConf.create({"learn": {"split": "train", "seed": 0}}))
     stub_method = types.SimpleNamespace(cfg=OmegaConf.create({"train_tasks": 6}))
     chosen = ExpeL.train_tasks(stub_method, stub_run)  # type: ignore[arg-type]
     GROUPS.clear()

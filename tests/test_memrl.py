@@ -65,7 +65,7 @@ def run(plugins):
 
     llm = FakeLLM(reply=reply)
     logged: list[tuple[int, dict]] = []
-    return types.SimpleNamespace(cfg=cfg, store=ExperienceStore(None, HashingEmbedder()), phase=LEARN,
+    return types.SimpleNamespace(cfg=cfg, learn_seed=int(cfg.learn.seed), store=ExperienceStore(None, HashingEmbedder()), phase=LEARN,
                                  track="frozen", llm=llm, prompts=prompts, has_store=lambda: True,
                                  budget=types.SimpleNamespace(used={"episodes": 0}), logged=logged,
                                  env=types.SimpleNamespace(instructions=HOUSEHOLD_INSTRUCTIONS),
