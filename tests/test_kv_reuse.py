@@ -172,3 +172,31 @@ def test_changes_list_the_admissible_actions_once_then_what_changed() -> None:
     assert users[3].endswith("No longer admissible: go to desk 1, take mug 1 from desk 1")
     with pytest.raises(ValueError, match="Unknown solver.admissible_turns 'some'. Choices: full, changes"):
         StandardSolver(object(), admissible_turns="some")  # type: ignore[arg-type]
+
+
+def test_an_auto_cache_bound_weighs_what_the_weights_weigh() -> None:
+    """``llm.prefix_cache_tokens=auto``: positions whose keys and values weigh the model's weights,
+    in either dtype; a number is kept; anything else is refused with what to set."""
+    import torch
+
+    from arena.backends.transformers_backend import (
+        MIN_CACHE_TOKENS,
+        TransformersBackend,
+        kv_bytes_per_token,
+        resolve_cache_tokens,
+    )
+
+    backend = TransformersBackend({"model": "tiny", "dtype": "float32"})
+    model = backend.model
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    per_token = kv_bytes_per_token(model)
+    config = model.config
+    assert per_token == 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4
+    assert backend.prefix_cache_tokens == max(MIN_CACHE_TOKENS, weights // per_token)
+    assert backend.prefix_cache_tokens * per_token <= max(weights, MIN_CACHE_TOKENS * per_token)
+    half = TransformersBackend({"model": "tiny", "dtype": "bfloat16"})
+    assert next(half.model.parameters()).dtype == torch.bfloat16
+    assert abs(half.prefix_cache_tokens - backend.prefix_cache_tokens) <= 1  # both halve together
+    assert resolve_cache_tokens(600, model) == 600
+    with pytest.raises(ValueError, match="auto or a number of tokens"):
+        resolve_cache_tokens("lots", model)

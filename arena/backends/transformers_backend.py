@@ -81,7 +81,7 @@ class TransformersConfig:
     device: str = "cpu"
     prefix_cache: bool | str = "auto"
     prefix_cache_entries: int = 32
-    prefix_cache_tokens: int = 65536
+    prefix_cache_tokens: int | str = "auto"
     warmstart: str | None = None
 
     @classmethod
@@ -234,6 +234,32 @@ class ModelNotFoundError(FileNotFoundError, ValueError):
     FileNotFoundError for code that catches that."""
 
 
+#: The fewest positions an ``auto`` prefix cache holds: a few prompts of a small model.
+MIN_CACHE_TOKENS = 2048
+
+
+def kv_bytes_per_token(model: Any) -> int:
+    """Bytes of keys and values one prompt position holds across the model's layers."""
+    config = model.config
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    element = next(model.parameters()).element_size()
+    return 2 * int(config.num_hidden_layers) * int(heads) * int(head_dim) * element
+
+
+def resolve_cache_tokens(setting: int | str, model: Any) -> int:
+    """``llm.prefix_cache_tokens``: a number as given, or ``auto``: the positions whose keys and
+    values weigh what the weights do (SmolLM2-135M: about 11,700 in either dtype, 0.5 GB in
+    float32), so the cache grows with the model, not past it (it was a fixed 65,536: 3 GB of
+    float32 states for a 0.5 GB model)."""
+    if setting != "auto":
+        if not isinstance(setting, int) or isinstance(setting, bool) or setting < 0:
+            raise ValueError(f"llm.prefix_cache_tokens must be auto or a number of tokens >= 0: {setting!r}")
+        return setting
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    return max(MIN_CACHE_TOKENS, weights // kv_bytes_per_token(model))
+
+
 def resolve_model(name: str) -> tuple[Path, str]:
     """The folder and model id of ``"embedded"``, ``"tiny"`` or a local Hugging Face folder."""
     if name == "embedded":
@@ -298,8 +324,11 @@ class TransformersBackend(LLMBackend):
             raise ValueError(f"llm.prefix_cache must be auto, true or false: {prefix_cache!r}")
         if prefix_cache == "auto":
             prefix_cache = self.device.type == "cpu"
+        #: Prompt positions the prefix cache may hold (``llm.prefix_cache_tokens``; auto: as many
+        #: as weigh what the model's weights weigh).
+        self.prefix_cache_tokens = resolve_cache_tokens(self.config.prefix_cache_tokens, self.model)
         self._prefix_cache = (
-            _PrefixCache(self.config.prefix_cache_entries, self.config.prefix_cache_tokens)
+            _PrefixCache(self.config.prefix_cache_entries, self.prefix_cache_tokens)
             if prefix_cache
             else None
         )
