@@ -219,6 +219,104 @@ def test_fidelity_defaults_match_the_configs() -> None:
     assert not wrong, "docs/fidelity.md is out of step with the configs:\n" + "\n".join(wrong)
 
 
+AUTHORS_TABLE = DOCS / "fidelity_authors.yaml"
+#: ``owner/repo@commit path:line`` (or the paper, named as such): where an authors' value is read.
+SOURCE = re.compile(r"^([\w.-]+/[\w.-]+@[0-9a-f]{7,40} \S+:\d+|the [\w-]+ paper's )")
+
+
+def authors_table() -> dict[str, dict[str, dict[str, object]]]:
+    from omegaconf import OmegaConf
+
+    table = OmegaConf.to_container(OmegaConf.load(AUTHORS_TABLE))
+    assert isinstance(table, dict)
+    return table  # type: ignore[return-value]
+
+
+def same_value(actual: object, expected: object) -> bool:
+    if isinstance(expected, float) and not isinstance(expected, bool):
+        return isinstance(actual, (int, float)) and actual == pytest.approx(expected)
+    return actual == expected
+
+
+def paper_preset_problems(table: dict[str, dict[str, dict[str, object]]],
+                          page: list[tuple[str, str | None, str, str]]) -> list[str]:
+    """Every way the composed ``--preset paper`` configs, the authors' table and
+    docs/fidelity.md disagree (empty when they agree)."""
+    import ast
+
+    from omegaconf import OmegaConf
+
+    from arena.core.config import compose
+    from arena.core.plugins import Plugins
+
+    plugins = Plugins()
+    plugins.load_defaults()
+    stated: dict[tuple[str, str], dict[str | None, object]] = {}
+    for method, preset, key, written in page:
+        try:
+            value = ast.literal_eval(written)
+        except (ValueError, SyntaxError):
+            value = written
+        stated.setdefault((method, key), {})[preset] = value
+    problems = []
+    for method, rows in table.items():
+        paper = compose(plugins, method, preset="paper")
+        for key, row in rows.items():
+            if not SOURCE.match(str(row.get("source", ""))):
+                problems.append(f"{method} {key}: no source (repository@commit path:line)")
+            if "paper" in row and not row.get("why"):
+                problems.append(f"{method} {key}: a deviation from the authors needs its `why`")
+            expected = row["paper"] if "paper" in row else row["authors"]
+            actual = OmegaConf.select(paper, key, default="<missing>")
+            if not same_value(actual, expected):
+                problems.append(
+                    f"{method} --preset paper: {key} is {actual!r}, the authors' is "
+                    f"{row['authors']!r} ({row['source']})"
+                    + (f", declared {expected!r}" if "paper" in row else "")
+                    + "; restore it, or declare the deviation (paper:, why:) in "
+                    "docs/fidelity_authors.yaml and on docs/fidelity.md")
+            # The page states the same value: as a paper-preset setting, or as the default when
+            # the preset keeps it (a GRPO row may be Evolving-RL's, whose solver rows apply).
+            found = None
+            for section in (method, "evolving_rl") if method == "grpo" else (method,):
+                written = stated.get((section, key), {})
+                if "paper" in written or None in written:
+                    found = written.get("paper", written.get(None))
+                    break
+            else:
+                problems.append(f"docs/fidelity.md's {method} section states no value of {key} "
+                                f"(`paper: {key} = ...` or `{key} = ...`)")
+                continue
+            if not same_value(found, expected):
+                problems.append(f"docs/fidelity.md's {method} section says {key} = {found!r} for the "
+                                f"paper preset; docs/fidelity_authors.yaml says {expected!r}")
+    return problems
+
+
+def test_paper_presets_carry_the_authors_values() -> None:
+    """Each method's composed ``--preset paper`` config holds the authors' value of every key of
+    docs/fidelity_authors.yaml (or its declared deviation), each with its source, and
+    docs/fidelity.md states the same values; a changed preset, table or page fails here."""
+    table = authors_table()
+    assert set(table) >= {"evolving_rl", "grpo", "skillrl"}
+    assert sum(len(rows) for rows in table.values()) >= 60
+    problems = paper_preset_problems(table, fidelity_settings())
+    assert not problems, "\n".join(problems)
+
+
+def test_the_paper_check_catches_a_changed_value() -> None:
+    """The check above fails on a paper value changed away from the authors' (here in the table,
+    the same comparison a changed preset meets) and on a page that says something else."""
+    table = authors_table()
+    page = fidelity_settings()
+    changed = {method: {key: dict(row) for key, row in rows.items()} for method, rows in table.items()}
+    changed["evolving_rl"]["llm.max_context"]["authors"] = 8192
+    assert any("llm.max_context is 16384" in p for p in paper_preset_problems(changed, page))
+    wrong_page = [(m, p, k, "8192" if (m, p, k) == ("evolving_rl", "paper", "llm.max_context") else v)
+                  for m, p, k, v in page]
+    assert any("says llm.max_context = 8192" in p for p in paper_preset_problems(table, wrong_page))
+
+
 ROOT = DOCS.parent
 README = ROOT / "README.md"
 #: The pages a newcomer is sent to from the README.

@@ -332,15 +332,21 @@ def test_extractor_reply_prefix_is_prompt_and_part_of_the_card():
             return [Generation(body, [5, 6], [-0.1, -0.2], 10, 2, [1, 2, 3]) for _ in prompts]
 
     method = object.__new__(evolving.EvolvingRL)
-    method.cfg = OmegaConf.create({"extractor_reply_prefix": '{"name": "', "extractor_max_tokens": 8})
+    method.cfg = OmegaConf.create({"extractor_reply_prefix": '{"name": "', "extractor_max_tokens": 8,
+                                     "extractor_steps_shown": 30})
     run = SimpleNamespace(llm=Stub(), env=SimpleNamespace(instructions=HOUSEHOLD_INSTRUCTIONS))
     (candidate,) = method.extract(run, [fake_episode("t1", won=True)], 1, seed=0, params=SamplingParams())
     assert seen[0][-1] == {"role": "assistant", "content": '{"name": "'}
     assert candidate.usable and candidate.card.name == "Find then place"
     assert candidate.token_ids == [5, 6]  # only generated tokens are trained on
-    method.cfg = OmegaConf.create({"extractor_reply_prefix": None, "extractor_max_tokens": 8})
-    (candidate,) = method.extract(run, [fake_episode("t1", won=True)], 1, seed=0, params=SamplingParams())
+    method.cfg = OmegaConf.create({"extractor_reply_prefix": None, "extractor_max_tokens": 8,
+                                   "extractor_steps_shown": None})
+    (candidate,) = method.extract(run, [fake_episode("t1", won=True, steps=40)], 1, seed=0,
+                                  params=SamplingParams())
     assert seen[-1][-1]["role"] == "user" and candidate.card is None  # body alone is not JSON
+    # extractor_steps_shown: null shows the whole episode (the authors'), 30 its last 30 steps
+    assert seen[-1][-1]["content"].count("> look") == 40
+    assert seen[0][-2]["content"].count("> look") == 2
 
 
 @pytest.mark.parametrize("pool", ["train", "all_types"])
@@ -363,3 +369,33 @@ def test_the_test_time_source_comes_from_the_protocols_source_pool(plugins, tmp_
         else:
             assert source["split"] == "train"
     assert results["protocol"]["source_pool"] == pool and results["valid"] is True
+
+
+def test_a_cut_episode_split_into_decisions_is_counted_not_silent():
+    """With one sample per episode asked for, an episode whose prompts do not extend each other
+    (a transcript cut to fit llm.max_context) trains one sample per decision: counted and shown."""
+    cut = fake_episode("cut", won=True)  # every step's prompt is [1, 2, 3]: no growing context
+    task = cut.task
+    grown = Trajectory(task=task, initial_observation="start", status=Termination.SUCCESS, steps=[
+        Step("look", "ok", True, rollout=RolloutTokens([1, 2, 3], [4, 5], [-0.5, -0.1])),
+        Step("look", "ok", True, rollout=RolloutTokens([1, 2, 3, 4, 5, 6], [7], [-0.2]))])
+    assert evolving.split_episodes([cut, grown], "episode") == 1
+    assert evolving.split_episodes([cut, grown], "decision") == 0
+    assert len(evolving.solver_samples(cut, "g", 10.0, 1.0, "episode")) == 2  # its decisions
+    assert len(evolving.solver_samples(grown, "g", 10.0, 1.0, "episode")) == 1
+    assert "1 episodes split into decisions" in evolving._progress_note({"solver_episodes_split": 1})
+    assert "split" not in evolving._progress_note({"solver_episodes_split": 0, "success": 0.5})
+
+
+def test_the_paper_preset_reads_the_authors_lengths(plugins):
+    """Context, test-time card length, the whole source episode and recomputed old log-probs,
+    as the authors (the CPU default keeps its own, declared on docs/fidelity.md)."""
+    paper = compose(plugins, "evolving_rl", preset="paper")
+    assert paper.llm.max_context == 16384 and paper.method.eval_extractor_max_tokens == 4096
+    assert paper.method.extractor_steps_shown is None
+    assert paper.method.trainer.old_logprobs == "recompute"
+    default = compose(plugins, "evolving_rl")
+    assert (default.llm.max_context, default.method.eval_extractor_max_tokens,
+            default.method.extractor_steps_shown, default.method.trainer.old_logprobs) == (
+        2048, None, 30, "rollout")
+    assert compose(plugins, "skillrl", preset="paper").llm.max_context == 4096 + 512

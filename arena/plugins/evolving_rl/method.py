@@ -106,14 +106,26 @@ def solver_samples(trajectory: Trajectory, group: str, reward: float, advantage:
                    how: str = "decision") -> list[rl.Sample]:
     """The solver samples of one episode, all with the episode's advantage: one per model
     decision (``decision``), or the whole episode as one sequence (``episode``, as slime trains
-    the authors' multi-turn rollouts; needs ``solver.layout: transcript``, and an episode whose
-    prompts do not extend each other falls back to one sample per decision)."""
+    the authors' multi-turn rollouts; needs ``solver.layout: transcript``). An episode whose
+    prompts do not extend each other (the window layout, or a transcript cut to fit
+    ``llm.max_context``) is split into one sample per decision: :func:`split_episodes` counts
+    those, and the method reports the count (metrics ``solver_episodes_split``)."""
     if how == "episode":
         whole = rl.episode_sample(trajectory, role=SOLVER, group=group, reward=reward,
                                   advantage=advantage)
         if whole is not None:
             return [whole]
     return rl.decision_samples(trajectory, role=SOLVER, group=group, reward=reward, advantage=advantage)
+
+
+def split_episodes(episodes: list[Trajectory], how: str) -> int:
+    """How many of ``episodes`` ``solver_samples(..., how)`` trains as one sample per decision
+    although ``how`` is ``episode``: their prompts do not extend each other (a cut transcript)."""
+    if how != "episode":
+        return 0
+    return sum(1 for t in episodes
+               if any(step.rollout is not None and step.rollout.token_ids for step in t.steps)
+               and rl.episode_sample(t, role=SOLVER, group="", reward=0.0, advantage=0.0) is None)
 
 
 def solver_reward(trajectory: Trajectory, cfg: EvolvingRLSettings) -> float:
@@ -243,6 +255,9 @@ class EvolvingRL:
                 samples, metrics = self._grpo_iteration(run, train, rng, tag)
             else:
                 samples, metrics = self._coevolution_iteration(run, train, rng, tag)
+            # One sample per episode asked for, one per decision trained: counted, never silent.
+            state["episodes_split"] = (int(state.get("episodes_split", 0))
+                                       + int(metrics.get("solver_episodes_split", 0)))
             if self.cfg.drop_zero_advantage:
                 informative = rl.with_signal(samples)
                 metrics["samples_dropped"] = len(samples) - len(informative)
@@ -291,7 +306,8 @@ class EvolvingRL:
                 params: SamplingParams | None = None) -> list[Candidate]:
         """``n`` candidate cards per source trajectory (one batched generate call)."""
         prefix = self.cfg.extractor_reply_prefix or ""
-        prompts = [extractor_prompt(t, run.env.instructions, reply_prefix=prefix) for t in sources for _ in range(n)]
+        prompts = [extractor_prompt(t, run.env.instructions, max_steps_shown=self.cfg.extractor_steps_shown,
+                                    reply_prefix=prefix) for t in sources for _ in range(n)]
         params = params or self._sampling(run, self.cfg.extractor_max_tokens, seed)
         generations = run.llm.generate(prompts, params)
         candidates = []
@@ -350,6 +366,8 @@ class EvolvingRL:
             "extractor_reward": _mean([c.reward for c in candidates]),
             "samples": len(samples),
         }
+        if cfg.train_solver:
+            metrics["solver_episodes_split"] = split_episodes(episodes, cfg.solver_samples)
         return samples, metrics
 
     def _grpo_iteration(self, run: Run, train: list[Task], rng: random.Random,
@@ -370,7 +388,8 @@ class EvolvingRL:
                 rl.group_advantages(rewards, groups, std=cfg.advantage_std)):
             samples.extend(solver_samples(trajectory, group, reward, advantage * cfg.lambda_solver,
                                           cfg.solver_samples))
-        return samples, {"success": _mean([t.success for t in episodes]), "samples": len(samples)}
+        return samples, {"success": _mean([t.success for t in episodes]), "samples": len(samples),
+                         "solver_episodes_split": split_episodes(episodes, cfg.solver_samples)}
 
     # -- evaluation ---------------------------------------------------------------------------
 
@@ -389,8 +408,8 @@ class EvolvingRL:
         source_steps = self.cfg.eval_source_max_steps or run.cfg.learn.get("max_steps")
         source = run.play(source_task, [], seed=run_seed, variant=f"eval_source/{task.task_id}",
                           policy=STANDARD, max_steps=None if source_steps is None else int(source_steps))
-        params = SamplingParams(temperature=0.0, max_new_tokens=self.cfg.extractor_max_tokens,
-                                seed=seed)
+        params = SamplingParams(temperature=0.0, seed=seed,
+                                max_new_tokens=self.cfg.eval_extractor_max_tokens or self.cfg.extractor_max_tokens)
         (candidate,) = self.extract(run, [source], 1, seed=seed, params=params)
         without = run.play(task, [], seed=run_seed, variant="without_skill", policy=STANDARD)
         play_unusable = self.cfg.unusable_cards == "raw_text"
@@ -430,4 +449,8 @@ def _progress_note(metrics: dict[str, Any]) -> str:
     """The figures of an iteration worth a glance while it runs."""
     shown = {"source_success": "source", "downstream_success": "downstream", "success": "success",
              "skills_usable": "usable cards"}
-    return ", ".join(f"{label} {metrics[key]:.0%}" for key, label in shown.items() if key in metrics)
+    note = ", ".join(f"{label} {metrics[key]:.0%}" for key, label in shown.items() if key in metrics)
+    split = int(metrics.get("solver_episodes_split", 0))
+    if split:
+        note += f", {split} episodes split into decisions (cut to fit llm.max_context)"
+    return note

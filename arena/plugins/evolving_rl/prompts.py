@@ -35,7 +35,7 @@ SKILL_TEMPLATE = {
 }
 
 
-def extractor_prompt(trajectory: Trajectory, instructions: Instructions, max_steps_shown: int = 30,
+def extractor_prompt(trajectory: Trajectory, instructions: Instructions, max_steps_shown: int | None = 30,
                      reply_prefix: str | None = None) -> Chat:
     """The chat that asks for one skill card from one source trajectory of the environment
     ``instructions`` describe (its domain named, its trajectory rendered its way). With ``reply_prefix``

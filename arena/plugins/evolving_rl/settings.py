@@ -23,6 +23,8 @@ class EvolvingRLSettings:
     k_downstream: int
     group_size: int
     extractor_max_tokens: int
+    eval_extractor_max_tokens: int | None
+    extractor_steps_shown: int | None
     extractor_reply_prefix: str | None
     unusable_cards: str
     solver_win_reward: float
