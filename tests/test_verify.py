@@ -252,3 +252,26 @@ def test_an_unverified_row_is_shown_as_such(base_run: Path, tmp_path: Path) -> N
     table, = build_tables(load_runs([run]))
     assert table.rows[0].verification == {"status": "unverified", "runs": {"base": "unverified"}}
     assert len(lines) == len((run / "episodes.jsonl").read_text().splitlines())
+
+
+def test_a_tiny_model_run_in_float32_verifies(tmp_path: Path) -> None:
+    """The transformers backend, greedy in float32 on CPU: bit for bit on replay."""
+    from arena.testing import TINY_MODEL_OVERRIDES
+
+    run = run_method("base", [*TINY_MODEL_OVERRIDES, "llm.dtype=float32", "eval.limit=2",
+                              "eval.max_steps=6"], out=tmp_path / "tiny").path
+    outcome = verify_run(run)
+    assert outcome.status == "verified", outcome.reason
+    assert outcome.replay["dtype"] == "float32"
+
+
+def test_differences_in_bfloat16_carry_the_dtype_note() -> None:
+    from arena.report.verify import dtype_notes
+
+    def results(dtype: str | None) -> dict[str, Any]:
+        return {"provenance": {"model": {} if dtype is None else {"dtype": dtype}}}
+
+    assert dtype_notes(results("float32"), results("float32")) == []
+    assert dtype_notes(results(None), results(None)) == []  # the fake backend
+    assert "not bit-reproducible" in dtype_notes(results("bfloat16"), results("bfloat16"))[0]
+    assert "llm.dtype=float32" in dtype_notes(results("bfloat16"), results("float32"))[0]
