@@ -357,6 +357,11 @@ def _verify(run_path: Path, results: dict[str, Any], records: list[EpisodeResult
                    "violations": replayed_results.get("violations", []),
                    "dtype": _dtype(replayed_results),
                    "folder": str(replay) if keep is not None else None}
+        made = results.get("provenance", {})
+        now = {"arena_version": arena.__version__, "git_sha": provenance.git_sha()}
+        changed = [f"{k} {made.get(k)} -> {v}" for k, v in now.items() if made.get(k) not in (None, v)]
+        versions = ([f"replayed by another Arena than the run's ({'; '.join(changed)}): a difference "
+                     "may come from a change of Arena itself"] if changed else [])
         new_violations = [v for v in replayed_results.get("violations", [])
                           if v not in results.get("violations", [])]
         if differing or new_violations:
@@ -368,9 +373,10 @@ def _verify(run_path: Path, results: dict[str, Any], records: list[EpisodeResult
             if new_violations:
                 parts.append(f"the replay broke the protocol: {new_violations[0]}")
             return Verification(UNVERIFIED, "; ".join(parts) + ".", compared, differing,
-                                dtype_notes(results, replayed_results) if differing else [], summary)
+                                (dtype_notes(results, replayed_results) if differing else []) + versions,
+                                summary)
         return Verification(VERIFIED, f"All {compared} evaluation episodes replay exactly from the "
-                            "run's learned state.", compared, [], [], summary)
+                            "run's learned state.", compared, [], versions, summary)
     finally:
         if keep is None:
             shutil.rmtree(replay.parent, ignore_errors=True)
