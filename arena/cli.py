@@ -1,4 +1,5 @@
-"""The ``arena`` command line: ``run``, ``plugins``, ``show``, ``leaderboard``, ``compare``, ``data``, ``warmstart``."""
+"""The ``arena`` command line: ``run``, ``plugins``, ``show``, ``verify``, ``leaderboard``, ``compare``,
+``data``, ``warmstart``."""
 
 from __future__ import annotations
 
@@ -218,6 +219,41 @@ def leaderboard(run_dirs: tuple[str, ...], out: str | None, allow_mixed: bool, s
     for table in tables:
         console.print(escape(f"{table.env}: {len(table.rows)} rows ({', '.join(row.name for row in table.rows)})"))
     console.print(f"Wrote {len(written)} files to {out}: README.md, index.html, leaderboard.json, plots/")
+
+
+@cli.command()
+@click.argument("run_dir", type=click.Path(file_okay=False, exists=True))
+@click.option("--keep", "keep", type=click.Path(file_okay=False), default=None,
+              help="Replay into this new folder and keep it (default: a temporary folder, removed).")
+@click.option("--json", "as_json", is_flag=True, help="Print verification.json as written.")
+def verify(run_dir: str, keep: str | None, as_json: bool) -> None:
+    """Replay RUN_DIR's frozen evaluation from its saved learned state in a fresh process and
+    compare every episode; writes RUN_DIR/verification.json. Exit 0 verified, 1 unverified (the
+    record was changed, or the method played differently), 3 cannot be verified."""
+    from arena.report.verify import VERIFICATION, VerifyError, verify_run
+
+    try:
+        outcome = verify_run(run_dir, keep=keep)
+    except (VerifyError, RunDirError) as exc:  # not even a verification.json could be written
+        console.print(escape(f"cannot verify {run_dir}: {exc}"))
+        sys.exit(3)
+    if as_json:
+        click.echo((Path(run_dir) / VERIFICATION).read_text().rstrip())
+    else:
+        colour = {"verified": "green", "unverified": "bold red"}.get(outcome.status, "yellow")
+        label = "NOT VERIFIABLE" if outcome.status == "unverifiable" else outcome.status.upper()
+        console.print(f"[{colour}]{label}[/]: " + escape(outcome.reason))
+        for entry in outcome.differing[:20]:
+            step = entry.get("first_difference")
+            where = (f"; step {step['step']}: recorded {step['recorded_action']!r}, replayed "
+                     f"{step['replayed_action']!r}") if step else ""
+            console.print(escape(f"  {entry['episode']}: {entry['difference']}{where}"), soft_wrap=True)
+        if len(outcome.differing) > 20:
+            console.print(f"  ... and {len(outcome.differing) - 20} more (see {VERIFICATION})")
+        for note in outcome.notes:
+            console.print(escape(f"note: {note}"), soft_wrap=True)
+        console.print(escape(f"Wrote {Path(run_dir) / VERIFICATION}"))
+    sys.exit(outcome.exit_code)
 
 
 @cli.command()

@@ -1,7 +1,8 @@
 """Every committed board rebuilds from the runs committed beside it (``<board>/runs/*/``).
 
 A board is only worth what can be checked: this rebuilds each ``leaderboards/<name>/`` from its
-runs' small files (results.json, episodes.jsonl, config.yaml, state.json) exactly as
+runs' small files (results.json, episodes.jsonl, config.yaml, state.json, and verification.json
+where ``arena verify`` checked the run before it was committed) exactly as
 ``arena leaderboard`` does, and compares the result with the committed ``leaderboard.json``.
 """
 
@@ -45,7 +46,8 @@ def test_committed_board_rebuilds_from_its_committed_runs(board: str) -> None:
     assert runs, f"{folder} has no runs/*/results.json: commit the runs it was built from"
     for run in runs:
         kept = {path.name for path in run.iterdir()}
-        assert kept <= {"results.json", "episodes.jsonl", "config.yaml", "state.json", "metrics.jsonl"}, (run, kept)
+        assert kept <= {"results.json", "episodes.jsonl", "config.yaml", "state.json", "metrics.jsonl",
+                        "verification.json"}, (run, kept)
     committed = json.loads((folder / "leaderboard.json").read_text())
     rebuilt = board_json(build_tables(load_runs(runs)))
     assert without_clocks(json.loads(json.dumps(rebuilt))) == without_clocks(committed)

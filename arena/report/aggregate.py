@@ -171,6 +171,9 @@ class Row:
     valid: bool
     protocol: dict[str, Any]
     learning_curves: dict[str, dict[str, list[list[float]]]] = field(default_factory=dict)
+    #: ``arena verify``'s state of the row (:func:`row_verification`); None on a table none of
+    #: whose runs was verified, so boards made before verification keep their files.
+    verification: dict[str, Any] | None = None
 
     @property
     def name(self) -> str:
@@ -196,6 +199,7 @@ class Row:
             "variants": self.variants, "cost": self.cost, "flags": self.flags,
             "provenance": self.provenance, "protocol": self.protocol,
             "learning_curves": self.learning_curves,
+            **({} if self.verification is None else {"verification": self.verification}),
         }
 
 
@@ -427,6 +431,23 @@ def build_row(runs: list[Run], mixed: dict[str, Any]) -> Row:
     )
 
 
+VERIFIED, UNVERIFIED, NOT_VERIFIED = "verified", "unverified", "not verified"
+
+
+def row_verification(runs: list[Run]) -> dict[str, Any]:
+    """The row's state under ``arena verify``: ``unverified`` if a replay of any of its runs
+    differed (or its record failed), ``verified`` if every run replayed exactly, else ``not
+    verified`` (never checked, or its learned state could not be restored); with each run's."""
+    states = {run.label: run.verification_status for run in runs}
+    if UNVERIFIED in states.values():
+        status = UNVERIFIED
+    elif all(state == VERIFIED for state in states.values()):
+        status = VERIFIED
+    else:
+        status = NOT_VERIFIED
+    return {"status": status, "runs": states}
+
+
 def flag_mixed_dtypes(rows: list[Row]) -> None:
     """Rows of one table may differ in dtype (they are different configurations), but a reader
     comparing them must see it: each row then names its own."""
@@ -514,6 +535,9 @@ def build_tables(runs: list[Run], allow_mixed: bool = False, sort: str = "succes
         rows = [build_row(group, {name: protocol_of(group[0]).get(name) for name in mixed_fields})
                 for group in groups.values()]
         flag_mixed_dtypes(rows)
+        if any(run.verification is not None for run in env_runs):
+            for row in rows:
+                row.verification = row_verification(row.runs)
         shared = {k: v for k, v in protocol_of(env_runs[0]).items() if k not in mixed_fields}
         tables.append(Table(env=env, rows=sort_rows(rows, sort), mixed_fields=mixed_fields,
                             protocol=shared, sort=sort))

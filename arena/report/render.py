@@ -114,12 +114,33 @@ def provenance_line(row: Row) -> str:
             f"seeds {', '.join(map(str, p['seeds']))}; runs {', '.join(p['runs'])}")
 
 
+#: Said below a table one of whose runs went through ``arena verify``.
+VERIFY_NOTE = ("Verified: `arena verify` replayed the run's frozen evaluation from its saved learned "
+               "state in a fresh process and every episode matched; unverified: its record was changed "
+               "or an episode played differently on replay; not verified: never checked, or its learned "
+               "state could not be restored (docs/security.md).")
+
+
+def shows_verification(table: Table) -> bool:
+    return any(row.verification is not None for row in table.rows)
+
+
+def verification_cell(row: Row) -> str:
+    if row.verification is None:
+        return "not verified"
+    runs = row.verification.get("runs", {})
+    status = str(row.verification["status"])
+    done = sum(1 for state in runs.values() if state == "verified")
+    return status if len(runs) < 2 or done in (0, len(runs)) else f"{status} ({done} of {len(runs)} runs)"
+
+
 def main_columns(table: Table) -> list[str]:
     splits = table.splits
     joined = " / ".join(splits)
     return (["#", "Method", "Model", "Track", "Seeds"] + [f"{s} success [95 % CI]" for s in splits]
             + [f"Progress ({joined})", f"Valid actions ({joined})", f"Steps ({joined})",
-               "Learn episodes", "Learn tokens", "Hours (learn + eval)", "Memory", "Flags"])
+               "Learn episodes", "Learn tokens", "Hours (learn + eval)", "Memory"]
+            + (["Verified"] if shows_verification(table) else []) + ["Flags"])
 
 
 def main_cells(table: Table, rank: int, row: Row) -> list[str]:
@@ -129,8 +150,14 @@ def main_cells(table: Table, rank: int, row: Row) -> list[str]:
             + [success_cell(row.splits.get(s)) for s in splits]
             + [per_split(row, splits, "progress_rate", True), per_split(row, splits, "valid_action_rate", True),
                per_split(row, splits, "mean_steps", False), count(row.cost["learn_episodes"]),
-               count(row.cost["learn_tokens"]), hours_cell(row), memory_cell(row),
-               "; ".join(row.flags) or "-"])
+               count(row.cost["learn_tokens"]), hours_cell(row), memory_cell(row)]
+            + ([verification_cell(row)] if shows_verification(table) else [])
+            + ["; ".join(row.flags) or "-"])
+
+
+def notes(tables: list[Table]) -> list[str]:
+    """The board's notes; the one on verification only where a table shows it."""
+    return NOTES + ([VERIFY_NOTE] if any(shows_verification(table) for table in tables) else [])
 
 
 def type_columns(table: Table, split: str) -> list[str]:
@@ -186,7 +213,7 @@ def markdown(tables: list[Table], plots: dict[str, list[Plot]]) -> str:
         lines.append("")
         for plot in plots.get(table.env, []):
             lines += [f"![{plot.title}](plots/{plot.name}.png)", ""]
-    lines += ["Notes:", ""] + [f"- {note}" for note in NOTES] + [""]
+    lines += ["Notes:", ""] + [f"- {note}" for note in notes(tables)] + [""]
     return "\n".join(lines)
 
 
@@ -283,7 +310,7 @@ def html_page(tables: list[Table], plots: dict[str, list[Plot]]) -> str:
             parts.append(f'<figure><img class="plot" alt="{_h(plot.title)}" src="data:image/png;base64,{encoded}">'
                          f"<figcaption>{_h(plot.title)}</figcaption></figure>")
         parts.append("</section>")
-    parts.append('<ul class="note">' + "".join(f"<li>{_h(n)}</li>" for n in NOTES) + "</ul>")
+    parts.append('<ul class="note">' + "".join(f"<li>{_h(n)}</li>" for n in notes(tables)) + "</ul>")
     parts.append(f"<script>{JS}</script></body></html>")
     return "\n".join(parts) + "\n"
 
@@ -293,7 +320,7 @@ def html_page(tables: list[Table], plots: dict[str, list[Plot]]) -> str:
 
 def board_json(tables: list[Table]) -> dict[str, Any]:
     return {"schema_version": BOARD_SCHEMA_VERSION, "arena_version": arena.__version__,
-            "notes": NOTES, "tables": [table.to_json() for table in tables]}
+            "notes": notes(tables), "tables": [table.to_json() for table in tables]}
 
 
 def write_board(tables: list[Table], out: Path | str) -> list[Path]:

@@ -49,6 +49,15 @@ class Run:
     #: episodes.jsonl's lines are chained and end where results.json says (False: a run made
     #: before Arena chained its records, shown as such on a board).
     chained: bool = True
+    #: The run's verification.json (``arena verify``) where it has one of this very record.
+    verification: dict[str, Any] | None = None
+
+    @property
+    def verification_status(self) -> str:
+        """``verified`` or ``unverified`` as ``arena verify`` last found (a run it could not
+        verify, or never checked, is ``not verified``)."""
+        status = (self.verification or {}).get("status")
+        return str(status) if status in ("verified", "unverified") else "not verified"
 
     @property
     def label(self) -> str:
@@ -127,8 +136,9 @@ def read_episode_lines(path: Path) -> list[dict[str, Any]]:
     return read_jsonl(path, repair=False)
 
 
-def load_run(path: Path | str) -> Run:
-    """A run directory (or its results.json). Refuses unfinished runs, naming the fix."""
+def load_run(path: Path | str, verification: bool = True) -> Run:
+    """A run directory (or its results.json). Refuses unfinished runs, naming the fix.
+    ``verification``: read its verification.json too (``arena verify`` itself does not)."""
     path = Path(path)
     if path.is_file() and path.name == RESULTS:
         path = path.parent
@@ -154,8 +164,14 @@ def load_run(path: Path | str) -> Run:
     if lines is not None:
         chained = check_record(path, lines, results.get("record"))
         episodes = [EpisodeResult.from_dict(r) for r in lines]
+    from arena.report.verify import VerifyError, read_verification
+
+    try:
+        verified = read_verification(path, (results.get("record") or {}).get("head")) if verification else None
+    except VerifyError as exc:
+        raise ReportError(str(exc)) from exc
     return Run(path=path, results=results, episodes=episodes, state=state, metrics=metrics,
-               chained=chained)
+               chained=chained, verification=verified)
 
 
 def check_record(path: Path, lines: list[dict[str, Any]], record: dict[str, Any] | None) -> bool:

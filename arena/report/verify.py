@@ -1,0 +1,405 @@
+"""``arena verify RUN_DIR``: re-play a finished run's frozen evaluation and compare.
+
+A run's record says what its method did; this checks that the method, restored from the learned
+state the run left on disk, does it again. The replay is a new run directory (a temporary folder)
+holding the run's own config.yaml, its harness state at the end of learning (state.json without
+what evaluation added), its store/ and method/ folders and its learning records (sealed again
+with this machine's key); ``arena run --resume`` of that folder, in a fresh Python process, skips
+learning (``learn_done``), builds the method anew from those files, checks that it hashes to the
+digest learning ended with, and plays every planned (task, seed, variant) again. Every credited
+episode of the run's episodes.jsonl is then compared with the replay's: outcome, steps, actions
+and observations (a digest of the played episode), experiences shown.
+
+Outcomes (:data:`VERIFIED`, :data:`UNVERIFIED`, :data:`UNVERIFIABLE`) are written to the run's
+``verification.json``, beside the signed record and never inside it. docs/security.md says what
+this stops and what it cannot.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import arena
+from arena.core import integrity, provenance
+from arena.core.rundir import (
+    CONFIG,
+    EPISODES,
+    RESULTS,
+    STATE,
+    TRAJECTORIES,
+    RunDir,
+    RunDirError,
+    read_json,
+    read_jsonl,
+    write_json_atomic,
+)
+from arena.core.types import EpisodeResult, Trajectory
+from arena.report.runs import ReportError, load_run
+
+VERIFICATION = "verification.json"
+VERIFIED, UNVERIFIED, UNVERIFIABLE = "verified", "unverified", "unverifiable"
+#: ``arena verify``'s exit status for each outcome.
+EXIT_CODES = {VERIFIED: 0, UNVERIFIED: 1, UNVERIFIABLE: 3}
+#: What a replay copies of the run: the learned state (the harness's, the store, the method's).
+LEARNED_STATE = ("store", "method")
+#: state.json keys that evaluation added (or a repair): the replay starts without them.
+EVALUATION_STATE_KEYS = ("digest_after_eval", "cost_evaluate", "record_breaks", "record_damaged",
+                         "resumed_by")
+#: The harness's message when a resumed method does not hash to the state learning ended with
+#: (``Session._evaluate``): the learned state could not be restored.
+NOT_RESTORED = "The method's state on resume differs from the state learning ended with"
+#: Fields of an episode's record compared with the replay's (costs and clocks are not).
+COMPARED_FIELDS = ("status", "success", "steps", "valid_actions", "reward", "progress",
+                   "experience_ids", "copy_of")
+#: At most this many differing episodes are listed in verification.json (all are counted).
+MAX_LISTED = 200
+EVALUATE = "evaluate"
+
+
+class VerifyError(RuntimeError):
+    """The run cannot be verified (an outcome of its own: :data:`UNVERIFIABLE`)."""
+
+
+@dataclass
+class Verification:
+    """What ``arena verify`` found; ``verification.json`` is :meth:`to_json`."""
+
+    status: str
+    reason: str
+    compared: int = 0
+    differing: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    replay: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def verified(self) -> bool:
+        return self.status == VERIFIED
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.status]
+
+    def to_json(self, record_head: str | None) -> dict[str, Any]:
+        return {
+            "verified": self.verified,
+            "status": self.status,
+            "reason": self.reason,
+            "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "arena_version": arena.__version__,
+            "git_sha": provenance.git_sha(),
+            # The record this verification is of: a board ignores it beside any other record.
+            "record_head": record_head,
+            "episodes_compared": self.compared,
+            "episodes_differing": len(self.differing),
+            "differing": self.differing[:MAX_LISTED],
+            "notes": self.notes,
+            "replay": self.replay,
+        }
+
+
+# -- the file ---------------------------------------------------------------------------------
+
+
+def _digest(data: dict[str, Any]) -> str:
+    fields = {k: v for k, v in data.items() if k not in ("mac", "key_id")}
+    return hashlib.sha256(integrity.canonical(fields)).hexdigest()
+
+
+def write_verification(run_path: Path, data: dict[str, Any]) -> Path:
+    """Write ``verification.json`` (signed with this machine's record key where there is one)."""
+    key = integrity.record_key()
+    signed = {**data, "key_id": integrity.key_id(key),
+              "mac": None if key is None else integrity.mac(key, _digest(data))}
+    path = run_path / VERIFICATION
+    write_json_atomic(path, signed)
+    return path
+
+
+def read_verification(run_path: Path, record_head: str | None) -> dict[str, Any] | None:
+    """The run's verification.json, or None where it has none or where it is of another record
+    (a stale or copied file). A MAC that does not match where this machine holds the key that
+    signed it raises :class:`VerifyError`: the file was edited."""
+    path = Path(run_path) / VERIFICATION
+    if not path.is_file():
+        return None
+    try:
+        data = read_json(path, "its verification")
+    except RunDirError as exc:
+        raise VerifyError(str(exc)) from exc
+    key = integrity.record_key(create=False)
+    if key is not None and data.get("key_id") == integrity.key_id(key):
+        given = data.get("mac")
+        if not isinstance(given, str) or not hmac.compare_digest(given, integrity.mac(key, _digest(data))):
+            raise VerifyError(f"{path} was changed after `arena verify` wrote it (its MAC does "
+                              "not match). Run `arena verify` again.")
+    if data.get("record_head") != record_head or data.get("status") not in EXIT_CODES:
+        return None
+    return data
+
+
+# -- building the replay ------------------------------------------------------------------------
+
+
+def _trajectories_by_key(path: Path) -> dict[tuple, dict[str, Any]]:
+    return {tuple(line.pop("key")): line for line in read_jsonl(path / TRAJECTORIES, repair=False)}
+
+
+def prepare_replay(run_path: Path, replay: Path, results: dict[str, Any],
+                   records: list[EpisodeResult], trajectories: dict[tuple, dict[str, Any]]) -> None:
+    """A run directory at ``replay`` that ``arena run --resume`` continues from the end of the
+    run's learning: its config, its harness state as learning left it, its learned state and
+    its learning records."""
+    state = read_json(run_path / STATE, "its state") if (run_path / STATE).is_file() else {}
+    if not state.get("learn_done") or not state.get("digest_before_eval"):
+        raise VerifyError(f"{run_path / STATE} does not record the end of learning (learn_done and "
+                          "the digest evaluation started from): there is no learned state to "
+                          "replay from.")
+    if str(results.get("track")) != "frozen":
+        raise VerifyError(f"{run_path} ran the {results.get('track')} track: its method updated after "
+                          "each test episode, so its evaluation cannot be replayed from the state "
+                          "learning ended with. Only frozen evaluations are verified.")
+    replay.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(run_path / CONFIG, replay / CONFIG)
+    write_json_atomic(replay / STATE, {k: v for k, v in state.items() if k not in EVALUATION_STATE_KEYS})
+    for name in LEARNED_STATE:
+        if (run_path / name).is_dir():
+            shutil.copytree(run_path / name, replay / name)
+    directory = RunDir(replay)
+    for record in records:
+        if record.phase == EVALUATE:
+            continue
+        trajectory = trajectories.get(record.key)
+        if trajectory is None:
+            raise VerifyError(f"{run_path / TRAJECTORIES} lacks the learning episode {record.key}.")
+        directory.record(record, Trajectory.from_dict(trajectory))
+
+
+def _replay_in_subprocess(replay: Path) -> None:
+    """``arena run --resume REPLAY`` in a fresh Python process (nothing of this one is reused)."""
+    command = [sys.executable, "-m", "arena.report.verify", str(replay)]
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ})
+    if done.returncode != 0:
+        tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-8:])
+        raise VerifyError(f"The replay stopped (exit {done.returncode}) before its evaluation "
+                          f"finished:\n{tail}")
+
+
+def _replay_in_process(replay: Path, plugins: Any) -> None:
+    """The replay as a fresh session of this process, with ``plugins`` (the test kit's methods
+    registered in-process, which a fresh process would not have)."""
+    from arena.core import protocol
+
+    try:
+        protocol.run(None, resume=replay, plugins=plugins, allow_version_change=True)
+    except Exception as exc:
+        raise VerifyError(f"The replay stopped before its evaluation finished: "
+                          f"{type(exc).__name__}: {exc}") from exc
+
+
+# -- comparing ---------------------------------------------------------------------------------
+
+
+def played_digest(trajectory: dict[str, Any] | None) -> str | None:
+    """What was played: first observation, every action with its reply, the outcome."""
+    if trajectory is None:
+        return None
+    played = [trajectory.get("initial_observation"), trajectory.get("status"),
+              [[s.get("action"), s.get("observation"), s.get("valid")] for s in trajectory.get("steps", [])]]
+    return hashlib.sha256(json.dumps(played).encode()).hexdigest()
+
+
+def _first_differing_step(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str, Any] | None:
+    if a is None or b is None:
+        return None
+    steps_a, steps_b = a.get("steps", []), b.get("steps", [])
+    for index in range(max(len(steps_a), len(steps_b))):
+        one = steps_a[index] if index < len(steps_a) else None
+        two = steps_b[index] if index < len(steps_b) else None
+        if one is None or two is None or [one.get("action"), one.get("observation")] != \
+                [two.get("action"), two.get("observation")]:
+            return {"step": index + 1,
+                    "recorded_action": None if one is None else one.get("action"),
+                    "replayed_action": None if two is None else two.get("action")}
+    return None
+
+
+def episode_name(key: tuple) -> str:
+    _, split, task_id, seed, variant = key
+    return f"{split}/{task_id} seed {seed}" + ("" if variant == "default" else f" ({variant})")
+
+
+def compare_episodes(recorded: list[EpisodeResult], recorded_trajectories: dict[tuple, dict[str, Any]],
+                     replayed: list[EpisodeResult], replayed_trajectories: dict[tuple, dict[str, Any]],
+                     ) -> tuple[int, list[dict[str, Any]]]:
+    """(episodes compared, the differing ones): every evaluation episode of the run against the
+    replay's of the same key, and every replayed key the run does not have."""
+    ours = {r.key: r for r in recorded if r.phase == EVALUATE}
+    theirs = {r.key: r for r in replayed if r.phase == EVALUATE}
+    differing: list[dict[str, Any]] = []
+    for key in sorted(set(ours) | set(theirs), key=lambda k: tuple(map(str, k))):
+        entry: dict[str, Any] = {"episode": episode_name(key), "key": list(key)}
+        if key not in theirs:
+            differing.append({**entry, "difference": "not played by the replay"})
+            continue
+        if key not in ours:
+            differing.append({**entry, "difference": "played by the replay, absent from the record"})
+            continue
+        a, b = ours[key].to_dict(), theirs[key].to_dict()
+        fields = {name: [a.get(name), b.get(name)] for name in COMPARED_FIELDS if a.get(name) != b.get(name)}
+        traj_a, traj_b = recorded_trajectories.get(key), replayed_trajectories.get(key)
+        if played_digest(traj_a) != played_digest(traj_b):
+            fields["played"] = [played_digest(traj_a), played_digest(traj_b)]
+            step = _first_differing_step(traj_a, traj_b)
+            if step is not None:
+                entry["first_difference"] = step
+        if fields:
+            differing.append({**entry, "difference": "; ".join(sorted(fields)),
+                              "recorded_vs_replayed": {k: v for k, v in fields.items() if k != "played"}})
+    return len(ours), differing
+
+
+def _dtype(results: dict[str, Any]) -> str | None:
+    dtype = results.get("provenance", {}).get("model", {}).get("dtype")
+    return None if dtype is None else str(dtype)
+
+
+def dtype_notes(original: dict[str, Any], replayed: dict[str, Any]) -> list[str]:
+    """Why greedy choices may differ on replay: the model's dtype (docs/numerics.md)."""
+    ran, now = _dtype(original), _dtype(replayed)
+    notes = []
+    if ran is not None and now is not None and ran != now:
+        notes.append(f"the run's model ran in {ran}, the replay's in {now} (llm.dtype=auto resolves "
+                     "per machine): replay on a machine where it resolves alike, or rerun with "
+                     "llm.dtype=float32")
+    elif ran is not None and ran != "float32":
+        notes.append(f"the model ran in {ran}, which is not bit-reproducible: a near-tied greedy "
+                     "choice may flip on replay (docs/numerics.md). Verification asks for exact "
+                     "equality; runs meant to be verified set llm.dtype=float32")
+    return notes
+
+
+# -- the whole check ----------------------------------------------------------------------------
+
+
+def verify_run(path: Path | str, *, plugins: Any = None, keep: Path | str | None = None,
+               write: bool = True) -> Verification:
+    """Verify the run at ``path``; writes its verification.json (unless ``write`` is False) and
+    returns what was found. ``plugins``: replay in a fresh session of this process with these
+    plugins (tests whose methods are registered in-process); by default the replay is a new
+    Python process. ``keep``: the folder to replay into, kept afterwards (default: a temporary
+    folder, removed)."""
+    run_path = Path(path)
+    if not (run_path / RESULTS).is_file():
+        raise VerifyError(f"{run_path} has no {RESULTS}: only a finished run can be verified.")
+    try:
+        record_head = (read_json(run_path / RESULTS, "its results").get("record") or {}).get("head")
+    except RunDirError as exc:
+        raise VerifyError(str(exc)) from exc
+    try:
+        run = load_run(run_path, verification=False)
+    except ReportError as exc:  # the record was changed: nothing to replay against
+        outcome = Verification(UNVERIFIED, f"The run's record fails its integrity check: {exc}")
+        if write:
+            write_verification(run_path, outcome.to_json(record_head))
+        return outcome
+    try:
+        outcome = _verify(run_path, run.results, run.episodes or [], plugins, keep)
+    except VerifyError as exc:
+        outcome = Verification(UNVERIFIABLE, str(exc))
+    if write:
+        write_verification(run_path, outcome.to_json(record_head))
+    return outcome
+
+
+def _verify(run_path: Path, results: dict[str, Any], records: list[EpisodeResult], plugins: Any,
+            keep: Path | str | None) -> Verification:
+    if not records:
+        raise VerifyError(f"{run_path} has no {EPISODES}: nothing to compare a replay with.")
+    if not (run_path / TRAJECTORIES).is_file():
+        raise VerifyError(f"{run_path} has no {TRAJECTORIES}: the actions it played are not kept, so "
+                          "a replay cannot be compared with them (a board keeps only the small files "
+                          "of its runs; verify the run where it was made).")
+    trajectories = _trajectories_by_key(run_path)
+    if keep is not None and Path(keep).exists():
+        raise VerifyError(f"{keep} exists; the replay needs a new folder.")
+    replay = Path(keep) if keep is not None else Path(tempfile.mkdtemp(prefix="arena-verify-")) / "replay"
+    try:
+        prepare_replay(run_path, replay, results, records, trajectories)
+        if plugins is None:
+            _replay_in_subprocess(replay)
+        else:
+            _replay_in_process(replay, plugins)
+        replayed_results = read_json(replay / RESULTS, "the replay's results")
+        not_restored = [v for v in replayed_results.get("violations", []) if v.startswith(NOT_RESTORED)]
+        if not_restored:
+            raise VerifyError(
+                "The method's learned state could not be restored from the run directory: "
+                f"{not_restored[0]} Its learned state is not (all) on disk (e.g. weights not saved, "
+                "or a method that does not reload them when built), so its evaluation cannot be "
+                "replayed.")
+        replayed = [EpisodeResult.from_dict(r) for r in read_jsonl(replay / EPISODES, repair=False)]
+        compared, differing = compare_episodes(records, trajectories, replayed,
+                                               _trajectories_by_key(replay))
+        summary = {"arena_version": arena.__version__,
+                   "run_arena_version": results.get("provenance", {}).get("arena_version"),
+                   "valid": replayed_results.get("valid"),
+                   "violations": replayed_results.get("violations", []),
+                   "dtype": _dtype(replayed_results),
+                   "folder": str(replay) if keep is not None else None}
+        made = results.get("provenance", {})
+        now = {"arena_version": arena.__version__, "git_sha": provenance.git_sha()}
+        changed = [f"{k} {made.get(k)} -> {v}" for k, v in now.items() if made.get(k) not in (None, v)]
+        versions = ([f"replayed by another Arena than the run's ({'; '.join(changed)}): a difference "
+                     "may come from a change of Arena itself"] if changed else [])
+        new_violations = [v for v in replayed_results.get("violations", [])
+                          if v not in results.get("violations", [])]
+        if differing or new_violations:
+            parts = []
+            if differing:
+                names = ", ".join(d["episode"] for d in differing[:5])
+                parts.append(f"{len(differing)} of {compared} evaluation episodes differ on replay "
+                             f"({names}{', ...' if len(differing) > 5 else ''})")
+            if new_violations:
+                parts.append(f"the replay broke the protocol: {new_violations[0]}")
+            return Verification(UNVERIFIED, "; ".join(parts) + ".", compared, differing,
+                                (dtype_notes(results, replayed_results) if differing else []) + versions,
+                                summary)
+        return Verification(VERIFIED, f"All {compared} evaluation episodes replay exactly from the "
+                            "run's learned state.", compared, [], versions, summary)
+    finally:
+        if keep is None:
+            shutil.rmtree(replay.parent, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The replay's own process: ``python -m arena.report.verify REPLAY_DIR`` resumes it."""
+    from arena.core import protocol
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m arena.report.verify REPLAY_DIR (arena verify runs it)", file=sys.stderr)
+        return 2
+    try:
+        protocol.run(None, resume=args[0], allow_version_change=True)
+    except (RunDirError, ValueError, KeyError) as exc:
+        print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover - the replay's process
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
+    sys.exit(main())
