@@ -39,7 +39,7 @@ def test_one_lesson_per_episode_none_from_a_crash(household_env, fake_llm: FakeL
         Trajectory(task=crashed, initial_observation="", status=Termination.ERROR),
     ]
     run = SimpleNamespace(llm=fake_llm, cfg=OmegaConf.create(
-        {"method": {"k": 2, "max_new_tokens": 8, "transcript_steps": 4}}))
+        {"method": {"k": 2, "min_similarity": 0.0, "max_new_tokens": 8, "transcript_steps": 4}}))
     lessons = Lessons(run).extract(run, trajectories)
     assert [lesson.provenance.source_task_ids for lesson in lessons] == [(played.task_id,)]
     assert lessons[0].kind == LESSON and lessons[0].text.endswith(fake_llm.reply)
