@@ -343,7 +343,7 @@ def test_cache_folder_is_built_once_under_concurrency(tmp_path: Path) -> None:
 
     folders = []
     threads = [
-        threading.Thread(target=lambda: folders.append(embedded._build_once(tmp_path / "m", build)))
+        threading.Thread(target=lambda: folders.append(embedded.build_once(tmp_path / "m", build)))
         for _ in range(3)
     ]
     for thread in threads:

@@ -47,10 +47,15 @@ TINY_SHAPE: dict[str, Any] = {
 TINY_INIT_RANGE = 0.3
 
 
+def cache_root() -> Path:
+    """``$ARENA_CACHE``, else ``~/.cache/arena``: where Arena keeps what it builds once."""
+    root = os.environ.get("ARENA_CACHE")
+    return Path(root) if root else Path.home() / ".cache" / "arena"
+
+
 def default_cache_dir() -> Path:
     """``$ARENA_CACHE/models``, else ``~/.cache/arena/models``."""
-    root = os.environ.get("ARENA_CACHE")
-    return (Path(root) if root else Path.home() / ".cache" / "arena") / "models"
+    return cache_root() / "models"
 
 
 def packaged_gguf() -> Path:
@@ -101,7 +106,7 @@ def embedded_model_dir(cache_dir: Path | None = None) -> Path:
     sha = file_sha256(gguf)
     folder = Path(cache_dir or default_cache_dir()) / f"SmolLM2-135M-Instruct-{sha[:12]}"
     source = {"model_id": EMBEDDED_MODEL_ID, "gguf_file": GGUF_FILE, "gguf_sha256": sha}
-    return _build_once(folder, lambda tmp: _convert_gguf(gguf, tmp, source))
+    return build_once(folder, lambda tmp: _convert_gguf(gguf, tmp, source))
 
 
 def tiny_model_dir(cache_dir: Path | None = None) -> Path:
@@ -115,10 +120,10 @@ def tiny_model_dir(cache_dir: Path | None = None) -> Path:
     name = f"tiny-llama-random-v{TINY_VERSION}-{sha[:12]}"
     folder = Path(cache_dir or default_cache_dir()) / name
     source = {"model_id": TINY_MODEL_ID, "tokenizer_gguf_sha256": sha, "seed": TINY_SEED}
-    return _build_once(folder, lambda tmp: _build_tiny(gguf, tmp, source, cache_dir))
+    return build_once(folder, lambda tmp: _build_tiny(gguf, tmp, source, cache_dir))
 
 
-def _build_once(folder: Path, build: Callable[[Path], None]) -> Path:
+def build_once(folder: Path, build: Callable[[Path], object]) -> Path:
     """Build ``folder`` at most once across processes: under a file lock, into a temporary
     sibling that is renamed into place, so a reader never sees a half-written model."""
     if folder.is_dir():

@@ -18,7 +18,6 @@ import math
 import os
 import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,8 +48,9 @@ def _stderr(message: str) -> None:
 
 
 def default_cache_dir() -> Path:
-    root = os.environ.get("ARENA_CACHE")
-    return (Path(root) if root else Path.home() / ".cache" / "arena") / "warmstart"
+    from arena.backends.embedded import cache_root
+
+    return cache_root() / "warmstart"
 
 
 @dataclass(frozen=True)
@@ -244,41 +244,22 @@ def load(folder: Path) -> WarmStart:
 def resolve(spec: str, model_folder: Path, cache_dir: Path | None = None, say: Say = _stderr) -> WarmStart:
     """``llm.warmstart``: a built folder (checked), or a recipe (name or YAML file) built on
     first use into the cache and reused after. Either way the base must be the run's model."""
-    folder = Path(spec).expanduser()
-    if folder.is_dir():
-        warm = load(folder)
-    else:
-        recipe = load_recipe(spec)
-        key = cache_key(recipe, base_weights_digest(model_folder))
-        folder = Path(cache_dir or default_cache_dir()) / f"{recipe.name}-{key[:12]}"
-        if not (folder / MANIFEST).is_file():
-            say(f"building the warm start '{recipe.name}' on first use (cached in {folder})")
-            _build_once(folder, lambda tmp: build(recipe, model_folder, tmp, say))
-        warm = load(folder)
+    from arena.backends.embedded import build_once
+
     base = base_weights_digest(model_folder)
+    folder = Path(spec).expanduser()
+    if not folder.is_dir():
+        recipe = load_recipe(spec)
+        folder = Path(cache_dir or default_cache_dir()) / f"{recipe.name}-{cache_key(recipe, base)[:12]}"
+        if not folder.is_dir():
+            say(f"building the warm start '{recipe.name}' on first use (cached in {folder})")
+        build_once(folder, lambda tmp: build(recipe, model_folder, tmp, say))
+    warm = load(folder)
     if warm.manifest.get("base_weights_sha256") != base:
         raise ConfigError(f"The warm start in {warm.folder} was built on another base model "
                           f"({warm.manifest.get('base_model')!s}); this run's llm.model is "
                           f"{model_folder.name}. Use the model it was built on, or build one for this model.")
     return warm
-
-
-def _build_once(folder: Path, make: Callable[[Path], object]) -> None:
-    """Build into a temporary sibling under a lock, then rename: never a half-written folder."""
-    from arena.backends.embedded import _file_lock
-
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with _file_lock(folder.with_name(f".{folder.name}.lock")):
-        if (folder / MANIFEST).is_file():
-            return
-        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
-        try:
-            make(tmp)
-            tmp.chmod(0o755)
-            shutil.rmtree(folder, ignore_errors=True)
-            os.rename(tmp, folder)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def apply(model: Any, warm: WarmStart) -> Any:
