@@ -67,6 +67,8 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 WARMSTART_FIELD = "llm.warmstart"
 #: Its value for runs on the model as shipped (every run made before warm starts existed).
 NO_WARMSTART = "none"
+#: What a protocol field a run leaves out means, where it means a value (named in messages).
+ABSENT_AS = {WARMSTART_FIELD: NO_WARMSTART}
 
 
 def warmstart_of(run: Run) -> str:
@@ -98,8 +100,9 @@ def protocol_of(run: Run) -> dict[str, Any]:
         # Which train tasks a method could consult at test time (runs before it: train).
         "eval.source_pool": evaluation.get("source_pool", "train"),
     }
-    if warmstart_of(run) != NO_WARMSTART:  # absent otherwise, so boards made before keep their files
-        fields[WARMSTART_FIELD] = warmstart_of(run)
+    warmstart = warmstart_of(run)
+    if warmstart != NO_WARMSTART:  # absent otherwise, so boards made before keep their files
+        fields[WARMSTART_FIELD] = warmstart
     for name, value in sorted(results.get("protocol", {}).get("env", {}).items()):
         fields[f"env.{name}"] = value
     for split, digest in sorted(provenance.get("split_hashes", {}).items()):
@@ -122,7 +125,7 @@ def differing_fields(runs: list[Run], ignore: Sequence[str] = ()) -> dict[str, d
     for name in names:
         by_value: dict[str, list[str]] = defaultdict(list)
         for label, fields in protocols:
-            by_value[_show(fields.get(name, NO_WARMSTART if name == WARMSTART_FIELD else "(absent)"))].append(label)
+            by_value[_show(fields.get(name, ABSENT_AS.get(name, "(absent)")))].append(label)
         if len(by_value) > 1:
             differing[name] = dict(by_value)
     return differing
