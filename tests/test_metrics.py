@@ -21,6 +21,14 @@ def test_steps_merge_and_a_later_figure_wins(tmp_path) -> None:
     ]
 
 
+def test_small_figures_keep_six_significant_digits(tmp_path) -> None:
+    """An lr of 1e-6 and a tiny gradient norm stay what they are; long decimals are shortened."""
+    MetricsLog(tmp_path).log("learn", 1, {"lr": 1e-6, "grad_norm": 3.14159265e-7, "loss": 0.123456789,
+                                          "samples": 12})
+    (entry,) = read_metrics(tmp_path)
+    assert entry["metrics"] == {"lr": 1e-6, "grad_norm": 3.14159e-7, "loss": 0.123457, "samples": 12}
+
+
 @pytest.mark.parametrize(("step", "metrics", "message"), [
     (-1, {"x": 1}, "step must be an int >= 0"),
     (1.5, {"x": 1}, "step must be an int >= 0"),

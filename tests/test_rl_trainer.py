@@ -424,14 +424,18 @@ def test_lora_trains_adapters_only_and_reference_is_the_base(tokenizer) -> None:
         assert policy_row != pytest.approx(base_row, abs=1e-5)
 
 
-@pytest.mark.parametrize("mode", ["full", "lora"])
+@pytest.mark.parametrize("mode", ["full", "lora", "bf16-masters"])
 def test_checkpoint_resume_matches_an_uninterrupted_run(
     tokenizer, tmp_path: Path, mode: str
 ) -> None:
     # LoRA dropout makes the step random, so the RNG state must be restored too.
     lora = {"lora": {"r": 4, "alpha": 8, "dropout": 0.2}} if mode == "lora" else {}
-    config = {**FP32, "lr": 1e-3, **lora}
+    config = {**(MIXED if mode == "bf16-masters" else FP32), "lr": 1e-3, **lora}
     first, second = make_samples(seed=1), make_samples(seed=2)
+
+    def fresh_model() -> torch.nn.Module:  # noqa: F811 (the weights this mode trains)
+        model = globals()["fresh_model"]()
+        return model.to(torch.bfloat16) if mode == "bf16-masters" else model
 
     trainer = PolicyTrainer(fresh_model(), tokenizer, config)
     trainer.step(first)
@@ -453,6 +457,8 @@ def test_checkpoint_resume_matches_an_uninterrupted_run(
     assert resumed.step_count == 2
     for name, value in trainable_snapshot(resumed).items():
         assert torch.equal(value, uninterrupted[name]), name
+    for name, master in resumed.masters.items():  # the float32 masters, not their rounding
+        assert torch.equal(master, trainer.masters[name]), name
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # no temporary left behind
 
 
@@ -490,9 +496,44 @@ def test_config_from_mapping() -> None:
         TrainerConfig(precision="fp16")
 
 
-def test_full_fine_tuning_refuses_half_precision_weights(tokenizer) -> None:
-    with pytest.raises(ValueError, match="float32"):
+def test_fp32_precision_refuses_half_precision_weights(tokenizer) -> None:
+    with pytest.raises(ValueError, match="llm.dtype=float32.*master weights"):
         PolicyTrainer(fresh_model().to(torch.bfloat16), tokenizer, FP32)
+
+
+MIXED = {**FP32, "precision": "bf16"}
+
+
+def test_full_fine_tuning_of_bf16_weights_keeps_float32_masters(tokenizer) -> None:
+    """The paper presets' case on a GPU: bf16 weights, lr 1e-6. The step lands in the float32
+    masters (bf16 alone would round almost all of it away), the served weights are the masters
+    rounded, micro-batches accumulate in float32, and the update follows the float32 one."""
+    model = fresh_model().to(torch.bfloat16)
+    trainer = PolicyTrainer(model, tokenizer, {**MIXED, "lr": 1e-6, "micro_batch_size": 2})
+    assert set(trainer.masters) == set(trainer.trainable)
+    start = {name: m.clone() for name, m in trainer.masters.items()}
+    metrics = trainer.step(make_samples())
+    assert metrics["skipped"] == 0 and 0 < metrics["grad_norm"] < math.inf
+    moved = rounded_away = total = 0
+    for name, master in trainer.masters.items():
+        delta = master - start[name]
+        moved += int((delta != 0).sum())
+        rounded_away += int(((start[name] + delta).to(torch.bfloat16) == start[name].to(torch.bfloat16)).sum())
+        total += master.numel()
+        assert torch.equal(trainer.trainable[name], master.to(torch.bfloat16)), name
+        assert trainer.trainable[name].grad is None and master.dtype == torch.float32
+    assert moved > 0.9 * total  # Adam's first step moves (almost) every weight by ~lr
+    assert rounded_away > 0.99 * total  # which a bf16 optimizer would have lost
+
+    same_start = fresh_model().to(torch.bfloat16).to(torch.float32)
+    reference = PolicyTrainer(same_start, tokenizer, {**FP32, "lr": 1e-6, "micro_batch_size": 2})
+    reference.step(make_samples())
+    agree = total_signs = 0
+    for name, master in trainer.masters.items():
+        fp32_delta = reference.trainable[name].detach() - start[name]
+        agree += int((torch.sign(master - start[name]) == torch.sign(fp32_delta)).sum())
+        total_signs += master.numel()
+    assert agree > 0.8 * total_signs  # the float32 update's direction (random signs: half)
 
 
 def test_lora_on_a_bf16_model_with_autocast() -> None:

@@ -47,7 +47,9 @@ class MetricsLog:
             if not isinstance(value, (int, float, bool)) or (isinstance(value, float) and not math.isfinite(value)):
                 raise TypeError(f"run.log_metrics: metric {name!r} must be a finite number or a flag, "
                                 f"got {value!r}")
-            clean[name] = value
+            # Six significant digits, not decimals: an lr of 1e-6 or a gradient norm of 3e-7
+            # must not be logged as 0.
+            clean[name] = float(f"{value:.6g}") if isinstance(value, float) else value
         line = json.dumps({"phase": phase, "step": step, "metrics": clean,
                            "time": round(time.time(), 3)}, sort_keys=True)
         with self._lock:

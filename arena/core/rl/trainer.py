@@ -65,8 +65,9 @@ class TrainerConfig:
     ``advantage_scale`` is not applied by :meth:`PolicyTrainer.step`: the caller passes it to
     :func:`arena.core.rl.advantages.assign_advantages`, so advantages stay visible and explicit.
     ``precision``: ``auto`` uses bf16 autocast where the device computes it natively. Weights
-    are trained in float32 either way. ``aggregation``: ``token-mean`` (every trained token of
-    the step weighs the same) or ``sample-mean`` (slime's default: each sample's token mean,
+    are trained in float32 either way: weights loaded in bf16 through float32 master copies
+    (``fp32`` refuses them). ``aggregation``: ``token-mean`` (every trained token of the step
+    weighs the same) or ``sample-mean`` (slime's default: each sample's token mean,
     averaged over samples). ``old_logprobs``: ``rollout`` takes the samples' own log-probs;
     ``recompute`` uses the trainer's log-probs under the current weights (slime's default;
     with one optimizer step per batch the ratio is then exactly 1 and clipping never acts).
@@ -191,12 +192,10 @@ class PolicyTrainer:
         }
         if not self.trainable:
             raise ValueError("the model has no trainable parameters")
-        low = sorted({str(p.dtype) for p in self.trainable.values() if p.dtype != torch.float32})
-        if low:
-            raise ValueError(
-                f"trainable weights are {low}: an update of lr 1e-6 vanishes in half precision. "
-                "Load the model in float32 (bf16 autocast still speeds up the forward) or use LoRA."
-            )
+        #: float32 master copies of half-precision trainable weights (see :meth:`_make_masters`).
+        self.masters = self._make_masters()
+        #: What the optimizer updates: the master copy of a half-precision weight, else the weight.
+        self.optimized = {name: self.masters.get(name, p) for name, p in self.trainable.items()}
         self.reference: torch.nn.Module | None = None
         if not self.is_lora and self.config.kl_coef > 0:
             self.reference = copy.deepcopy(model).eval().requires_grad_(False)
@@ -259,12 +258,13 @@ class PolicyTrainer:
                     stats[role] += role_stats
                 if on_micro_batch is not None:
                     on_micro_batch(index + 1, len(batches))
-            params = list(self.trainable.values())
+            params = list(self.optimized.values())
             clip = self.config.max_grad_norm if self.config.max_grad_norm > 0 else float("inf")
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
             skipped = not math.isfinite(grad_norm)
             if not skipped:
                 self.optimizer.step()
+                self._copy_masters_to_weights()
                 self.step_count += 1
             self.optimizer.zero_grad(set_to_none=True)
         finally:
@@ -317,7 +317,7 @@ class PolicyTrainer:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
         try:
-            weights = {name: p.detach().cpu().contiguous() for name, p in self.trainable.items()}
+            weights = {name: p.detach().cpu().contiguous() for name, p in self.optimized.items()}
             save_file(weights, tmp / "weights.safetensors")
             torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
             torch.save(_rng_state(), tmp / "rng.pt")
@@ -357,8 +357,9 @@ class PolicyTrainer:
             extra = sorted(set(weights) - set(self.trainable))[:3]
             raise ValueError(f"checkpoint weights do not match: missing {missing}, extra {extra}")
         with torch.no_grad():
-            for name, param in self.trainable.items():
+            for name, param in self.optimized.items():
                 param.copy_(weights[name])
+        self._copy_masters_to_weights()
         self.optimizer.load_state_dict(
             torch.load(path / "optimizer.pt", map_location=self.device, weights_only=True)
         )
@@ -404,6 +405,34 @@ class PolicyTrainer:
         self._unmerged_weights = None
         self._notify()
 
+    def _make_masters(self) -> dict[str, torch.Tensor]:
+        """Float32 master weights for the half-precision trainable weights, as Megatron and
+        FSDP's mixed precision keep them: the forward and backward run on the served bf16
+        weights, each micro-batch's gradient is added to the master's float32 gradient (a hook
+        frees the bf16 one at once), Adam updates the masters, and the served weights are their
+        rounding. An lr 1e-6 step is then kept even where it is below bf16's resolution
+        (about 4e-3 of a weight) and lands once the steps add up to it."""
+        low = [name for name, p in self.trainable.items() if p.dtype != torch.float32]
+        if low and self.config.precision == "fp32":
+            dtype = self.trainable[low[0]].dtype
+            raise ValueError(
+                f"trainer.precision is fp32 but the trainable weights are {dtype}: load the model "
+                "in float32 (llm.dtype=float32) or train in mixed precision (trainer.precision: auto "
+                "or bf16, float32 master weights)."
+            )
+        masters: dict[str, torch.Tensor] = {}
+        for name in low:
+            param = self.trainable[name]
+            master = param.detach().to(torch.float32).clone()
+            masters[name] = master
+            param.register_post_accumulate_grad_hook(_accumulate_into(master))
+        return masters
+
+    @torch.no_grad()
+    def _copy_masters_to_weights(self) -> None:
+        for name, master in self.masters.items():
+            self.trainable[name].copy_(master)
+
     def _with_lora(self, model: torch.nn.Module) -> torch.nn.Module:
         from peft import LoraConfig, get_peft_model
 
@@ -426,8 +455,8 @@ class PolicyTrainer:
 
     def _param_groups(self) -> list[dict[str, Any]]:
         """Weight decay on matrices only; biases and norm gains are exempt, as in Megatron."""
-        decay = [p for p in self.trainable.values() if p.dim() >= 2]
-        exempt = [p for p in self.trainable.values() if p.dim() < 2]
+        decay = [p for p in self.optimized.values() if p.dim() >= 2]
+        exempt = [p for p in self.optimized.values() if p.dim() < 2]
         groups = [{"params": decay, "weight_decay": self.config.weight_decay}]
         if exempt:
             groups.append({"params": exempt, "weight_decay": 0.0})
@@ -537,6 +566,22 @@ class PolicyTrainer:
     def _notify(self) -> None:
         if self.on_weights_changed is not None:
             self.on_weights_changed()
+
+
+def _accumulate_into(master: torch.Tensor) -> Callable[[torch.Tensor], None]:
+    """A post-accumulate-grad hook moving a half-precision weight's gradient into ``master``'s
+    float32 gradient, so micro-batches accumulate in float32 and no bf16 gradient is kept."""
+
+    def hook(param: torch.Tensor) -> None:
+        assert param.grad is not None
+        grad = param.grad.to(torch.float32)
+        if master.grad is None:
+            master.grad = grad
+        else:
+            master.grad.add_(grad)
+        param.grad = None
+
+    return hook
 
 
 def _is_peft(model: torch.nn.Module) -> bool:

@@ -273,7 +273,7 @@ class EvolvingRL:
             self._candidates_file(iteration).unlink(missing_ok=True)
             self.iterations_done = state["iterations_done"] = iteration + 1
             run.method_state.save(state)
-            run.log_metrics(iteration + 1, _rounded(metrics))  # step: iterations done
+            run.log_metrics(iteration + 1, metrics)  # step: iterations done
             iterations.update(iteration + 1, note=_progress_note(metrics))
 
     def _candidates_file(self, iteration: int | str) -> Path:
@@ -439,10 +439,6 @@ def _parse_or_none(text: str) -> SkillCard | None:
 
 def _mean(values: list[Any]) -> float:
     return float(sum(float(v) for v in values) / len(values)) if values else 0.0
-
-
-def _rounded(metrics: dict[str, Any]) -> dict[str, Any]:
-    return {k: round(v, 5) if isinstance(v, float) else v for k, v in metrics.items()}
 
 
 def _progress_note(metrics: dict[str, Any]) -> str:

@@ -382,7 +382,7 @@ class SkillRL:
         backend.model = model
         backend.mark_weights_changed()
         run.charge(gradient_steps=int(metrics["sft/steps"]))
-        return {**summary, **{k: round(v, 5) for k, v in metrics.items()}}
+        return {**summary, **metrics}
 
     def _demonstration(self, run: Run, task: Task, experiences: list[Experience], seed: int,
                        mode: str) -> DemonstrationPolicy:
@@ -446,7 +446,7 @@ class SkillRL:
             run.discard_rollouts()
             state["steps_done"] = step + 1
             self._save(run, state)
-            run.log_metrics(step + 1, _rounded(metrics))  # step: RL steps done
+            run.log_metrics(step + 1, metrics)  # step: RL steps done
             shown.update(step + 1, note=f"success {metrics['success']:.0%}")
 
     def _evolve(self, run: Run, state: dict[str, Any], step: int) -> None:
@@ -627,7 +627,3 @@ class DemonstrationPolicy:
 
 def _mean(values: list[Any]) -> float:
     return float(sum(float(v) for v in values) / len(values)) if values else 0.0
-
-
-def _rounded(metrics: dict[str, Any]) -> dict[str, Any]:
-    return {k: round(v, 5) if isinstance(v, float) else v for k, v in metrics.items()}

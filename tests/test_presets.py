@@ -1,0 +1,108 @@
+"""Every preset of every method starts and finishes: composed as a user would (`--preset NAME`),
+then shrunk to one iteration and one evaluation task with the tiny model on CPU.
+
+Only sizes are overridden: counts (iterations, sources, tasks, groups, optimizer steps) and
+token limits (a random model never stops on its own, so every generation runs to its limit).
+What a preset is for is kept: dtype, training precision, context, layout, solver mode,
+aggregation, old log-probs, LoRA or full fine-tuning. A test checks that the shrinking leaves
+those untouched, so a size table that grows to override one fails here rather than hiding it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from omegaconf import OmegaConf
+
+from arena.core import protocol
+from arena.core.config import compose
+from arena.core.metrics import read_metrics
+
+#: Sizes to shrink wherever the composed preset has the key (dotted path -> value).
+SIZES: dict[str, Any] = {
+    "env.n_train": 30, "env.n_valid": 4, "env.n_test": 4,
+    "eval.limit": 1, "eval.max_steps": 2, "learn.max_steps": 2, "eval.concurrency": 2,
+    "learn.budget.gradient_steps": 1,
+    "solver.reasoning_max_tokens": 12,
+    # Evolving-RL and its GRPO baseline
+    "method.iterations": 1, "method.n_sources": 1, "method.n_skills": 2, "method.k_downstream": 1,
+    "method.group_size": 2, "method.valid_tasks": 1, "method.mini_batch_size": None,
+    "method.extractor_max_tokens": 12, "method.eval_extractor_max_tokens": 12,
+    # SkillRL
+    "method.collect.tasks": 2, "method.sft.tasks": 2, "method.sft.steps": 1,
+    "method.sft.batch_size": 2, "method.rl.steps": 1, "method.rl.tasks_per_step": 1,
+    "method.rl.group_size": 2, "method.evolution.valid_tasks": 1,
+    "method.teacher.max_new_tokens": 8, "method.distill.consolidate_max_tokens": 8,
+}
+#: Where the run happens, not what it is: the tiny model, the CPU, the hashing embedder.
+MACHINE = ["llm.model=tiny", "llm.device=cpu", "embedder.name=hashing"]
+#: What a preset means; shrinking must leave every one of these as the preset set it.
+KEPT = ["llm.dtype", "llm.max_context", "solver.layout", "solver.mode", "method.solver_samples",
+        "method.trainer", "method.rl.trainer", "method.sft.lora", "method.mode",
+        "method.train_extractor", "method.train_solver", "method.unusable_cards"]
+
+LEARNING_METHODS = ("evolving_rl", "grpo", "skillrl")
+
+
+def _presets(plugins: Any) -> list[tuple[str, str]]:
+    return [(method, preset) for method in LEARNING_METHODS
+            for preset in sorted(plugins.methods.get(method).presets)]
+
+
+def _shrunk(plugins: Any, method: str, preset: str) -> list[str]:
+    cfg = compose(plugins, method, preset=preset)
+    overrides = []
+    for key, value in SIZES.items():
+        if OmegaConf.select(cfg, key, default="<absent>") != "<absent>":
+            if key == "method.eval_extractor_max_tokens" and cfg.method.eval_extractor_max_tokens is None:
+                continue
+            overrides.append(f"{key}={'null' if value is None else value}")
+    return overrides + MACHINE
+
+
+def pytest_generate_tests(metafunc: Any) -> None:
+    if "method_preset" in metafunc.fixturenames:
+        from arena.core.plugins import get_plugins
+
+        pairs = _presets(get_plugins())
+        metafunc.parametrize("method_preset", pairs, ids=[f"{m}-{p}" for m, p in pairs])
+
+
+def test_every_learning_method_has_its_paper_preset_here(plugins) -> None:
+    pairs = set(_presets(plugins))
+    assert {("evolving_rl", "paper"), ("grpo", "paper"), ("skillrl", "paper")} <= pairs
+    assert len(pairs) >= 9
+
+
+def test_shrinking_changes_sizes_only(plugins, method_preset) -> None:
+    method, preset = method_preset
+    as_preset = compose(plugins, method, preset=preset)
+    shrunk = compose(plugins, method, preset=preset, overrides=_shrunk(plugins, method, preset))
+    for key in KEPT:
+        before = OmegaConf.select(as_preset, key, default=None)
+        after = OmegaConf.select(shrunk, key, default=None)
+        assert OmegaConf.to_container(after) == OmegaConf.to_container(before) \
+            if OmegaConf.is_config(before) else after == before, (key, before, after)
+
+
+@pytest.mark.slow
+def test_every_preset_runs_one_shrunk_iteration_to_valid_results(plugins, method_preset, tmp_path) -> None:
+    method, preset = method_preset
+    path, results = protocol.run(method, overrides=_shrunk(plugins, method, preset),
+                                 out=tmp_path / "run", plugins=plugins, preset=preset)
+    assert results["valid"] is True, results["violations"]
+    for split in ("test_seen", "test_unseen"):
+        assert results["splits"][split]["n_tasks"] == 1
+    assert results["provenance"]["config"]["method"]["preset"] == preset
+    assert json.loads((path / "results.json").read_text())["record"] == results["record"]
+    # The preset's learning ran: its one optimizer step was taken and counted by the harness,
+    # unless the preset drops groups without signal and the random model's all were (its
+    # metrics then say every sample was dropped).
+    if results["learn"]["used"]["gradient_steps"] == 0:
+        (learned,) = [m["metrics"] for m in read_metrics(path)
+                      if m["phase"] == "learn" and "samples" in m["metrics"]]
+        assert learned["samples_dropped"] == learned["samples"] > 0, learned
+    else:
+        assert results["learn"]["used"]["gradient_steps"] == 1, results["learn"]["used"]
