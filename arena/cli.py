@@ -18,6 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from arena.core.config import ConfigError
+from arena.core.errors import RanksLost
 from arena.core.registry import RegistrationError, UnknownNameError
 from arena.core.rundir import RunDir, RunDirError
 
@@ -34,7 +35,7 @@ def make_console(stderr: bool = False) -> Console:
 
 
 console = make_console(stderr=True)
-USER_ERRORS = (ConfigError, UnknownNameError, RunDirError, RegistrationError, ValueError)
+USER_ERRORS = (ConfigError, UnknownNameError, RunDirError, RegistrationError, ValueError, RanksLost)
 
 
 @click.group()
@@ -69,6 +70,13 @@ def run(method: str | None, env_name: str | None, preset: str | None, config_fil
         raise click.UsageError("Name a method with --method NAME (see `arena plugins`), or --resume RUN_DIR.")
     from arena.console import LineReporter, RichReporter, bars
 
+    if launched_by_torchrun():  # rank 0 runs the harness; the others train when it says
+        from arena.core.rl import ranks
+
+        if ranks.join().rank != 0:
+            ranks.follow()
+            return
+        ranks.stop_cleanly_on_sigterm()
     started = time.perf_counter()
     try:
         # Bars on a terminal; in a log file or a pipe, timestamped lines (bars draw nothing there).
@@ -80,9 +88,19 @@ def run(method: str | None, env_name: str | None, preset: str | None, config_fil
                                          allow_version_change=allow_version_change, repair=repair)
     except USER_ERRORS as exc:
         raise click.ClickException(str(exc)) from exc
+    finally:
+        if launched_by_torchrun():
+            from arena.core.rl import ranks
+
+            ranks.release()
     print_summary(results, path)
     console.print(f"Finished in {time.perf_counter() - started:.1f} s. Results: {path / 'results.json'}")
     print_next_steps(path)
+
+
+def launched_by_torchrun() -> bool:
+    """Started by torchrun (its env names this process's rank), without importing torch."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
 def print_next_steps(path: Path) -> None:

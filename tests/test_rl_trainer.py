@@ -433,26 +433,25 @@ def test_checkpoint_resume_matches_an_uninterrupted_run(
     config = {**(MIXED if mode == "bf16-masters" else FP32), "lr": 1e-3, **lora}
     first, second = make_samples(seed=1), make_samples(seed=2)
 
-    def fresh_model() -> torch.nn.Module:  # noqa: F811 (the weights this mode trains)
-        model = globals()["fresh_model"]()
+    def model_for_mode() -> torch.nn.Module:
+        model = fresh_model()
         return model.to(torch.bfloat16) if mode == "bf16-masters" else model
 
-    trainer = PolicyTrainer(fresh_model(), tokenizer, config)
+    trainer = PolicyTrainer(model_for_mode(), tokenizer, config)
     trainer.step(first)
     trainer.save(tmp_path / "ckpt")
     trainer.save(tmp_path / "ckpt")  # overwriting an existing checkpoint
-    saved_state = {k: v["exp_avg"].clone() for k, v in trainer.optimizer.state.items()}
+    saved_state = {name: trainer.optimizer.state[p]["exp_avg"].clone() for name, p in trainer.optimized.items()}
     trainer.step(second)
     uninterrupted = trainable_snapshot(trainer)
 
     torch.manual_seed(12345)  # a resumed process starts from some other RNG state
-    resumed = PolicyTrainer(fresh_model(), tokenizer, config)
+    resumed = PolicyTrainer(model_for_mode(), tokenizer, config)
     resumed.load(tmp_path / "ckpt")
     assert resumed.step_count == 1
-    restored = [state["exp_avg"] for state in resumed.optimizer.state.values()]
-    assert len(restored) == len(saved_state)
-    for expected, got in zip(saved_state.values(), restored):
-        assert torch.equal(expected, got)
+    assert len(resumed.optimizer.state) == len(saved_state)
+    for name, param in resumed.optimized.items():
+        assert torch.equal(resumed.optimizer.state[param]["exp_avg"], saved_state[name]), name
     resumed.step(second)
     assert resumed.step_count == 2
     for name, value in trainable_snapshot(resumed).items():
@@ -460,6 +459,33 @@ def test_checkpoint_resume_matches_an_uninterrupted_run(
     for name, master in resumed.masters.items():  # the float32 masters, not their rounding
         assert torch.equal(master, trainer.masters[name]), name
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # no temporary left behind
+
+
+def test_a_checkpoint_of_the_first_format_still_resumes(tokenizer, tmp_path: Path) -> None:
+    """Runs checkpointed before sharded training (safetensors weights, a torch optimizer state)
+    resume as they were; new checkpoints are torch.distributed.checkpoint folders."""
+    import json
+
+    from safetensors.torch import save_file
+
+    config = {**FP32, "lr": 1e-3}
+    trainer = PolicyTrainer(fresh_model(), tokenizer, config)
+    trainer.step(make_samples(seed=1))
+    old = tmp_path / "old"
+    old.mkdir()
+    save_file({n: p.detach().contiguous() for n, p in trainer.trainable.items()}, old / "weights.safetensors")
+    torch.save(trainer.optimizer.state_dict(), old / "optimizer.pt")
+    torch.save({"cpu": torch.get_rng_state()}, old / "rng.pt")
+    (old / "trainer_state.json").write_text(json.dumps({"format": 1, "step": 1, "mode": "full"}))
+    trainer.save(tmp_path / "new")
+    assert (tmp_path / "new" / ".metadata").exists() and not (tmp_path / "new" / "weights.safetensors").exists()
+    trainer.step(make_samples(seed=2))
+
+    resumed = PolicyTrainer(fresh_model(), tokenizer, config)
+    resumed.load(old)
+    resumed.step(make_samples(seed=2))
+    for name, value in trainable_snapshot(resumed).items():
+        assert torch.equal(value, trainer.trainable[name]), name
 
 
 def test_non_finite_gradient_skips_the_step(tokenizer) -> None:

@@ -18,3 +18,7 @@ class BudgetExhausted(RuntimeError):
 
 class NotTrainable(ValueError):
     """The run's backend serves no model a method can train in-process."""
+
+
+class RanksLost(RuntimeError):
+    """A rank of a torchrun training group stopped (killed, out of memory, its node lost)."""

@@ -19,6 +19,7 @@ import torch
 from arena.core.llm import TrainableBackend
 from arena.core.method_state import Checkpoints
 from arena.core.rl.data import Sample, mini_batches
+from arena.core.rl.ranks import LeadTrainer
 from arena.core.rl.trainer import PolicyTrainer, TrainerConfig
 
 #: ``progress(label)``: a context showing one update while it runs (``run.progress``).
@@ -38,6 +39,12 @@ class CheckpointedTrainer:
         # initial weights are drawn from a torch RNG seeded with ``seed`` (the learn seed), not
         # from the process's global one, whose state differs from run to run: otherwise two runs
         # of one config played identical episodes and ended with different weights.
+        # Under torchrun the trainer is sharded over every rank (arena.core.rl.ranks), on a
+        # copy of the served model that it streams its weights back into.
+        self.trainer: PolicyTrainer | LeadTrainer
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            self.trainer = LeadTrainer(backend, self.config, seed=seed)
+            return
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             self.trainer = PolicyTrainer(backend.model, backend.tokenizer, self.config,

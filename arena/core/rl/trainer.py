@@ -10,6 +10,12 @@ is that model with its adapters disabled. With full fine-tuning the reference is
 the weights at construction, made only when the KL term is on; a resumed run must therefore build
 its trainer on the same base weights before :meth:`PolicyTrainer.load`.
 
+With ``sharded=True`` the trainer trains across the ranks of a ``torch.distributed`` process
+group on FSDP2 (:mod:`arena.core.rl.sharding`): the given model is then the trainer's own (no
+backend serves it; :meth:`PolicyTrainer.full_weights` streams the updated weights to one that
+does), every rank calls every method with the same arguments, and checkpoints are
+``torch.distributed.checkpoint`` folders that any world size reads.
+
 Logits are computed only where a token is trained (the decoder runs on the whole sequence, the
 vocabulary-wide output layer on the generated positions only), which is most of the memory of a
 step on a 49k-token vocabulary. This assumes logits = output_embeddings(last hidden state), true
@@ -25,6 +31,7 @@ import os
 import shutil
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field, fields
@@ -32,13 +39,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
+from arena.core.rl import sharding
 from arena.core.rl.data import Sample
 from arena.core.rl.loss import RoleStats, policy_loss, token_entropy, token_logprobs
+from arena.core.rl.sharding import World
 from arena.core.torch_utils import eval_mode
 
-CHECKPOINT_FORMAT = 1
+#: 1: safetensors weights and a torch optimizer state (read, no longer written); 2: a
+#: torch.distributed.checkpoint folder, resharded on load to any world size.
+CHECKPOINT_FORMAT = 2
+_READABLE_FORMATS = (1, 2)
 _PRECISIONS = ("auto", "bf16", "fp32")
 _AGGREGATIONS = ("token-mean", "sample-mean")
 _OLD_LOGPROBS = ("rollout", "recompute")
@@ -163,6 +175,24 @@ class _MicroBatch:
     roles: list[str]
 
 
+class _TrainedLogits(torch.nn.Module):
+    """The training forward as one module: the decoder on whole sequences, the output layer on
+    the trained positions only. FSDP gathers a module's own weights in its forward, so routing
+    the forward through this root gathers the embeddings, final norm and a tied output layer
+    together (calling the decoder and the head separately would bypass it)."""
+
+    def __init__(self, lm: Any) -> None:
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                trained: torch.Tensor) -> torch.Tensor:
+        hidden = self.lm.get_decoder()(
+            input_ids=input_ids, attention_mask=attention_mask
+        ).last_hidden_state[:, :-1]
+        return self.lm.get_output_embeddings()(hidden[trained]).float()
+
+
 class PolicyTrainer:
     """Trains a causal LM on :class:`~arena.core.rl.data.Sample` batches with the joint loss
     of :mod:`arena.core.rl.loss`: one optimizer step per :meth:`step` call."""
@@ -174,19 +204,38 @@ class PolicyTrainer:
         config: TrainerConfig | Mapping[str, Any] | None = None,
         *,
         on_weights_changed: Callable[[], None] | None = None,
+        sharded: bool = False,
     ) -> None:
         if not isinstance(config, TrainerConfig):
             config = TrainerConfig.from_mapping(config or {})
         self.config = config
         self.on_weights_changed = on_weights_changed
+        self.sharded = sharded
+        #: The ranks this trainer's steps are shared by (one without ``sharded``, even under
+        #: torchrun).
+        self.world = World.current() if sharded else World()
+        if sharded and not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            raise ValueError("sharded training needs a torch.distributed process group: launch "
+                             "with torchrun (torchrun --nproc-per-node N $(which arena) run ...)")
         pad = tokenizer.pad_token_id
         self.pad_id: int = pad if pad is not None else tokenizer.eos_token_id
+        if sharded and any(p.dtype != torch.float32 for p in model.parameters()):
+            model = model.float()  # the float32 shards are the master weights
+        self.device = next(model.parameters()).device
+        self.autocast_dtype = resolve_autocast(self.config.precision, self.device)
+        reference = None
+        if not self.config.lora and self.config.kl_coef > 0:
+            reference = copy.deepcopy(model).eval().requires_grad_(False)
         #: A transformers model, inside peft's wrapper with LoRA (typed Any: peft's and
         #: transformers' methods are not on torch.nn.Module).
-        self.model: Any = self._with_lora(model) if self.config.lora else model
+        self.model: Any = with_lora(model, self.config.lora) if self.config.lora else model
         self.is_lora = _is_peft(self.model)
-        self.device = next(self.model.parameters()).device
-        self.autocast_dtype = resolve_autocast(self.config.precision, self.device)
+        self.forward = _TrainedLogits(self._lm())
+        self.reference = None if reference is None else _TrainedLogits(reference)
+        if sharded:
+            for module in (self.forward, self.reference):
+                if module is not None:
+                    sharding.shard(module, module.lm.get_decoder().layers, self.autocast_dtype)
         self.trainable = {
             name: param for name, param in self.model.named_parameters() if param.requires_grad
         }
@@ -196,9 +245,6 @@ class PolicyTrainer:
         self.masters = self._make_masters()
         #: What the optimizer updates: the master copy of a half-precision weight, else the weight.
         self.optimized = {name: self.masters.get(name, p) for name, p in self.trainable.items()}
-        self.reference: torch.nn.Module | None = None
-        if not self.is_lora and self.config.kl_coef > 0:
-            self.reference = copy.deepcopy(model).eval().requires_grad_(False)
         self.optimizer = torch.optim.AdamW(
             self._param_groups(),
             lr=self.config.lr,
@@ -226,7 +272,9 @@ class PolicyTrainer:
         """
         started = time.perf_counter()
         self.unmerge_adapters()
-        batches = self._micro_batches(samples)
+        # Cut and weighed over the whole step; each rank then plays its share (see sharding).
+        everyone = self._micro_batches(samples)
+        batches, n_real = sharding.deal(everyone, self.world, self._idle(everyone[0]))
         references = self._reference_logprobs(batches) if self.config.kl_coef > 0 else None
         stats = {role: RoleStats() for role in self._report_roles(samples)}
         total = 0.0
@@ -235,7 +283,7 @@ class PolicyTrainer:
         try:
             for index, batch in enumerate(batches):
                 with self._autocast():
-                    logprobs, entropy = self._policy_outputs(self._lm(), batch)
+                    logprobs, entropy = self._policy_outputs(self.forward, batch)
                 recompute = self.config.old_logprobs == "recompute"
                 out = policy_loss(
                     logprobs,
@@ -252,15 +300,17 @@ class PolicyTrainer:
                     entropy_coef=self.config.entropy_coef,
                     token_weights=batch.weights,
                 )
-                out.loss.backward()
-                total += float(out.loss.detach())
-                for role, role_stats in out.roles.items():
-                    stats[role] += role_stats
+                # FSDP averages the ranks' gradients; the step's loss is their sum.
+                (out.loss * self.world.size if self.sharded else out.loss).backward()
+                if index < n_real:
+                    total += float(out.loss.detach())
+                    for role, role_stats in out.roles.items():
+                        stats[role] += role_stats
                 if on_micro_batch is not None:
                     on_micro_batch(index + 1, len(batches))
             params = list(self.optimized.values())
             clip = self.config.max_grad_norm if self.config.max_grad_norm > 0 else float("inf")
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
+            grad_norm = float(sharding.full(torch.nn.utils.clip_grad_norm_(params, clip)))
             skipped = not math.isfinite(grad_norm)
             if not skipped:
                 self.optimizer.step()
@@ -271,6 +321,8 @@ class PolicyTrainer:
             self.model.eval()
         if not skipped:
             self._notify()
+        if self.sharded:
+            total, stats = _summed_over_ranks(total, stats)
         metrics = {
             "loss": total,
             "grad_norm": grad_norm,
@@ -295,7 +347,7 @@ class PolicyTrainer:
             scores = self._reference_logprobs(batches)
         else:
             with eval_mode(self.model), self._autocast():
-                scores = [self._policy_outputs(self._lm(), b, entropy=False)[0] for b in batches]
+                scores = [self._policy_outputs(self.forward, b, entropy=False)[0] for b in batches]
         result: list[list[float]] = []
         for batch, score in zip(batches, scores):
             for row in range(score.shape[0]):
@@ -309,48 +361,100 @@ class PolicyTrainer:
     # ------------------------------------------------------------------------------------------
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write trainable weights (the adapters with LoRA), optimizer state, step counter and
-        torch RNG states to folder ``path``. Written into a hidden sibling, then renamed: ``path``
-        never holds a half-written checkpoint (a crash between the two renames of an overwrite
-        leaves the previous one in a hidden ``.NAME.old.*`` sibling)."""
+        """Write trainable weights (the adapters with LoRA; the float32 masters of bf16
+        weights), optimizer state, step counter and each rank's torch RNG state to folder
+        ``path``, as a ``torch.distributed.checkpoint`` that any world size reads. Written into
+        a hidden sibling, then renamed: ``path`` never holds a half-written checkpoint (a crash
+        between the two renames of an overwrite leaves the previous one in a hidden
+        ``.NAME.old.*`` sibling). Sharded, every rank calls it; the ranks share one filesystem."""
+        import torch.distributed.checkpoint as dcp
+
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+        self.unmerge_adapters()
+        tmp = None
+        if self.world.rank == 0:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+        tmp = Path(sharding.broadcast(str(tmp)) if self.sharded else str(tmp))
         try:
-            weights = {name: p.detach().cpu().contiguous() for name, p in self.optimized.items()}
-            save_file(weights, tmp / "weights.safetensors")
-            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-            torch.save(_rng_state(), tmp / "rng.pt")
-            state = {
-                "format": CHECKPOINT_FORMAT,
-                "step": self.step_count,
-                "mode": "lora" if self.is_lora else "full",
-                "config": self.config.to_dict(),
-            }
-            (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
-            tmp.chmod(0o755)
-            if path.exists():
-                stale = Path(tempfile.mkdtemp(prefix=f".{path.name}.old.", dir=path.parent))
-                os.rename(path, stale / path.name)
-                os.rename(tmp, path)
-                shutil.rmtree(stale)
-            else:
-                os.rename(tmp, path)
+            with _single_process_quiet():
+                dcp.save(self._checkpoint_state(), checkpoint_id=tmp, no_dist=not self.sharded)
+            torch.save(_rng_state(), tmp / f"rng-{self.world.rank}.pt")
+            if self.sharded:
+                sharding.barrier()  # every rank's shards are written
+            if self.world.rank == 0:
+                state = {
+                    "format": CHECKPOINT_FORMAT,
+                    "step": self.step_count,
+                    "mode": "lora" if self.is_lora else "full",
+                    "world_size": self.world.size,
+                    "config": self.config.to_dict(),
+                }
+                (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
+                tmp.chmod(0o755)
+                _replace(path, tmp)
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            if self.world.rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+            if self.sharded:
+                sharding.barrier()  # no rank goes on before the checkpoint is in place
         return path
 
     def load(self, path: str | os.PathLike[str]) -> None:
-        """Restore a :meth:`save`: weights, optimizer state, step counter and RNG states."""
+        """Restore a :meth:`save` (written by any world size): weights, optimizer state, step
+        counter and RNG states. Checkpoints of format 1 (before sharding) load unsharded."""
         path = Path(path)
         self.unmerge_adapters()
         state = json.loads((path / "trainer_state.json").read_text())
         mode = "lora" if self.is_lora else "full"
-        if state.get("format") != CHECKPOINT_FORMAT or state.get("mode") != mode:
+        if state.get("format") not in _READABLE_FORMATS or state.get("mode") != mode:
             raise ValueError(
                 f"{path} is a format {state.get('format')} {state.get('mode')} checkpoint; "
-                f"this trainer reads format {CHECKPOINT_FORMAT} {mode}"
+                f"this trainer reads formats {_READABLE_FORMATS} {mode}"
             )
+        if state["format"] == 1:
+            self._load_format_1(path)
+        else:
+            import torch.distributed.checkpoint as dcp
+
+            self.step_count = int(state["step"])  # the optimizer state exists once a step did
+            target = self._checkpoint_state(with_optimizer=self.step_count > 0)
+            with _single_process_quiet():
+                dcp.load(target, checkpoint_id=path, no_dist=not self.sharded)
+            own = path / f"rng-{self.world.rank}.pt"
+            _set_rng_state(torch.load(own if own.exists() else path / "rng-0.pt", weights_only=True))
+        self.step_count = int(state["step"])
+        self._copy_masters_to_weights()
+        self._notify()
+
+    def full_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The trainable weights one at a time, whole (a sharded weight is gathered, a master
+        rounded to the served dtype is not: the float32 value), for a serving copy to take in
+        tensor by tensor. Sharded, every rank iterates it (each weight is a collective)."""
+        for name, param in self.optimized.items():
+            yield name, sharding.full(param.detach())
+
+    def _checkpoint_state(self, with_optimizer: bool = True) -> dict[str, torch.Tensor]:
+        """What a checkpoint holds, keyed by weight name (the same names in every world size,
+        so a checkpoint of sharded DTensors reshards onto plain tensors and back). Loading
+        needs destinations for the optimizer's moments before its first step: zeros here."""
+        state: dict[str, torch.Tensor] = {}
+        for name, param in self.optimized.items():
+            state[f"weights/{name}"] = param.detach()
+            if not with_optimizer:
+                continue
+            moments = self.optimizer.state[param]
+            if not moments:
+                moments.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(param.detach()),
+                               exp_avg_sq=torch.zeros_like(param.detach()))
+            for key, value in moments.items():
+                state[f"optimizer/{name}/{key}"] = value
+        return state
+
+    def _load_format_1(self, path: Path) -> None:
+        if self.sharded:
+            raise ValueError(f"{path} is a format 1 checkpoint (written before sharded training): "
+                             "resume it in one process, without torchrun")
         weights = load_file(path / "weights.safetensors")
         if set(weights) != set(self.trainable):
             missing = sorted(set(self.trainable) - set(weights))[:3]
@@ -359,13 +463,10 @@ class PolicyTrainer:
         with torch.no_grad():
             for name, param in self.optimized.items():
                 param.copy_(weights[name])
-        self._copy_masters_to_weights()
         self.optimizer.load_state_dict(
             torch.load(path / "optimizer.pt", map_location=self.device, weights_only=True)
         )
         _set_rng_state(torch.load(path / "rng.pt", weights_only=True))
-        self.step_count = int(state["step"])
-        self._notify()
 
     # ------------------------------------------------------------------------------------------
     # Internals
@@ -383,7 +484,7 @@ class PolicyTrainer:
         aside, so :meth:`unmerge_adapters` (called by every training operation) restores them
         exactly, not up to bf16 rounding. A no-op without LoRA or when already merged.
         """
-        if not self.is_lora or self.merged:
+        if not self.is_lora or self.merged or self.sharded:
             return
         self._unmerged_weights = {
             name: param.detach().to("cpu", copy=True)
@@ -433,22 +534,6 @@ class PolicyTrainer:
         for name, master in self.masters.items():
             self.trainable[name].copy_(master)
 
-    def _with_lora(self, model: torch.nn.Module) -> torch.nn.Module:
-        from peft import LoraConfig, get_peft_model
-
-        lora = self.config.lora
-        assert lora is not None
-        targets = lora.target_modules
-        peft_config = LoraConfig(
-            r=lora.r,
-            lora_alpha=lora.alpha,
-            lora_dropout=lora.dropout,
-            target_modules=targets if isinstance(targets, str) else list(targets),
-            task_type="CAUSAL_LM",
-        )
-        # Adapters of a bf16 model are created in float32 (peft's autocast_adapter_dtype).
-        return get_peft_model(model, peft_config)
-
     def _lm(self) -> Any:
         """The transformers model itself (inside peft's wrapper with LoRA)."""
         return self.model.get_base_model() if self.is_lora else self.model
@@ -494,6 +579,16 @@ class PolicyTrainer:
             for chunk in (order[k : k + size] for k in range(0, len(order), size))
         ]
 
+    @staticmethod
+    def _idle(batch: _MicroBatch) -> _MicroBatch:
+        """A micro-batch that weighs nothing: a rank with fewer micro-batches than another
+        plays copies of it, so every rank runs FSDP's collectives the same number of times."""
+        return _MicroBatch(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask, trained=batch.trained,
+            old_logprobs=batch.old_logprobs, weights=torch.zeros_like(batch.weights),
+            advantages=torch.zeros_like(batch.advantages), roles=batch.roles,
+        )
+
     def _collate(self, samples: list[Sample], token_weight: list[float]) -> _MicroBatch:
         width = max(len(s.input_ids) for s in samples)
         ids = torch.full((len(samples), width), self.pad_id, dtype=torch.long)
@@ -519,17 +614,14 @@ class PolicyTrainer:
         )
 
     def _policy_outputs(
-        self, lm: Any, batch: _MicroBatch, entropy: bool = True
+        self, forward: torch.nn.Module, batch: _MicroBatch, entropy: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (and entropies) at trained positions as ``(B, T-1)`` float32 tensors.
 
         Entropy carries gradient only on rows whose role has a non-zero coefficient: the other
         rows only report it, and skipping their backward saves a vocabulary-wide activation.
         """
-        hidden = lm.get_decoder()(
-            input_ids=batch.input_ids, attention_mask=batch.attention_mask
-        ).last_hidden_state[:, :-1]
-        logits = lm.get_output_embeddings()(hidden[batch.trained]).float()
+        logits = forward(batch.input_ids, batch.attention_mask, batch.trained)
         targets = batch.input_ids[:, 1:][batch.trained]
         logprobs = torch.zeros(batch.trained.shape, device=logits.device)
         logprobs[batch.trained] = token_logprobs(logits, targets)
@@ -557,7 +649,7 @@ class PolicyTrainer:
     def _reference(self) -> Iterator[torch.nn.Module]:
         if self.is_lora:
             with self.model.disable_adapter():
-                yield self._lm()
+                yield self.forward
         elif self.reference is not None:
             yield self.reference
         else:
@@ -566,6 +658,22 @@ class PolicyTrainer:
     def _notify(self) -> None:
         if self.on_weights_changed is not None:
             self.on_weights_changed()
+
+
+def _summed_over_ranks(total: float, stats: dict[str, RoleStats]) -> tuple[float, dict[str, RoleStats]]:
+    """The step's loss and per-role sums over every rank's share (every rank reports the same
+    roles: they come from the config and the samples, which all ranks are given)."""
+    names = [f.name for f in fields(RoleStats)]
+    flat = [total, *(float(getattr(stats[role], n)) for role in sorted(stats) for n in names)]
+    summed = iter(sharding.all_sum(flat))
+    total = next(summed)
+    out = {}
+    for role in sorted(stats):
+        out[role] = RoleStats()
+        for n in names:
+            value = next(summed)
+            setattr(out[role], n, int(value) if isinstance(getattr(out[role], n), int) else value)
+    return total, out
 
 
 def _accumulate_into(master: torch.Tensor) -> Callable[[torch.Tensor], None]:
@@ -582,6 +690,43 @@ def _accumulate_into(master: torch.Tensor) -> Callable[[torch.Tensor], None]:
         param.grad = None
 
     return hook
+
+
+@contextmanager
+def _single_process_quiet() -> Iterator[None]:
+    """torch.distributed.checkpoint warns on every single-process save and load that it
+    assumes one process; that is what no_dist asks for."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def _replace(path: Path, new: Path) -> None:
+    """Rename ``new`` to ``path``, moving an existing ``path`` aside first (never half of each)."""
+    if path.exists():
+        stale = Path(tempfile.mkdtemp(prefix=f".{path.name}.old.", dir=path.parent))
+        os.rename(path, stale / path.name)
+        os.rename(new, path)
+        shutil.rmtree(stale)
+    else:
+        os.rename(new, path)
+
+
+def with_lora(model: torch.nn.Module, lora: LoraSettings) -> Any:
+    """``model`` with LoRA adapters injected in place (peft replaces its linear layers), inside
+    peft's wrapper; a serving copy given the same settings gets the same weight names."""
+    from peft import LoraConfig, get_peft_model
+
+    targets = lora.target_modules
+    peft_config = LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=targets if isinstance(targets, str) else list(targets),
+        task_type="CAUSAL_LM",
+    )
+    # Adapters of a bf16 model are created in float32 (peft's autocast_adapter_dtype).
+    return get_peft_model(model, peft_config)
 
 
 def _is_peft(model: torch.nn.Module) -> bool:
