@@ -207,6 +207,40 @@ FAST_OVERRIDES: tuple[str, ...] = (
 TINY_MODEL_OVERRIDES: tuple[str, ...] = ("llm.backend=transformers", "llm.model=tiny")
 
 #: Splits a method may learn from; the protocol refuses test splits while learning.
+#: The sizes :func:`shrunk_overrides` shrinks, wherever a composed config has the key.
+PRESET_SIZES: dict[str, Any] = {
+    "env.n_train": 30, "env.n_valid": 4, "env.n_test": 4,
+    "eval.limit": 1, "eval.max_steps": 2, "learn.max_steps": 2, "eval.concurrency": 2,
+    "learn.budget.gradient_steps": 1,
+    "solver.reasoning_max_tokens": 12,
+    # Evolving-RL and its GRPO baseline
+    "method.iterations": 1, "method.n_sources": 1, "method.n_skills": 2, "method.k_downstream": 1,
+    "method.group_size": 2, "method.valid_tasks": 1, "method.mini_batch_size": None,
+    "method.extractor_max_tokens": 12, "method.eval_extractor_max_tokens": 12,
+    # SkillRL
+    "method.collect.tasks": 2, "method.sft.tasks": 2, "method.sft.steps": 1,
+    "method.sft.batch_size": 2, "method.rl.steps": 1, "method.rl.tasks_per_step": 1,
+    "method.rl.group_size": 2, "method.evolution.valid_tasks": 1,
+    "method.teacher.max_new_tokens": 8, "method.distill.consolidate_max_tokens": 8,
+}
+
+
+def shrunk_overrides(cfg: Any) -> list[str]:
+    """Overrides that shrink a composed config (a method with its preset) to one iteration and
+    one evaluation task: counts and token limits only (:data:`PRESET_SIZES`, where ``cfg`` has
+    the key), never dtype, precision, context, layout or aggregation, so a smoke run of a preset
+    still runs what the preset is for. Add the machine (``llm.model=tiny``, ``llm.device=cpu``)."""
+    from omegaconf import OmegaConf
+
+    overrides = []
+    for key, value in PRESET_SIZES.items():
+        present = OmegaConf.select(cfg, key, default="<absent>")
+        if present == "<absent>" or (present is None and value is not None):
+            continue  # absent, or null by design (e.g. "the learning length")
+        overrides.append(f"{key}={'null' if value is None else value}")
+    return overrides
+
+
 LEARN_SPLITS = frozenset({"train", "valid"})
 
 

@@ -488,6 +488,19 @@ def test_a_checkpoint_of_the_first_format_still_resumes(tokenizer, tmp_path: Pat
         assert torch.equal(value, trainer.trainable[name]), name
 
 
+def test_activation_checkpointing_gives_the_same_step(tokenizer) -> None:
+    results = []
+    for checkpointing in (False, True):
+        trainer = PolicyTrainer(fresh_model(), tokenizer, {**FP32, "lr": 1e-3, "activation_checkpointing": checkpointing})
+        results.append((trainer.step(make_samples()), trainable_snapshot(trainer)))
+        assert trainer._lm().is_gradient_checkpointing is checkpointing
+    (plain, plain_weights), (recomputed, recomputed_weights) = results
+    assert recomputed["grad_norm"] == pytest.approx(plain["grad_norm"], rel=1e-6)
+    assert recomputed["loss"] == pytest.approx(plain["loss"], rel=1e-6)
+    for name, value in plain_weights.items():
+        assert torch.allclose(recomputed_weights[name], value, atol=1e-7), name
+
+
 def test_non_finite_gradient_skips_the_step(tokenizer) -> None:
     calls = []
     trainer = PolicyTrainer(

@@ -100,6 +100,10 @@ class TrainerConfig:
     max_grad_norm: float = 1.0
     lora: LoraSettings | None = None
     precision: str = "auto"
+    #: Recompute each decoder layer's activations in the backward instead of keeping them:
+    #: the same gradient, a fraction of the memory, about a third more compute. What lets a
+    #: 16,384-token episode of a 7B model train on one GPU's share.
+    activation_checkpointing: bool = False
     aggregation: str = "token-mean"
     old_logprobs: str = "rollout"
 
@@ -230,6 +234,8 @@ class PolicyTrainer:
         #: transformers' methods are not on torch.nn.Module).
         self.model: Any = with_lora(model, self.config.lora) if self.config.lora else model
         self.is_lora = _is_peft(self.model)
+        if self.config.activation_checkpointing:
+            self._lm().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.forward = _TrainedLogits(self._lm())
         self.reference = None if reference is None else _TrainedLogits(reference)
         if sharded:
