@@ -67,6 +67,11 @@ def train_sft(model: torch.nn.Module, tokenizer: Any, rows: list[dict[str, Any]]
     on_cpu = next(model.parameters()).device.type == "cpu"
     import torch  # here, not at the top: listing the plugin must not import torch
 
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        raise ValueError(
+            "Supervised fine-tuning (SkillRL's cold start, a warm start's build) runs in one process, "
+            "not yet under torchrun: build a warm start first with `arena warmstart RECIPE`, and run "
+            "SkillRL without torchrun (docs/distributed.md).")
     low_precision = next(model.parameters()).dtype == torch.bfloat16
     if lora is None and low_precision:
         raise ValueError("Full-weight SFT of a bfloat16 model loses the update; set llm.dtype=float32 "
