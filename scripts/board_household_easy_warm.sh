@@ -2,7 +2,8 @@
 # The household `easy` board on the warm-start base (docs/warmstart.md): every row under the same
 # protocol (full test splits, the environment's step limit, seed 0 unless said), each run into
 # RUNS/<row>, then the board rebuilt from them. Rows already finished are skipped; an interrupted
-# one is resumed. Usage: bash scripts/board_household_easy_warm.sh [ROW ...] (default: all rows).
+# one is resumed (RESUME_ARGS=--allow-version-change resumes one begun at an older commit).
+# Usage: bash scripts/board_household_easy_warm.sh [ROW ...] (default: all rows).
 # One run at a time: two share 2 cores badly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +21,7 @@ run_row() {  # run_row ROW METHOD [ARGS...]
     if [[ -f "$out/results.json" ]]; then echo "[board] $row: done" >&2; return; fi
     if [[ -d "$out" ]]; then
         echo "[board] $row: resuming" >&2
-        arena run --resume "$out"
+        arena run --resume "$out" ${RESUME_ARGS:-}
     else
         echo "[board] $row: arena run --method $method ${COMMON[*]} llm.warmstart=$WARM $*" >&2
         arena run --method "$method" "${COMMON[@]}" "llm.warmstart=$WARM" --out "$out" "$@"
