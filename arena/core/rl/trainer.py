@@ -220,7 +220,7 @@ class PolicyTrainer:
         self.world = World.current() if sharded else World()
         if sharded and not (torch.distributed.is_available() and torch.distributed.is_initialized()):
             raise ValueError("sharded training needs a torch.distributed process group: launch "
-                             "with torchrun (torchrun --nproc-per-node N $(which arena) run ...)")
+                             "with torchrun (torchrun --nproc-per-node N -m arena.cli run ...)")
         pad = tokenizer.pad_token_id
         self.pad_id: int = pad if pad is not None else tokenizer.eos_token_id
         if sharded and any(p.dtype != torch.float32 for p in model.parameters()):
@@ -423,8 +423,8 @@ class PolicyTrainer:
         else:
             import torch.distributed.checkpoint as dcp
 
-            self.step_count = int(state["step"])  # the optimizer state exists once a step did
-            target = self._checkpoint_state(with_optimizer=self.step_count > 0)
+            # The optimizer's moments exist once a step was taken.
+            target = self._checkpoint_state(with_optimizer=int(state["step"]) > 0)
             with _single_process_quiet():
                 dcp.load(target, checkpoint_id=path, no_dist=not self.sharded)
             own = path / f"rng-{self.world.rank}.pt"
