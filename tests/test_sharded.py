@@ -51,28 +51,33 @@ def _weights(trainer: PolicyTrainer) -> dict[str, torch.Tensor]:
     return {name: tensor.clone() for name, tensor in trainer.full_weights()}
 
 
+def _scenario(sharded: bool, folder: Path, save_as: str) -> dict[str, Any]:
+    """The steps both sides take: full fine-tuning (checkpointed as ``save_as`` after its first
+    step), LoRA in float32 and in bf16; sharded, the figures rank 0 sees."""
+    first, second = make_samples(seed=1), make_samples(seed=2)
+    out: dict[str, Any] = {}
+    full = _trainer(CONFIG, sharded)
+    out["full_metrics"] = full.step(first)
+    full.save(folder / save_as)
+    full.step(second)
+    out["full_after_two"] = _weights(full)
+    lora = _trainer(LORA, sharded)
+    out["lora_metrics"] = lora.step(first)
+    out["lora_weights"] = _weights(lora)
+    out["lora_bf16_metrics"] = _trainer(LORA_BF16, sharded).step(first)
+    return out
+
+
 def _ranks(rank: int, store: str, folder: str) -> None:
     """What each of the 2 ranks runs; rank 0 saves what the test compares."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
     try:
-        out: dict[str, Any] = {}
-        first, second = make_samples(seed=1), make_samples(seed=2)
-        full = _trainer(CONFIG, sharded=True)
-        out["full_metrics"] = full.step(first)
-        full.save(Path(folder) / "by-2-ranks")
-        full.step(second)
-        out["full_after_two"] = _weights(full)
-
-        lora = _trainer(LORA, sharded=True)
-        out["lora_metrics"] = lora.step(first)
-        out["lora_weights"] = _weights(lora)
-        out["lora_bf16_metrics"] = _trainer(LORA_BF16, sharded=True).step(first)
-
+        out = _scenario(True, Path(folder), "by-2-ranks")
         resumed = _trainer(CONFIG, sharded=True)
         resumed.load(Path(folder) / "by-1-process")
         assert resumed.step_count == 1
-        resumed.step(second)
+        resumed.step(make_samples(seed=2))
         out["resumed_on_2"] = _weights(resumed)
         if rank == 0:
             torch.save(out, Path(folder) / "ranks.pt")
@@ -84,18 +89,7 @@ def _ranks(rank: int, store: str, folder: str) -> None:
 def two_ranks(tmp_path_factory) -> dict[str, Any]:
     """One process's run (and its checkpoint after step 1), then the 2-rank run."""
     folder = tmp_path_factory.mktemp("sharded")
-    first, second = make_samples(seed=1), make_samples(seed=2)
-    single: dict[str, Any] = {}
-    full = _trainer(CONFIG, sharded=False)
-    single["full_metrics"] = full.step(first)
-    full.save(folder / "by-1-process")
-    full.step(second)
-    single["full_after_two"] = _weights(full)
-    lora = _trainer(LORA, sharded=False)
-    single["lora_metrics"] = lora.step(first)
-    single["lora_weights"] = _weights(lora)
-    single["lora_bf16_metrics"] = _trainer(LORA_BF16, sharded=False).step(first)
-
+    single = _scenario(False, folder, "by-1-process")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     mp.spawn(_ranks, args=(str(folder / "store"), str(folder)), nprocs=WORLD, join=True)
     return {"single": single, "ranks": torch.load(folder / "ranks.pt", weights_only=False),
