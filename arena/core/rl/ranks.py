@@ -5,7 +5,7 @@ Rank 0's :class:`LeadTrainer` broadcasts each call it makes (build, step, save, 
 the weights) and then makes it on its own shard; :func:`follow`, the other ranks' whole life,
 receives the calls and makes them on theirs. The trainer is sharded on FSDP2
 (``PolicyTrainer(sharded=True)``) over a copy of the served model, whose weights rank 0
-broadcasts at build (a method may have changed them first, as SkillRL's SFT does); after every
+broadcasts at build (a method may have changed them before its trainer is built); after every
 step and load the updated weights stream back into the served model tensor by tensor, LoRA as
 adapters injected into it. A rank that dies fails the next collective: rank 0 raises
 :class:`RanksLost`, naming the resume command.
