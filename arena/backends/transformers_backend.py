@@ -55,7 +55,7 @@ from arena.core.llm import (
     per_prompt,
     sample_option,
 )
-from arena.core.torch_utils import eval_mode
+from arena.core.torch_utils import eval_mode, return_freed_memory
 from arena.warmstart.build import WarmStart
 from arena.warmstart.build import apply as apply_warmstart
 from arena.warmstart.build import resolve as resolve_warmstart
@@ -427,6 +427,7 @@ class TransformersBackend(LLMBackend):
             if self._prefix_cache is not None:
                 for i, row in enumerate(rows):
                     scores[i] = self._score_cached(row, option_ids[i], self._prefix_cache)
+                    return_freed_memory()
             else:
                 for chunk in self._chunks(rows):
                     chunk_scores = self._score_chunk(
@@ -580,9 +581,13 @@ class TransformersBackend(LLMBackend):
 
     @contextmanager
     def _inference(self) -> Iterator[None]:
-        """One caller at a time, in eval mode (a trainer may have left the module training)."""
+        """One caller at a time, in eval mode (a trainer may have left the module training);
+        what the call freed goes back to the system before the next one."""
         with self._lock, torch.inference_mode(), eval_mode(self.model):
-            yield
+            try:
+                yield
+            finally:
+                return_freed_memory()
 
     def _chunks(self, rows: Sequence[list[int]]) -> Iterator[list[int]]:
         """Indices of ``rows`` in batches of similar length, so left padding wastes little."""
@@ -639,6 +644,8 @@ class TransformersBackend(LLMBackend):
             )
             cache, next_position = out.past_key_values, next_position + 1
             logprobs = out.logits[:, -1].float().log_softmax(-1)
+            if step % 8 == 7:  # the cache grows a token a step: each step frees the last one's
+                return_freed_memory()
         if not tokens:
             return [([], []) for _ in rows]
         all_tokens = torch.stack(tokens, dim=1).tolist()
