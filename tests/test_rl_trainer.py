@@ -604,12 +604,15 @@ def test_merged_adapters_serve_the_same_policy_and_unmerge_exactly() -> None:
 
     trainer.merge_adapters()
     assert trainer.merged and llm.weights_digest() != digest_before  # the served weights changed
+    kept = Path(trainer._unmerged_weights.name)  # the base weights wait on disk, not in memory
+    assert (kept / "base.safetensors").is_file()
     merged = llm.choose([prompt], options, SamplingParams())[0].option_logprobs
     assert merged == pytest.approx(before, rel=0.01)  # the same policy up to bf16 rounding
     trainer.merge_adapters()  # idempotent
 
     trainer.unmerge_adapters()
     assert not trainer.merged and llm.weights_digest() == digest_before
+    assert not kept.exists()  # and are removed once restored
     for name, value in trainer.model.state_dict().items():
         assert torch.equal(value, state_before[name]), name
     trainer.merge_adapters()

@@ -41,7 +41,7 @@ def return_freed_memory() -> None:
     glibc keeps freed blocks for reuse, and a model's transient tensors come in many sizes, so
     freed memory piles up between calls: an Evolving-RL evaluation of 4 tasks peaked at 2.64 GB
     resident without trimming and 1.92 GB with a trim every half second, in the same time
-    (docs/memory.md). Called after each model call and micro-batch; it takes about a
+    (docs/speed.md, "Memory"). Called after each model call and micro-batch; it takes about a
     millisecond. A no-op without glibc, where the allocator returns memory its own way.
     """
     if _LIBC is not None:

@@ -239,7 +239,9 @@ class PolicyTrainer:
         self.forward = _TrainedLogits(self._lm())
         if self.device.type == "cpu":
             for layer in self._lm().get_decoder().layers:
-                layer.register_forward_hook(_return_freed_memory_in_training)
+                if not getattr(layer, "_arena_returns_freed_memory", False):  # once per layer
+                    layer.register_forward_hook(_return_freed_memory_in_training)
+                    layer._arena_returns_freed_memory = True
         self.reference = None if reference is None else _TrainedLogits(reference)
         if sharded:
             for module in (self.forward, self.reference):
