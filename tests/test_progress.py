@@ -167,7 +167,7 @@ def test_evolving_rl_to_a_file_writes_progress_lines_for_every_phase(tmp_path: P
     env = {**os.environ, "ARENA_PROGRESS_INTERVAL_S": "0"}
     with log.open("w") as sink:
         done = subprocess.run([sys.executable, "-m", "arena.cli", "run", "--method", "evolving_rl",
-                               "--out", str(tmp_path / "run"), *TINY], stdout=sink,
+                               "--out", str(tmp_path / "run"), *TINY, "method.extractor_max_tokens=24"], stdout=sink,
                               stderr=subprocess.STDOUT, env=env, timeout=600)
     text = log.read_text()
     assert done.returncode == 0, text
@@ -176,6 +176,8 @@ def test_evolving_rl_to_a_file_writes_progress_lines_for_every_phase(tmp_path: P
                      "it0: downstream episodes", "evaluate started", "evolving_rl iterations done in"):
         assert expected in text, f"no '{expected}' line in:\n{text}"
     assert re.search(STAMP + r"evaluate \d+/\d+ \(100%\)", text, re.M), text
+    # The test-time cards are one long generate call: its tokens move the evaluate line meanwhile.
+    assert re.search(STAMP + r"evaluate .*generating (8|16)/24 tokens of \d+ repl", text, re.M), text
     assert json.loads((tmp_path / "run" / "results.json").read_text())["valid"]
 
 
@@ -204,6 +206,40 @@ def test_a_long_silent_step_still_writes_a_line_every_interval() -> None:
         time.sleep(2.3)
     beats = [line for line in stream.getvalue().splitlines() if line.endswith("(running)")]
     assert 1 <= len(beats) <= 3 and all("it0: skill extraction 0/8 (0%)" in b for b in beats), beats
+
+
+def test_a_long_generation_moves_the_phase_line_and_leaves_it_when_done() -> None:
+    """A batch of test-time cards took two minutes on 2 cores while no episode took a step: the
+    evaluate line said `playing step 2/30, 1/30` all along. The tokens generated now show."""
+    stream = io.StringIO()
+    reporter = LineReporter(stream, interval_s=0.0)
+    reporter.phase("evaluate", 8, 0)
+    reporter.play_start("evaluate", 30)
+    for tokens in (8, 16):
+        reporter.generation(tokens, 256, 8)
+    reporter.generation(256, 256, 8)
+    reporter.play_step("evaluate", 2)
+    lines = [line[9:] for line in stream.getvalue().splitlines()]
+    assert [line for line in lines if "generating" in line] == [
+        "evaluate 0/8 (0%) tasks; 0 episodes played; playing step 0/30; generating 8/256 tokens of 8 replies; 0s",
+        "evaluate 0/8 (0%) tasks; 0 episodes played; playing step 0/30; generating 16/256 tokens of 8 replies; 0s",
+    ], lines
+    assert lines[-1].startswith("evaluate 0/8 (0%) tasks; 0 episodes played; playing step 2/30; 0s"), lines
+    reporter.phase_end("evaluate")
+    reporter.generation(8, 256, 1)  # no phase running: nothing to show, nothing raised
+    assert stream.getvalue().splitlines()[-1][9:].startswith("evaluate done in")
+
+
+def test_the_backend_tells_its_generation_as_it_goes() -> None:
+    from arena.backends.transformers_backend import TransformersBackend
+    from arena.core.llm import SamplingParams
+
+    llm = TransformersBackend({"model": "tiny", "dtype": "float32"})
+    told: list[tuple[int, int, int]] = []
+    llm.on_generated = lambda *args: told.append(args)
+    llm.generate([[{"role": "user", "content": "hello"}]] * 2, SamplingParams(max_new_tokens=20, temperature=1.0, seed=0))
+    assert told[-1] == (20, 20, 2), told  # the end, whenever the replies stopped
+    assert told[:-1] and all(tokens % 8 == 0 and tokens < 20 and rest == [20, 2] for tokens, *rest in told[:-1]), told
 
 
 def test_a_reporter_with_only_phase_and_episode_callbacks_still_works() -> None:

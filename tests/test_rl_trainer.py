@@ -316,9 +316,16 @@ def test_step_updates_the_served_weights_and_reports_both_roles() -> None:
     trainer = PolicyTrainer(llm.model, llm.tokenizer, FP32, on_weights_changed=changed)
     before = trainable_snapshot(trainer)
     samples = make_samples()
-    metrics = trainer.step(samples)
+    llm.choose([[{"role": "user", "content": "go to the desk 1"}]], [["look", "go to desk 1"]], SamplingParams())
+    assert llm._prefix_cache is not None and llm._prefix_cache.tokens_held > 0
+    held_during_step = []
+    metrics = trainer.step(samples, on_micro_batch=lambda *_: held_during_step.append(
+        llm._prefix_cache.tokens_held))
 
-    assert calls == [1] and metrics["step"] == 1 and metrics["skipped"] == 0
+    # Told before the step (the cached prompt states are of the old weights, and their memory
+    # serves the step) and after it (the new weights are served).
+    assert calls == [1, 1] and metrics["step"] == 1 and metrics["skipped"] == 0
+    assert held_during_step and set(held_during_step) == {0}
     assert not llm.model.training
     assert llm.weights_digest() != digest  # the backend serves the updated module
     assert any(not torch.equal(before[n], p) for n, p in trainer.trainable.items())
@@ -510,7 +517,8 @@ def test_non_finite_gradient_skips_the_step(tokenizer) -> None:
     samples = make_samples()
     samples[0].advantage = float("nan")
     metrics = trainer.step(samples)
-    assert metrics["skipped"] == 1 and trainer.step_count == 0 and not calls
+    # Told once, as every step starts (the served caches are dropped), not after: nothing changed.
+    assert metrics["skipped"] == 1 and trainer.step_count == 0 and calls == [1]
     for name, value in trainable_snapshot(trainer).items():
         assert torch.equal(value, before[name])
 

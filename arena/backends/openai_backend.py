@@ -22,18 +22,25 @@ it is never written into a run directory.
 
 What a server cannot give, and what is done instead:
 
-* ``choose`` cannot score every option. It asks for one reply constrained to the options
-  (``llm.guided_choice``: vLLM's ``structured_outputs`` choice, the older ``guided_choice`` field,
-  or ``none`` for a plain reply) and maps a reply that is not exactly an option to the nearest one
-  (:func:`nearest_option`), so the result is always one of the given options. How each choice was
-  made is counted (``exact``/``nearest``) and recorded in ``describe()["choices"]``, hence in the
-  run's provenance: many ``nearest`` choices mean the constraint did not hold (e.g. an old server
-  that ignores the field). ``option_logprobs`` holds the chosen option's summed reply log-prob
-  when the server returned log-probs for an exact reply, else ``0.0``, and ``-inf`` for every
-  other option: the distribution over options is not known, so :func:`sample_option` is not used;
-  temperature, top-p and seed go to the server's sampler instead.
-* No token ids: ``Generation``/``Choice`` have empty ``token_ids`` and ``prompt_token_ids``, so
-  methods that train the weights (RL) need a local backend (``transformers`` or ``vllm``).
+* ``choose`` (``llm.choose_by: reply``, any server) cannot score every option. It asks for one
+  reply constrained to the options (``llm.guided_choice``: vLLM's ``structured_outputs`` choice,
+  the older ``guided_choice`` field, or ``none`` for a plain reply) and maps a reply that is not
+  exactly an option to the nearest one (:func:`nearest_option`), so the result is always one of
+  the given options. How each choice was made is counted (``exact``/``nearest``) and recorded in
+  ``describe()["choices"]``, hence in the run's provenance: many ``nearest`` choices mean the
+  constraint did not hold (e.g. an old server that ignores the field). ``option_logprobs`` holds
+  the chosen option's summed reply log-prob when the server returned log-probs for an exact reply,
+  else ``0.0``, and ``-inf`` for every other option: the distribution over options is not known,
+  so :func:`sample_option` is not used; temperature, top-p and seed go to the server's sampler
+  instead.
+* ``llm.choose_by: option_scores`` (vLLM servers) scores every option instead, as the local
+  backends do: the chat and each option are tokenized by the server (``/tokenize``), and one
+  completions request per prompt returns the prompt log-probs (``prompt_logprobs``) of every
+  ``chat + option + end-of-turn`` row; the pick is :func:`arena.core.llm.sample_option` over the
+  summed option log-probs, so a seed picks what it would pick locally, and ``Choice`` carries the
+  token ids that were scored.
+* No token ids from ``generate``: ``Generation`` has empty ``token_ids``, so methods that train
+  the weights (RL) need a local backend (``transformers`` or ``vllm``).
   Token counts come from the server's ``usage`` (estimated as characters / 4 where it has none).
 * No weights: ``weights_digest()`` is ``""``; ``describe()`` says ``"weights": "served"``.
 * No truncation: a prompt longer than the server's context is the server's error (HTTP 400).
@@ -61,12 +68,16 @@ from arena.core.llm import (
     LLMBackend,
     SamplingParams,
     per_prompt,
+    sample_option,
 )
 
 INSTALL_HINT = "pip install 'arena[openai]'"
 #: Sent as the key when ``api_key_env`` names an unset variable: local servers accept anything.
 PLACEHOLDER_KEY = "EMPTY"
 GUIDED_MODES = ("structured_outputs", "guided_choice", "none")
+CHOOSE_BY = ("reply", "option_scores")
+#: Option texts whose token ids are kept (admissible actions repeat from step to step).
+_OPTION_CACHE = 4096
 #: Status codes the openai client retries (with backoff) before giving up.
 _RETRIED_STATUSES = frozenset({408, 409, 429})
 #: Characters of a server's error text kept in our message (an HTML error page can be long).
@@ -95,6 +106,7 @@ class OpenAIConfig:
     guided_choice: str = "structured_outputs"
     choice_max_tokens: int | None = None
     logprobs: bool = True
+    choose_by: str = "reply"
 
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, Any]) -> OpenAIConfig:
@@ -118,6 +130,12 @@ class OpenAIConfig:
             raise ValueError(
                 f"llm.guided_choice={config.guided_choice!r} is not one of {list(GUIDED_MODES)}: "
                 "structured_outputs for vLLM >= 0.11, guided_choice for older vLLM, none otherwise."
+            )
+        if config.choose_by not in CHOOSE_BY:
+            raise ValueError(
+                f"llm.choose_by={config.choose_by!r} is not one of {list(CHOOSE_BY)}: reply (one "
+                "constrained reply, any server) or option_scores (every option scored from the "
+                "server's prompt log-probs, vLLM)."
             )
         if int(config.concurrency) < 1:
             raise ValueError(f"llm.concurrency must be at least 1, got {config.concurrency}.")
@@ -212,8 +230,12 @@ class OpenAIBackend(LLMBackend):
             timeout=self.timeout_s,
             max_retries=self.max_retries,
         )
+        #: Server routes outside /v1 (vLLM's /tokenize and /detokenize).
+        self.root_client = self.client.with_options(base_url=server_root(self.base_url))
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
+        self._end_of_turn: list[int] | None = None
+        self._option_ids: dict[str, list[int]] = {}
         #: How choices were made: the reply was an option (``exact``) or mapped to the nearest
         #: one (``nearest``); ``guided``: choose requests sent with a constraint.
         self._choices = {"exact": 0, "nearest": 0, "guided": 0}
@@ -253,7 +275,8 @@ class OpenAIBackend(LLMBackend):
             if not opts:
                 raise ValueError("No options to choose from: the admissible action list is empty.")
         settings = per_prompt(params, len(prompts))
-        return self._count(self._map(self._choose_one, list(zip(prompts, options, settings))))
+        one = self._score_one if self.config.choose_by == "option_scores" else self._choose_one
+        return self._count(self._map(one, list(zip(prompts, options, settings))))
 
     def count_tokens(self, text: str) -> int:
         """Characters / 4: the server's tokenizer is not at hand (budgets only need a rough count)."""
@@ -278,6 +301,7 @@ class OpenAIBackend(LLMBackend):
             "weights": "served",
             "weights_sha256": "",
             "guided_choice": self.config.guided_choice,
+            "choose_by": self.config.choose_by,
             "choices": self.choice_counts(),
             "api_key_env": self.config.api_key_env,
             "api_key_set": self.key_from_env,
@@ -332,6 +356,88 @@ class OpenAIBackend(LLMBackend):
             tokens_out=tokens_out,
         )
 
+    def _score_one(self, item: tuple[Chat, list[str], SamplingParams]) -> Choice:
+        """Every option scored from the server's prompt log-probs (``choose_by: option_scores``)."""
+        chat, opts, params = item
+        context = self._tokenize({"messages": chat, "add_generation_prompt": True})
+        distinct = list(dict.fromkeys(opts))
+        rows = [context + self._encode_option(option) for option in distinct]
+        response = self._request(lambda: self.client.completions.create(
+            model=self.model_id, prompt=rows, max_tokens=1, temperature=0.0,
+            extra_body={"prompt_logprobs": 0}))
+        scored: dict[str, list[float]] = {}
+        for choice in sorted(response.choices, key=lambda c: c.index):
+            option = distinct[choice.index]
+            scored[option] = _prompt_logprobs(choice, rows[choice.index], start=len(context))
+        totals = [float(sum(scored[option])) for option in opts]
+        index = sample_option(totals, params)
+        option_ids = rows[distinct.index(opts[index])][len(context):]
+        return Choice(
+            index=index,
+            text=opts[index],
+            token_ids=option_ids,
+            logprobs=scored[opts[index]],
+            option_logprobs=totals,
+            tokens_in=len(context),
+            tokens_out=len(option_ids),
+            prompt_token_ids=context,
+        )
+
+    def _encode_option(self, text: str) -> list[int]:
+        """The option's token ids and the chat template's end-of-turn marker (what a local backend
+        scores); cached, since the admissible actions repeat from step to step."""
+        with self._lock:
+            ids = self._option_ids.get(text)
+        if ids is None:
+            ids = self._tokenize({"prompt": text, "add_special_tokens": False})
+            with self._lock:
+                if len(self._option_ids) >= _OPTION_CACHE:
+                    self._option_ids.clear()
+                self._option_ids[text] = ids
+        return ids + self._end_of_turn_ids()
+
+    def _end_of_turn_ids(self) -> list[int]:
+        """The tokens the server's chat template puts after an assistant message, read off the
+        template (``<|im_end|>`` for SmolLM2); trailing whitespace is not part of the reply."""
+        if self._end_of_turn is not None:
+            return self._end_of_turn
+        marker = "ARENA"
+        user = [{"role": "user", "content": "x"}]
+        head = self._tokenize({"messages": user, "add_generation_prompt": True})
+        body = self._tokenize({"prompt": marker, "add_special_tokens": False})
+        full = self._tokenize({"messages": user + [{"role": "assistant", "content": marker}],
+                               "add_generation_prompt": False})
+        if full[: len(head) + len(body)] != head + body or len(full) == len(head) + len(body):
+            raise OpenAIBackendError(
+                f"Could not read the end-of-turn marker off the chat template of {self.model_id!r} "
+                f"at {public_url(self.base_url)}: an assistant message does not extend the "
+                "generation prompt token by token. Use llm.choose_by=reply with this model."
+            )
+        tail = full[len(head) + len(body):]
+        while len(tail) > 1 and not self._detokenize(tail[-1:]).strip():
+            tail = tail[:-1]
+        self._end_of_turn = tail
+        return tail
+
+    def _tokenize(self, body: dict[str, Any]) -> list[int]:
+        """Token ids from the server's ``/tokenize`` (vLLM), a chat or a plain prompt."""
+        answer = self._request(lambda: self.root_client.post(
+            "/tokenize", body={"model": self.model_id, **body}, cast_to=object))
+        return [int(token) for token in answer["tokens"]]
+
+    def _detokenize(self, tokens: list[int]) -> str:
+        answer = self._request(lambda: self.root_client.post(
+            "/detokenize", body={"model": self.model_id, "tokens": tokens}, cast_to=object))
+        return str(answer["prompt"])
+
+    def _request(self, send: Callable[[], _T]) -> _T:
+        """One request (the client retries transient failures); errors explained."""
+        try:
+            return send()
+        except self._openai.APIError as exc:
+            # ``from None``: the client's exception may carry server text that echoes the key.
+            raise self._explain(exc) from None
+
     def _complete(
         self,
         chat: Chat,
@@ -355,11 +461,7 @@ class OpenAIBackend(LLMBackend):
             kwargs["logprobs"] = True
         if extra_body:
             kwargs["extra_body"] = extra_body
-        try:
-            return self.client.chat.completions.create(**kwargs)
-        except self._openai.APIError as exc:
-            # ``from None``: the client's exception may carry server text that echoes the key.
-            raise self._explain(exc) from None
+        return self._request(lambda: self.client.chat.completions.create(**kwargs))
 
     def _explain(self, exc: Exception) -> OpenAIBackendError:
         """A clear error for a failed request: what happened, where, and what to change."""
@@ -394,6 +496,9 @@ class OpenAIBackend(LLMBackend):
                     "Check llm.model (the name the server serves: GET <base_url>/models) and "
                     "llm.base_url (usually ends in /v1)."
                 )
+                if self.config.choose_by == "option_scores":
+                    hint += (" llm.choose_by=option_scores needs vLLM's /tokenize route and "
+                             "prompt_logprobs; use llm.choose_by=reply with other servers.")
             elif retried:
                 hint = f"The server is failing or overloaded; {raise_hint}, or check its log."
             else:
@@ -459,6 +564,33 @@ def public_url(url: str) -> str:
     if parts.port is not None:
         host = f"{host}:{parts.port}"
     return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def server_root(url: str) -> str:
+    """The server's root for routes outside the OpenAI API: ``url`` without a trailing ``/v1``."""
+    trimmed = url.rstrip("/")
+    return trimmed[: -len("/v1")] if trimmed.endswith("/v1") else trimmed
+
+
+def _prompt_logprobs(choice: Any, row: list[int], start: int) -> list[float]:
+    """Log-probs of ``row[start:]`` from a completions choice's ``prompt_logprobs`` (vLLM: one
+    ``{token id: {"logprob": ...}}`` per prompt position, ``None`` for the first)."""
+    positions = getattr(choice, "prompt_logprobs", None)
+    if positions is None:
+        positions = (getattr(choice, "model_extra", None) or {}).get("prompt_logprobs")
+    if not positions or len(positions) != len(row):
+        raise OpenAIBackendError(
+            "The server returned no prompt log-probs for the options (or not one per token): "
+            "llm.choose_by=option_scores needs a vLLM server; use llm.choose_by=reply otherwise."
+        )
+    out = []
+    for position in range(start, len(row)):
+        entry = positions[position] or {}
+        scored = entry.get(str(row[position]), entry.get(row[position]))
+        if scored is None:
+            raise OpenAIBackendError(f"No prompt log-prob for token {row[position]} at position {position}.")
+        out.append(float(scored["logprob"] if isinstance(scored, dict) else scored.logprob))
+    return out
 
 
 def _reply_text(response: Any) -> str:

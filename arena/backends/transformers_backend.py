@@ -646,6 +646,8 @@ class TransformersBackend(LLMBackend):
             logprobs = out.logits[:, -1].float().log_softmax(-1)
             if step % 8 == 7:  # the cache grows a token a step: each step frees the last one's
                 return_freed_memory()
+                self._tell_generated(step + 1, params.max_new_tokens, len(rows))
+        self._tell_generated(params.max_new_tokens, params.max_new_tokens, len(rows))
         if not tokens:
             return [([], []) for _ in rows]
         all_tokens = torch.stack(tokens, dim=1).tolist()
@@ -656,6 +658,10 @@ class TransformersBackend(LLMBackend):
             end = next((k + 1 for k, t in enumerate(row_tokens) if t in stops), len(row_tokens))
             replies.append((row_tokens[:end], row_logprobs[:end]))
         return replies
+
+    def _tell_generated(self, tokens: int, limit: int, replies: int) -> None:
+        if self.on_generated is not None:
+            self.on_generated(tokens, limit, replies)
 
     def _score_chunk(
         self, rows: list[list[int]], options: list[list[list[int]]]

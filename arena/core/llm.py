@@ -10,6 +10,7 @@ import math
 import random
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -90,6 +91,10 @@ class LLMBackend(ABC):
 
     def __init__(self) -> None:
         self.usage = Usage()
+        #: Told ``(tokens, limit, replies)`` as a long generation advances and ``(limit, limit,
+        #: replies)`` when it ends, by backends that generate locally; the harness shows it, so a
+        #: minutes-long batch of replies is not a silent progress line.
+        self.on_generated: Callable[[int, int, int], None] | None = None
 
     @abstractmethod
     def generate(self, prompts: list[Chat], params: SamplingParams) -> list[Generation]:

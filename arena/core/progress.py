@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 class Reporter(Protocol):
     """Progress callbacks. ``phase``/``episode``/``phase_end``: the harness's phases and the
     episodes they record; ``plan_task_start``: a task of the evaluation plan begins;
+    ``generation``: the tokens of the model's generation in progress (``tokens == limit``: done);
     ``play_*``: every episode actually played (a method's helper episodes too), step by step, on
     the thread that plays it; ``task_*``: a named step within a phase, with a count when it has
     one. A reporter may leave out any but ``phase`` and ``episode`` (:func:`complete`)."""
@@ -43,6 +44,8 @@ class Reporter(Protocol):
     def task_update(self, label: str, done: int, total: int | None, note: str) -> None: ...
 
     def task_end(self, label: str, note: str) -> None: ...
+
+    def generation(self, tokens: int, limit: int, replies: int) -> None: ...
 
 
 class NullReporter:
@@ -78,6 +81,9 @@ class NullReporter:
     def task_end(self, label: str, note: str) -> None:
         pass
 
+    def generation(self, tokens: int, limit: int, replies: int) -> None:
+        pass
+
 
 class _Completed(NullReporter):
     """A reporter written for fewer callbacks (only ``phase`` and ``episode``, say): the ones it
@@ -86,7 +92,7 @@ class _Completed(NullReporter):
     def __init__(self, inner: object) -> None:
         self.inner = inner
         for name in ("phase", "episode", "phase_end", "plan_task_start", "play_start", "play_step",
-                     "play_end", "task_start", "task_update", "task_end"):
+                     "play_end", "task_start", "task_update", "task_end", "generation"):
             method = getattr(inner, name, None)
             if callable(method):
                 setattr(self, name, method)
@@ -118,6 +124,12 @@ class PhaseTally:
         # episodes too (where the method plays them from its solve).
         self.task_plays: dict[int, int] = {}  # thread -> episodes its task has begun so far
         self.finished_plays = self.finished_tasks = 0
+        self.generating: tuple[int, int, int] | None = None  # tokens, limit, replies
+
+    def generation(self, tokens: int, limit: int, replies: int) -> None:
+        """The model's generation in progress (cards, reflections: a minute or more on a CPU,
+        while no episode takes a step); ``tokens >= limit`` ends it."""
+        self.generating = (tokens, limit, replies) if tokens < limit else None
 
     def plan_task_start(self) -> None:
         self.plan_started += 1
@@ -182,6 +194,9 @@ class PhaseTally:
             steps = sorted((tuple(v) for v in self.live.values()), reverse=True)
             shown = ", ".join(f"{step}/{limit}" for step, limit in steps[:4])
             parts.append(f"playing step {shown}" + (f" (+{len(steps) - 4})" if len(steps) > 4 else ""))
+        if self.generating and not final:
+            tokens, limit, replies = self.generating
+            parts.append(f"generating {tokens}/{limit} tokens of {replies} repl{'y' if replies == 1 else 'ies'}")
         if self.counted:
             parts.append(f"success {self.successes / self.counted:.1%}")
         return parts

@@ -63,6 +63,10 @@ class Services:
         self._frozen = frozen
         self._make_backend = make_backend
         self._reporter: Reporter = complete(reporter)
+        served: Any = llm
+        while isinstance(served, WrappingBackend):
+            served = served.inner
+        served.on_generated = self._reporter.generation  # long generations show on the phase's line
         self._auxiliary: list[LLMBackend] = []
         self._embedder: Embedder | None = None
         self._store: GuardedStore | None = None

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 from arena.core.rl import sharding
@@ -284,6 +285,10 @@ class PolicyTrainer:
         """
         started = time.perf_counter()
         self.unmerge_adapters()
+        # What the serving side cached was computed with weights about to change: dropped now
+        # (the prefix cache holds up to the weights' size), so the step can use that memory.
+        self._notify()
+        return_freed_memory()
         # Cut and weighed over the whole step; each rank then plays its share (see sharding).
         everyone = self._micro_batches(samples)
         batches, n_real = sharding.deal(everyone, self.world, self._idle(everyone[0]))
@@ -515,10 +520,10 @@ class PolicyTrainer:
         if self._unmerged_weights is None:
             return
         self.model.unmerge_adapter()
-        with torch.no_grad():
+        with torch.no_grad(), safe_open(str(Path(self._unmerged_weights.name) / "base.safetensors"), "pt") as saved:
             params = dict(self.model.named_parameters())
-            for name, original in load_file(str(Path(self._unmerged_weights.name) / "base.safetensors")).items():
-                params[name].copy_(original)
+            for name in saved.keys():  # noqa: SIM118 (safe_open is not iterable); one tensor at a time
+                params[name].copy_(saved.get_tensor(name))
         self._unmerged_weights.cleanup()
         self._unmerged_weights = None
         self._notify()
