@@ -560,3 +560,35 @@ def test_a_vector_one_ulp_off_keeps_the_digest_and_a_real_change_does_not(tmp_pa
     moved[index] += 0.01
     store._collection.update(ids=[row_id], embeddings=moved[None])
     assert store.digest() != before
+
+
+def test_minilm_embeds_each_text_once_when_episodes_ask_at_once() -> None:
+    """Eight episodes begin an evaluation together, each asking for the same 1,200 train goals:
+    the model encodes them once, not eight times side by side (0.6 GB of resident memory)."""
+    import threading
+    import time
+
+    encoded: list[str] = []
+    at_once = [0, 0]  # now, most
+
+    class Model:
+        def encode(self, texts: list[str], **_: object) -> np.ndarray:
+            at_once[0] += 1
+            at_once[1] = max(at_once)
+            time.sleep(0.05)
+            encoded.extend(texts)
+            at_once[0] -= 1
+            return np.ones((len(texts), MiniLMEmbedder.dim), dtype=np.float32)
+
+    embedder = MiniLMEmbedder()
+    embedder._model = Model()
+    goals = [f"put a clean mug {i} in the coffee machine" for i in range(1200)]
+    results: list[np.ndarray] = []
+    threads = [threading.Thread(target=lambda: results.append(embedder.similarity(goals[:1], goals)))
+               for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(encoded) == sorted(goals) and at_once[1] == 1
+    assert len(results) == 8 and all(r.shape == (1, 1200) for r in results)
