@@ -200,3 +200,32 @@ def test_an_auto_cache_bound_weighs_what_the_weights_weigh() -> None:
     assert resolve_cache_tokens(600, model) == 600
     with pytest.raises(ValueError, match="auto or a number of tokens"):
         resolve_cache_tokens("lots", model)
+
+
+def test_long_uncached_prompts_are_computed_in_chunks_with_the_same_scores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prompt whose states are not cached goes through the model PREFILL_CHUNK tokens at a
+    time (a 2,000-token forward materialised 2,000 x 2,000 attention scores per head and layer):
+    the scores are those of one forward, from scratch or from a cached prefix."""
+    from arena.backends import transformers_backend
+    from arena.backends.transformers_backend import TransformersBackend
+    from arena.core.llm import SamplingParams
+
+    monkeypatch.setattr(transformers_backend, "PREFILL_CHUNK", 8)
+    llm = TransformersBackend({"model": "tiny", "dtype": "float32", "prefix_cache": True})
+    reference = TransformersBackend({"model": "tiny", "dtype": "float32", "prefix_cache": False})
+    widths: list[int] = []
+    decoder = llm.model.get_decoder()
+    handle = decoder.register_forward_pre_hook(lambda _m, _a, kw: widths.append(kw["input_ids"].shape[1]),
+                                               with_kwargs=True)
+    chat = [{"role": "system", "content": "Play the household game."},
+            {"role": "user", "content": "Your task is to put a clean mug in the coffee machine. " * 4}]
+    options = [["look", "go to desk 1", "take mug 1 from desk 1"]]
+    for turn in range(2):  # from scratch, then from the first turn's cached states
+        [cached] = llm.choose([chat], options, SamplingParams())
+        [plain] = reference.choose([chat], options, SamplingParams())
+        assert cached.option_logprobs == pytest.approx(plain.option_logprobs, abs=1e-4)
+        chat = [*chat, {"role": "assistant", "content": "look"},
+                {"role": "user", "content": "You see a desk 1, a shelf 2 and a coffee machine 1. " * 3}]
+    handle.remove()
+    chunks = [w for w in widths if w == 8]
+    assert len(chunks) >= 6 and max(widths) <= 8 + len(options[0]) * 8, widths  # the last chunk carries the tree

@@ -66,6 +66,11 @@ _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 TRUNCATION_BLOCK = 8
 #: Tokens kept free for the reply when a chat is cut to fit for ``choose``.
 CHOICE_RESERVE = 32
+#: Uncached prompt tokens computed per forward when scoring from the prefix cache: a prompt of
+#: 2,000 new tokens in one forward materialised 9 x 2,000 x 2,000 attention scores per layer
+#: (the late steps of 8 long episodes, whose states no longer all fit the cache, pushed the first
+#: command past 2.2 GiB); in chunks the scores are 4 times smaller and the work the same.
+PREFILL_CHUNK = 512
 _Result = TypeVar("_Result", Generation, Choice)
 
 
@@ -691,6 +696,9 @@ class TransformersBackend(LLMBackend):
         """
         reused, layers = prefix_cache.longest(row)
         cache = _reused_cache(layers, self.model.config)
+        while len(row) - reused > PREFILL_CHUNK:  # the last chunk goes with the option tree
+            cache = self._prefill_from(cache, row[reused : reused + PREFILL_CHUNK], reused)
+            reused += PREFILL_CHUNK
         tree = _OptionTree(options)
         fresh, nodes = len(row) - reused, len(tree.tokens)
         width = fresh + nodes
@@ -722,6 +730,22 @@ class TransformersBackend(LLMBackend):
         prefix_cache.tokens_reused += reused
         prefix_cache.tokens_computed += fresh
         return scores
+
+    def _prefill_from(self, cache: Any, tokens: list[int], start: int) -> Any:
+        """The states of ``tokens`` (prompt positions ``start`` on) added to ``cache``, causally."""
+        width = len(tokens)
+        allowed = torch.ones((width, start + width), dtype=torch.bool)
+        allowed[:, start:] = torch.ones(width, width, dtype=torch.bool).tril()
+        additive = torch.zeros((1, 1, width, start + width), dtype=self.dtype)
+        additive.masked_fill_(~allowed[None, None], torch.finfo(self.dtype).min)
+        out = self.model.get_decoder()(
+            input_ids=torch.tensor([tokens], device=self.device),
+            attention_mask=additive.to(self.device),
+            position_ids=torch.arange(start, start + width, device=self.device)[None],
+            past_key_values=cache,
+            use_cache=True,
+        )
+        return out.past_key_values
 
     @staticmethod
     def _tree_visibility(tree: _OptionTree, width: int) -> torch.Tensor:
