@@ -220,7 +220,7 @@ def test_long_uncached_prompts_are_computed_in_chunks_with_the_same_scores(monke
     chat = [{"role": "system", "content": "Play the household game."},
             {"role": "user", "content": "Your task is to put a clean mug in the coffee machine. " * 4}]
     options = [["look", "go to desk 1", "take mug 1 from desk 1"]]
-    for turn in range(2):  # from scratch, then from the first turn's cached states
+    for _turn in range(2):  # from scratch, then from the first turn's cached states
         [cached] = llm.choose([chat], options, SamplingParams())
         [plain] = reference.choose([chat], options, SamplingParams())
         assert cached.option_logprobs == pytest.approx(plain.option_logprobs, abs=1e-4)
