@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from arena.core.allocator import compact_allocator
 from arena.core.config import ConfigError
 from arena.core.errors import RanksLost
 from arena.core.registry import RegistrationError, UnknownNameError
@@ -469,6 +470,7 @@ def main() -> None:
     """The console script. Ctrl-C and SIGTERM end a run cleanly, say how to resume it and exit
     130 and 143; click's own handling would print only "Aborted!"."""
     signal.signal(signal.SIGTERM, _terminate)
+    compact_allocator()  # before torch and the episodes' threads start
     try:
         code = cli.main(standalone_mode=False)
     except (KeyboardInterrupt, click.exceptions.Abort):
