@@ -46,6 +46,7 @@ from arena.backends.embedded import (
     read_source,
     tiny_model_dir,
 )
+from arena.core.allocator import return_freed_memory
 from arena.core.llm import (
     Chat,
     Choice,
@@ -55,7 +56,7 @@ from arena.core.llm import (
     per_prompt,
     sample_option,
 )
-from arena.core.torch_utils import eval_mode, return_freed_memory
+from arena.core.torch_utils import eval_mode
 from arena.warmstart.build import WarmStart
 from arena.warmstart.build import apply as apply_warmstart
 from arena.warmstart.build import resolve as resolve_warmstart
@@ -707,14 +708,13 @@ class TransformersBackend(LLMBackend):
         allowed[:fresh, reused : reused + fresh] = torch.ones(fresh, fresh, dtype=torch.bool).tril()
         allowed[fresh:, reused : reused + fresh] = True
         allowed[fresh:, reused + fresh :] = self._tree_visibility(tree, nodes)
-        additive = torch.zeros((1, 1, width, reused + width), dtype=self.dtype)
-        additive.masked_fill_(~allowed[None, None], torch.finfo(self.dtype).min)
+        additive = self._additive(allowed)
         positions = torch.cat(
             [torch.arange(reused, len(row)), len(row) + torch.tensor(tree.depths, dtype=torch.long)]
         )
         out = self.model.get_decoder()(
             input_ids=torch.tensor([row[reused:] + tree.tokens], device=self.device),
-            attention_mask=additive.to(self.device),
+            attention_mask=additive,
             position_ids=positions[None].to(self.device),
             past_key_values=cache,
             use_cache=True,
@@ -736,16 +736,22 @@ class TransformersBackend(LLMBackend):
         width = len(tokens)
         allowed = torch.ones((width, start + width), dtype=torch.bool)
         allowed[:, start:] = torch.ones(width, width, dtype=torch.bool).tril()
-        additive = torch.zeros((1, 1, width, start + width), dtype=self.dtype)
-        additive.masked_fill_(~allowed[None, None], torch.finfo(self.dtype).min)
         out = self.model.get_decoder()(
             input_ids=torch.tensor([tokens], device=self.device),
-            attention_mask=additive.to(self.device),
+            attention_mask=self._additive(allowed),
             position_ids=torch.arange(start, start + width, device=self.device)[None],
             past_key_values=cache,
             use_cache=True,
         )
         return out.past_key_values
+
+    def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
+        """A ``[queries, keys]`` (or ``[batch, queries, keys]``) visibility table as the model's
+        additive attention mask, ``[batch, 1, queries, keys]`` on the model's device."""
+        allowed = allowed[None, None] if allowed.dim() == 2 else allowed[:, None]
+        additive = torch.zeros(allowed.shape, dtype=self.dtype)
+        additive.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        return additive.to(self.device)
 
     @staticmethod
     def _tree_visibility(tree: _OptionTree, width: int) -> torch.Tensor:
@@ -822,13 +828,9 @@ class TransformersBackend(LLMBackend):
             node_ids[b, :count] = torch.tensor(tree.tokens, dtype=torch.long)
             node_positions[b, :count] = len(row) + torch.tensor(tree.depths, dtype=torch.long)
         prompt = mask.bool().cpu()[:, None, :].expand(batch, width, mask.shape[1])
-        allowed = torch.cat([prompt, visible], dim=-1)[:, None].to(self.device)
-        additive = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
-        additive.masked_fill_(~allowed, torch.finfo(self.dtype).min)
-
         hidden = self.model.get_decoder()(
             input_ids=node_ids.to(self.device),
-            attention_mask=additive,
+            attention_mask=self._additive(torch.cat([prompt, visible], dim=-1)),
             position_ids=node_positions.to(self.device),
             past_key_values=cache,
             use_cache=True,

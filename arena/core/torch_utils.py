@@ -7,10 +7,6 @@ from contextlib import contextmanager
 
 import torch
 
-from arena.core.allocator import return_freed_memory
-
-__all__ = ["eval_mode", "return_freed_memory"]
-
 
 @contextmanager
 def eval_mode(model: torch.nn.Module) -> Iterator[None]:

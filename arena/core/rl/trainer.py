@@ -42,11 +42,12 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+from arena.core.allocator import return_freed_memory
 from arena.core.rl import sharding
 from arena.core.rl.data import Sample
 from arena.core.rl.loss import RoleStats, policy_loss, token_entropy, token_logprobs
 from arena.core.rl.sharding import World
-from arena.core.torch_utils import eval_mode, return_freed_memory
+from arena.core.torch_utils import eval_mode
 
 #: 1: safetensors weights and a torch optimizer state (read, no longer written); 2: a
 #: torch.distributed.checkpoint folder, resharded on load to any world size.
@@ -284,10 +285,12 @@ class PolicyTrainer:
         is not finite is skipped (``skipped`` = 1) and leaves the weights untouched.
         """
         started = time.perf_counter()
-        self.unmerge_adapters()
-        # What the serving side cached was computed with weights about to change: dropped now
-        # (the prefix cache holds up to the weights' size), so the step can use that memory.
-        self._notify()
+        if self.merged:
+            self.unmerge_adapters()  # tells the serving side, as any change of weights does
+        else:
+            # What the serving side cached was computed with weights about to change: dropped
+            # now (the prefix cache holds up to the weights' size), so the step can use it.
+            self._notify()
         return_freed_memory()
         # Cut and weighed over the whole step; each rank then plays its share (see sharding).
         everyone = self._micro_batches(samples)
