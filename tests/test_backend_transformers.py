@@ -6,8 +6,11 @@ mask or position shows up as a large log-prob error against the plain full-seque
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import fields
@@ -367,3 +370,26 @@ def test_embedded_model_converts_loads_and_chooses() -> None:
         GREEDY,
     )
     assert choice.text == "Paris"
+
+
+LEAN_RUN = """
+import json, sys
+import torch
+from arena.backends.transformers_backend import TransformersBackend
+from arena.core.embedder import MiniLMEmbedder
+from arena.core.rl.loss import token_entropy, token_logprobs
+llm = TransformersBackend({"model": "tiny", "dtype": "float32"})
+MiniLMEmbedder().embed(["put a clean mug in coffeemachine"])
+logits = torch.randn(2, 5, 11)
+token_logprobs(logits, torch.zeros(2, 5, dtype=torch.long)), token_entropy(logits)
+print(json.dumps(sorted(name for name in ("sklearn", "pandas", "trl", "datasets", "sentence_transformers")
+                        if name in sys.modules)))
+"""
+
+
+@pytest.mark.slow
+def test_the_model_the_embedder_and_the_loss_import_no_sklearn_pandas_or_trl() -> None:
+    """What a run loads: together these imports held 0.22 GB of the first command's memory."""
+    done = subprocess.run([sys.executable, "-c", LEAN_RUN], capture_output=True, text=True, check=True,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []

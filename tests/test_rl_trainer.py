@@ -40,6 +40,7 @@ from arena.core.rl import (
     token_logprobs,
     with_signal,
 )
+from arena.core.rl import loss as loss_module
 
 EVOLVING = {"extractor": -0.03, "solver": 0.0}
 FP32 = {"precision": "fp32", "entropy_coef": EVOLVING, "micro_batch_size": 3}
@@ -248,6 +249,25 @@ def batch_tensors(seed: int = 0) -> dict[str, torch.Tensor]:
     targets = torch.randint(0, vocab, (2, 6), generator=gen)
     mask = torch.tensor([[0, 1, 1, 0, 0, 1], [0, 0, 1, 1, 1, 0]])
     return {"logits": logits, "targets": targets, "mask": mask}
+
+
+def test_token_logprobs_and_entropy_equal_the_dense_definitions_across_blocks(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocked row by row (3 rows a block here, so blocks split the batch unevenly), the values
+    and the gradients are those of one full log-softmax."""
+    monkeypatch.setattr(loss_module, "LOGSOFTMAX_ROWS", 3)
+    t = batch_tensors(2)
+    dense_logits = t["logits"].detach().clone().requires_grad_()
+    logp, entropy = token_logprobs(t["logits"], t["targets"]), token_entropy(t["logits"])
+    full = dense_logits.log_softmax(-1)
+    dense_logp = full.gather(-1, t["targets"][..., None])[..., 0]
+    dense_entropy = -(full.exp() * full).sum(-1)
+    assert logp.shape == entropy.shape == t["targets"].shape
+    torch.testing.assert_close(logp, dense_logp)
+    torch.testing.assert_close(entropy, dense_entropy)
+    (logp.sum() + 0.5 * entropy.sum()).backward()
+    (dense_logp.sum() + 0.5 * dense_entropy.sum()).backward()
+    torch.testing.assert_close(t["logits"].grad, dense_logits.grad)
 
 
 def test_masked_tokens_get_no_gradient() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -14,6 +15,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from arena.core.embedder import (
     HashingEmbedder,
+    MeanPoolingEncoder,
     MiniLMEmbedder,
     make_embedder,
 )
@@ -592,3 +594,40 @@ def test_minilm_embeds_each_text_once_when_episodes_ask_at_once() -> None:
         thread.join()
     assert sorted(encoded) == sorted(goals) and at_once[1] == 1
     assert len(results) == 8 and all(r.shape == (1, 1200) for r in results)
+
+
+@pytest.mark.slow
+def test_minilm_without_sentence_transformers_gives_sentence_transformers_vectors() -> None:
+    """The packaged MiniLM runs through plain transformers (mean pooling, L2 norm); its vectors
+    are sentence-transformers' own, long texts (truncated at 256 tokens) and empty ones included."""
+    from sentence_transformers import SentenceTransformer
+
+    path = MiniLMEmbedder.model_path()
+    assert MeanPoolingEncoder.fits(path)
+    texts = ["put a clean mug in coffeemachine", "", "heat some egg and put it in garbagecan",
+             "go to the drawer " * 120, "look at the alarmclock under the desklamp"]
+    reference = SentenceTransformer(str(path), device="cpu", local_files_only=True).encode(
+        texts, batch_size=2, convert_to_numpy=True, normalize_embeddings=True)
+    vectors = MiniLMEmbedder(batch_size=2).embed(texts)
+    assert vectors.dtype == np.float32 and vectors.shape == (5, MiniLMEmbedder.dim)
+    np.testing.assert_allclose(vectors, reference, atol=1e-5)
+
+
+def test_a_model_of_another_layout_goes_through_sentence_transformers(tmp_path: Path) -> None:
+    """Only the exact layout MeanPoolingEncoder computes is taken off sentence-transformers."""
+    import shutil
+
+    source = MiniLMEmbedder.model_path()
+    for name in ("modules.json", "sentence_bert_config.json"):
+        shutil.copy(source / name, tmp_path / name)
+    (tmp_path / "1_Pooling").mkdir()
+    pooling = json.loads((source / "1_Pooling" / "config.json").read_text())
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    assert MeanPoolingEncoder.fits(tmp_path)
+    (tmp_path / "1_Pooling" / "config.json").write_text(
+        json.dumps({**pooling, "pooling_mode_cls_token": True}))
+    assert not MeanPoolingEncoder.fits(tmp_path)
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    modules = json.loads((source / "modules.json").read_text())[:2]  # no Normalize
+    (tmp_path / "modules.json").write_text(json.dumps(modules))
+    assert not MeanPoolingEncoder.fits(tmp_path)

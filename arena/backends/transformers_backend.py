@@ -56,7 +56,7 @@ from arena.core.llm import (
     per_prompt,
     sample_option,
 )
-from arena.core.torch_utils import eval_mode
+from arena.core.torch_utils import eval_mode, transformers_without_sklearn
 from arena.warmstart.build import WarmStart
 from arena.warmstart.build import apply as apply_warmstart
 from arena.warmstart.build import resolve as resolve_warmstart
@@ -302,6 +302,7 @@ class TransformersBackend(LLMBackend):
             auto_dtype(self.device) if self.config.dtype == "auto" else _DTYPES[self.config.dtype]
         )
 
+        transformers_without_sklearn()
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as transformers_logging
 

@@ -11,6 +11,7 @@ embedder needs no model at all.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import threading
@@ -93,8 +94,65 @@ class HashingEmbedder(Embedder):
         return _normalise_rows(np.stack([self._vector(text) for text in texts]))
 
 
+class MeanPoolingEncoder:
+    """A sentence-transformers model of the plain layout (a transformer, mean pooling, L2
+    normalisation: all-MiniLM-L6-v2's ``modules.json``), run with transformers alone.
+
+    The same computation as ``SentenceTransformer.encode`` (the tests compare them), without
+    importing sentence-transformers, which imports scikit-learn, SciPy and pandas at module level:
+    together with transformers' own scikit-learn import that was 0.14 GB of the first command's
+    2 GiB (docs/speed.md, "Memory"). Other layouts go through sentence-transformers.
+    """
+
+    LAYOUT = ("sentence_transformers.models.Transformer", "sentence_transformers.models.Pooling",
+              "sentence_transformers.models.Normalize")
+
+    def __init__(self, path: Path) -> None:
+        from arena.core.torch_utils import transformers_without_sklearn
+
+        transformers_without_sklearn()
+        from transformers import AutoModel, AutoTokenizer
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()  # Arena draws its own progress bars
+
+        self.max_length = int(json.loads((path / "sentence_bert_config.json").read_text())["max_seq_length"])
+        self.tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        self.model = AutoModel.from_pretrained(str(path), local_files_only=True).eval()
+        self.dim = int(self.model.config.hidden_size)
+
+    @classmethod
+    def fits(cls, path: Path) -> bool:
+        """Whether ``path`` holds exactly the layout this class computes."""
+        try:
+            modules = json.loads((path / "modules.json").read_text())
+            pooling = json.loads((path / "1_Pooling" / "config.json").read_text())
+            json.loads((path / "sentence_bert_config.json").read_text())["max_seq_length"]
+        except (OSError, ValueError, KeyError):
+            return False
+        mean_only = pooling.get("pooling_mode_mean_tokens") is True and not any(
+            value for key, value in pooling.items()
+            if key.startswith("pooling_mode_") and key != "pooling_mode_mean_tokens")
+        return tuple(module.get("type") for module in modules) == cls.LAYOUT and mean_only
+
+    def encode(self, texts: list[str], batch_size: int) -> np.ndarray:
+        import torch
+
+        rows = []
+        with torch.inference_mode():
+            for start in range(0, len(texts), batch_size):
+                batch = self.tokenizer(texts[start:start + batch_size], padding=True, truncation=True,
+                                       max_length=self.max_length, return_tensors="pt")
+                hidden = self.model(**batch).last_hidden_state
+                mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+                pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+                rows.append(torch.nn.functional.normalize(pooled, dim=-1).float().numpy())
+        return np.concatenate(rows) if rows else np.zeros((0, self.dim), dtype=np.float32)
+
+
 class MiniLMEmbedder(Embedder):
-    """all-MiniLM-L6-v2 through sentence-transformers, from the installed weights package.
+    """all-MiniLM-L6-v2 from the installed weights package (:class:`MeanPoolingEncoder`, or
+    sentence-transformers for another layout).
 
     The model loads on first use (about a second) so building a run context stays cheap, and a
     bounded LRU cache keeps repeated texts (the same task goal every episode) from being re-encoded.
@@ -130,12 +188,16 @@ class MiniLMEmbedder(Embedder):
     def _load(self) -> Any:
         if self._model is None:
             path = self.model_path()
-            # Set before sentence-transformers imports huggingface_hub, which reads it once.
+            # Set before transformers imports huggingface_hub, which reads it once.
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
-            from sentence_transformers import SentenceTransformer
+            if MeanPoolingEncoder.fits(path):
+                model: Any = MeanPoolingEncoder(path)
+                loaded_dim = model.dim
+            else:
+                from sentence_transformers import SentenceTransformer
 
-            model = SentenceTransformer(str(path), device="cpu", local_files_only=True)
-            loaded_dim = model.get_embedding_dimension()
+                model = SentenceTransformer(str(path), device="cpu", local_files_only=True)
+                loaded_dim = model.get_embedding_dimension()
             if loaded_dim != self.dim:
                 raise RuntimeError(
                     f"MiniLM at {path} has dimension {loaded_dim}, expected {self.dim}"
@@ -150,13 +212,12 @@ class MiniLMEmbedder(Embedder):
     def _embed(self, texts: list[str]) -> np.ndarray:
         missing = list(dict.fromkeys(text for text in texts if text not in self._cache))
         if missing:
-            encoded = self._load().encode(
-                missing,
-                batch_size=self.batch_size,
-                convert_to_numpy=True,
-                normalize_embeddings=True,
-                show_progress_bar=False,
-            )
+            model = self._load()
+            if isinstance(model, MeanPoolingEncoder):
+                encoded = model.encode(missing, self.batch_size)
+            else:
+                encoded = model.encode(missing, batch_size=self.batch_size, convert_to_numpy=True,
+                                       normalize_embeddings=True, show_progress_bar=False)
             for text, vector in zip(missing, np.asarray(encoded, dtype=np.float32)):
                 vector.flags.writeable = False
                 self._cache[text] = vector
