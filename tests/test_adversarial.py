@@ -18,6 +18,7 @@ import arena
 from arena.cli import cli
 from arena.core import integrity, protocol
 from arena.core.context import ProtocolViolation
+from arena.core.rpc import RemoteError
 from arena.core.rundir import RunDirError
 from arena.core.solver import Action
 from arena.core.types import Experience, Provenance, Step, Termination, Trajectory
@@ -129,15 +130,16 @@ def test_test_tasks_through_the_environment_while_learning_are_refused(plugins, 
     assert any("test split 'test_seen' while learning" in v for v in results["violations"])
 
 
-def test_an_episode_of_a_test_task_while_learning_is_refused(plugins, fast, tmp_path):
-    class Opener(Hostile):
-        @arena.hookimpl
-        def learn(self, run):
-            test_task = run.env._env.tasks("test_seen")[0]  # reached past the view
-            with pytest.raises(ProtocolViolation):
-                run.env.open(test_task)
-            return True
+class Opener(Hostile):
+    @arena.hookimpl
+    def learn(self, run):
+        test_task = run.env._env.tasks("test_seen")[0]  # reached past the view
+        with pytest.raises(ProtocolViolation):
+            run.env.open(test_task)
+        return True
 
+
+def test_an_episode_of_a_test_task_while_learning_is_refused(plugins, fast, tmp_path):
     register(plugins, opener=Opener)
     _, results = run(plugins, fast, tmp_path, "opener")
     assert results["valid"] is False and any("opened an episode of test_seen" in v for v in results["violations"])
@@ -177,14 +179,15 @@ def test_memory_written_at_evaluation_and_deleted_is_caught(plugins, fast, tmp_p
     assert any("not in the frozen store" in v for v in results["violations"])
 
 
-def test_an_experience_of_test_provenance_is_refused(plugins, fast, tmp_path):
-    class TestNotes(Hostile):
-        @arena.hookimpl
-        def solve(self, run, task, experiences, seed):
-            note = Experience("note", "seen it", Provenance((task.task_id,), task.split))
-            return run.standard_solve(task, [note], seed)
+class ProvenanceForger(Hostile):
+    @arena.hookimpl
+    def solve(self, run, task, experiences, seed):
+        note = Experience("note", "seen it", Provenance((task.task_id,), task.split))
+        return run.standard_solve(task, [note], seed)
 
-    register(plugins, test_notes=TestNotes)
+
+def test_an_experience_of_test_provenance_is_refused(plugins, fast, tmp_path):
+    register(plugins, test_notes=ProvenanceForger)
     _, results = run(plugins, fast, tmp_path, "test_notes")
     assert results["valid"] is False and any("not in the frozen store" in v for v in results["violations"])
 
@@ -483,3 +486,175 @@ def test_a_store_that_cannot_be_read_is_a_violation_not_a_crash(plugins, fast, t
     _, results = run(plugins, fast, tmp_path, "store_deleter")
     assert results["valid"] is False
     assert any("could not be read for its size" in v for v in results["violations"])
+
+
+# -- 7b. documented calls only: pre-filling the record, picking the best of several attempts -----
+
+
+class PreFiller(Hostile):
+    """Records a won episode for the task before the harness plays it (run.record is public)."""
+
+    @arena.hookimpl
+    def retrieve(self, run, task):
+        forged = Trajectory(task=task, initial_observation="You won.", steps=[Step("win", "You won.", True)],
+                            status=Termination.SUCCESS)
+        run.record(forged, seed=int(run.cfg.run.seeds[0]))
+        return []
+
+
+class BestOfThree(Hostile):
+    """Plays the test task three times as helper variants (sampling), returns the best one."""
+
+    @arena.hookimpl
+    def solve(self, run, task, experiences, seed):
+        tries = [run.play(task, experiences, seed=run.current_seed(), variant=f"try{i}", policy="standard",
+                          sampling={"temperature": 1.0, "top_p": 1.0}) for i in range(3)]
+        best = max(tries, key=lambda t: (t.success, -len(t.steps)))
+        best.copy_of = f"try{tries.index(best)}"
+        return best
+
+
+def test_only_the_harness_records_an_evaluation_episode(plugins, fast, tmp_path):
+    register(plugins, pre_filler=PreFiller)
+    path, results = run(plugins, fast, tmp_path, "pre_filler")
+    assert results["valid"] is False
+    assert any("called run.record at evaluation" in v for v in results["violations"])
+    assert successes(results) == [0.0, 0.0]
+    assert len(evaluated(path)) == 4  # each planned task once, by the harness
+
+
+def test_a_helper_episode_is_never_the_result_unless_it_is_the_only_one(plugins, fast, tmp_path):
+    register(plugins, best_of_three=BestOfThree)
+    path, results = run(plugins, fast, tmp_path, "best_of_three")
+    assert results["valid"] is False
+    assert any("one of 3 helper episodes" in v for v in results["violations"])
+    primary = [e for e in evaluated(path) if e["variant"] == "default"]
+    assert len(primary) == 4 and all(e["status"] == "error" for e in primary)
+
+
+class Squatter(Hostile):
+    """Plays, as a result, a test task the harness did not plan (outside eval.limit)."""
+
+    @arena.hookimpl
+    def solve(self, run, task, experiences, seed):
+        others = [t for t in run.tasks(task.split) if t.task_id != task.task_id]
+        run.play(others[-1], [], seed=run.current_seed(), policy="standard")
+        return None
+
+
+def test_a_result_for_a_task_the_harness_did_not_plan_is_caught(plugins, fast, tmp_path):
+    register(plugins, squatter=Squatter)
+    _, results = run(plugins, fast, tmp_path, "squatter")
+    assert results["valid"] is False
+    assert any("was not planned but has a result" in v for v in results["violations"])
+
+
+# -- 8. what only a process boundary stops: files, other processes, the harness's code ------------
+
+
+class RunDirReader(Hostile):
+    """Reads what the run directory holds (the test salt, the record, the config), from its own
+    process and from a child it starts, and signals the harness. Writes what it got into its
+    own folder, the one place of the run it may write."""
+
+    @arena.hookimpl
+    def solve(self, run, task, experiences, seed):
+        import os
+        import subprocess
+
+        run_path = run.method_state.folder.parent
+        got = {}
+        for name in ("eval_salt", "episodes.jsonl", "config.yaml", "state.json"):
+            try:
+                got[name] = len((run_path / name).read_bytes()) > 0
+            except OSError:
+                got[name] = False
+        child = subprocess.run(["cat", str(run_path / "config.yaml")], capture_output=True)
+        got["child"] = child.returncode == 0 and bool(child.stdout)
+        try:
+            os.kill(os.getppid(), 0)  # may it signal the harness?
+            got["signal"] = True
+        except OSError:
+            got["signal"] = False
+        (run.method_state.folder / "got.json").write_text(json.dumps(got))
+        return None
+
+
+def test_the_run_directory_and_the_harness_are_out_of_an_isolated_methods_reach(plugins, fast, tmp_path):
+    register(plugins, reader=RunDirReader)
+    here, _ = run(plugins, fast, tmp_path, "reader", "eval.salt=secret", name="here")
+    got_here = json.loads((Path(here) / "method" / "got.json").read_text())
+    assert all(got_here.values()), got_here  # in one process nothing stops it
+    away, results = run(plugins, fast, tmp_path, "reader", "run.isolation=process", name="away")
+    if not results["provenance"]["isolation"]["sandbox"].startswith("landlock"):
+        pytest.skip(f"no Landlock here: {results['provenance']['isolation']['sandbox']}")
+    got_away = json.loads((Path(away) / "method" / "got.json").read_text())
+    assert not any(got_away.values()), got_away
+
+
+class HarnessPatcher(Hostile):
+    """Patches the harness's replay check away, then returns a won episode it never played."""
+
+    @arena.hookimpl
+    def solve(self, run, task, experiences, seed):
+        from arena.core import episodes
+
+        episodes.EpisodeRunner._replay_problem = lambda self, trajectory: None
+        return Trajectory(task=task, initial_observation="You won.", steps=[Step("win", "You won.", True)],
+                          status=Termination.SUCCESS)
+
+
+def test_patching_the_harness_from_a_hook_patches_only_the_methods_process(plugins, fast, tmp_path, monkeypatch):
+    from arena.core import episodes
+
+    monkeypatch.setattr(episodes.EpisodeRunner, "_replay_problem", episodes.EpisodeRunner._replay_problem)
+    register(plugins, patcher=HarnessPatcher)
+    _, here = run(plugins, fast, tmp_path, "patcher", name="here")
+    assert here["valid"] is True and successes(here) == [1.0, 1.0]  # in one process the patch works
+    monkeypatch.undo()
+    _, away = run(plugins, fast, tmp_path, "patcher", "run.isolation=process", name="away")
+    assert away["valid"] is False and successes(away) == [0.0, 0.0]
+
+
+class WorldRebuilder(Hostile):
+    """Builds its own household world from the public config and task ids, and plays each test
+    task by its expert: what an honest-looking policy can do where test draws are public."""
+
+    @arena.hookimpl
+    def solve(self, run, task, experiences, seed):
+        from arena.envs.household.environment import HouseholdEnvironment as Rebuilt
+
+        settings = {k: run.cfg.env[k] for k in ("n_train", "n_valid", "n_test", "seed", "level")}
+        copy = {t.task_id: t for t in Rebuilt(**settings).tasks(task.split)}[task.task_id]
+        shadow = Rebuilt(**settings).open(copy)
+        shadow.reset()
+
+        def follow_expert(observation, trajectory):
+            action = shadow.expert_action() or "look"
+            shadow.step(action)
+            return Action(action)
+
+        return run.play_policy(task, follow_expert, experiences)
+
+
+# -- every hostile method above, its hooks in a worker process (run.isolation=process) ----------
+
+HOSTILE = {name: klass for name, klass in dict(globals()).items()
+           if isinstance(klass, type) and issubclass(klass, Hostile) and klass is not Hostile}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_every_hostile_method_ends_invalid_or_refused_when_isolated(plugins, fast, tmp_path, name):
+    """Isolated, each attack is refused (a name outside the plugin API is a violation, a file
+    outside its folder is denied), caught by the same checks as in one process, or plays a world
+    that is not the run's: none gets a valid run with a win (the fake backend alone never wins)."""
+    register(plugins, **{name.lower(): HOSTILE[name]})
+    try:
+        path, results = run(plugins, fast, tmp_path, name.lower(), "run.isolation=process")
+    except (AttributeError, AssertionError, ProtocolViolation, RemoteError) as refused:  # stopped: refused
+        assert "not offered" in str(refused) or "cannot be set" in str(refused) or \
+            "only the harness" in str(refused), refused
+        return
+    won = [e["task_id"] for e in evaluated(path) if e["success"]]
+    assert results["valid"] is False or not won, (results["violations"], won)

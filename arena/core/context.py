@@ -266,6 +266,14 @@ class RunContext:
         return self.episodes.play_many(requests, policy=policy, on_done=on_done, standard=standard)
 
     def record(self, trajectory: Trajectory, *, seed: int, variant: str = "default") -> EpisodeResult:
+        """Record a learning episode played with ``record=False`` (after ``update``). At
+        evaluation only the harness records: every episode a method plays there is recorded by
+        ``run.play`` itself, and a task's result is what the harness plays or verifies."""
+        if not self.phases.is_learning():
+            raise self.violations_log.refusal(
+                f"Method '{self.method_name}' called run.record at evaluation (task "
+                f"{trajectory.task.task_id}, variant {variant!r}); only the harness records evaluation "
+                "episodes: play them with run.play, which records them.")
         return self.episodes.record(trajectory, seed=seed, variant=variant)
 
     def current_seed(self) -> int:

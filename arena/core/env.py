@@ -130,8 +130,34 @@ class Environment(ABC):
         """Content hash of a split: recorded with results so that two runs can be compared."""
         return tasks_hash(self.pool_tasks() if split == POOL_SPLIT else self.tasks(split))
 
+    def draw_tests_with(self, salt: str) -> None:
+        """Draw the test splits' layouts from ``salt`` (``eval.salt``), not from the public task
+        ids alone, so a method that knows the world's code still cannot rebuild a test world.
+        Task ids, types and goals' kinds stay as they are. Procedural worlds implement it (see
+        :func:`salted_seed`); an environment whose test tasks are fixed data refuses."""
+        raise SaltUnsupported(
+            f"The {self.name or type(self).__name__} environment's test tasks are fixed data, not drawn "
+            "from seeds, so eval.salt cannot redraw them: set eval.salt=public.")
+
     def close(self) -> None:
         """Release resources shared by the episodes."""
+
+
+class SaltUnsupported(ValueError):
+    """``eval.salt`` asked of an environment whose test tasks cannot be redrawn."""
+
+
+#: Seeds of salted test layouts start here: far above every public range, so a salted test room
+#: is never a train, valid or pool room.
+SALTED_SEED_BASE = 1 << 40
+
+
+def salted_seed(salt: str, split: str, index: int) -> int:
+    """The layout seed of test task ``index`` of ``split`` under ``salt``: 40 bits of a hash, so
+    1,200 tasks collide with odds of about one in a million, and nothing of it is guessable
+    without the salt."""
+    digest = hashlib.sha256(f"{salt}|{split}|{index}".encode()).digest()
+    return SALTED_SEED_BASE + int.from_bytes(digest[:5], "big")
 
 
 def tasks_hash(tasks: list[Task]) -> str:

@@ -282,6 +282,9 @@ class ProcessEnvironment(Environment):
 
     # -- what the local instance answers --------------------------------------------------
 
+    def draw_tests_with(self, salt: str) -> None:
+        self.local.draw_tests_with(salt)  # tasks carry their layouts to the workers
+
     def split_names(self) -> list[str]:
         return self.local.split_names()
 

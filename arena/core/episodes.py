@@ -159,6 +159,12 @@ class EpisodeRunner:
         self._keep_rollouts = False
         self._journaled: dict[tuple, Trajectory] = {}  # a killed step's episode, to finish it
         self._sealed: set[str] = set()  # seals of the episodes the harness played (evaluation)
+        #: The variants each seal was played for, so that a helper episode (another variant of
+        #: the test task) is never passed off as the task's result. A greedy primary can equal a
+        #: helper episode step for step: then both are on the seal's set.
+        self._sealed_as: dict[str, set[str]] = {}
+        #: Helper episodes (variants other than the result) played per test (task, seed).
+        self._helper_plays: dict[tuple[str, int | None], int] = {}
         self._spot_check: Callable[[], None] | None = None
         self._spot_checks = 0  # about how many decisions of the evaluation are checked
         self._spot_steps = 1  # the decisions planned: its tasks x half their step limit
@@ -284,7 +290,7 @@ class EpisodeRunner:
         key = self._key(task, seed, variant)
         journaled = self._journaled.pop(key, None)
         if journaled is not None:  # a step killed after its episode: finish it with that episode
-            self._seal(journaled)
+            self._seal(journaled, (task.task_id, seed, variant))
             return journaled
         if record and self._run_dir.finished(key) is not None:
             # Recorded by an interrupted session (e.g. a helper episode of a method's own
@@ -293,7 +299,7 @@ class EpisodeRunner:
             if stored is not None:
                 if self._keeps_rollouts():
                     self._run_dir.attach_rollouts(key, stored)
-                self._seal(stored)  # played and recorded (the record's chain was checked)
+                self._seal(stored, (task.task_id, seed, variant))  # played and recorded (chain checked)
                 return stored
         trajectory = self._played(task, experiences, seed, variant, policy, max_steps, sampling)
         if record:
@@ -304,8 +310,11 @@ class EpisodeRunner:
                 policy: PolicyChoice, max_steps: int | None,
                 sampling: Mapping[str, float] | None) -> Trajectory:
         started = time.perf_counter()
-        previous_seed = getattr(self._local, "seed", None)
-        self._local.seed = seed
+        previous_seed, previous_variant = getattr(self._local, "seed", None), getattr(self._local, "variant", None)
+        self._local.seed, self._local.variant = seed, variant
+        if variant != PRIMARY and task.split in TEST_SPLITS and not self._phases.is_learning():
+            with self._lock:
+                self._helper_plays[(task.task_id, seed)] = self._helper_plays.get((task.task_id, seed), 0) + 1
         episode_seed_ = episode_seed(seed, task.task_id, variant)
         try:
             if isinstance(policy, str):
@@ -320,7 +329,7 @@ class EpisodeRunner:
             trajectory = Trajectory(task=task, initial_observation="", status=Termination.ERROR)
             trajectory.error = f"{type(exc).__name__}: {exc}"
         finally:
-            self._local.seed = previous_seed
+            self._local.seed, self._local.variant = previous_seed, previous_variant
         if not isinstance(trajectory, Trajectory):
             message = (f"solve of method '{self._method}' returned {type(trajectory).__name__}; "
                        "expected a Trajectory (or None, for the standard solver)")
@@ -330,7 +339,7 @@ class EpisodeRunner:
             trajectory = Trajectory(task=task, initial_observation="", status=Termination.ERROR,
                                     error="solve returned no trajectory of this task")
         elif task.split in TEST_SPLITS and not self._phases.is_learning():
-            trajectory = self._verified(trajectory)
+            trajectory = self._verified(trajectory, seed, variant)
         trajectory.wall_s = max(trajectory.wall_s, time.perf_counter() - started)
         return trajectory
 
@@ -474,15 +483,34 @@ class EpisodeRunner:
                   [[s.action, s.observation, s.valid] for s in trajectory.steps]]
         return hashlib.sha256(json.dumps(played).encode()).hexdigest()
 
-    def _seal(self, trajectory: Trajectory) -> None:
+    def _seal(self, trajectory: Trajectory, played_as: tuple[str, int | None, str] | None = None) -> None:
+        """Remember that the harness played ``trajectory``, and for which variant (of ``played_as``,
+        (task, seed, variant); by default the play this thread is in)."""
+        variant = played_as[2] if played_as else getattr(self._local, "variant", None) or PRIMARY
+        seal = self._seal_of(trajectory)
         with self._lock:
-            self._sealed.add(self._seal_of(trajectory))
+            self._sealed.add(seal)
+            self._sealed_as.setdefault(seal, set()).add(variant)
 
-    def _verified(self, trajectory: Trajectory) -> Trajectory:
+    def _verified(self, trajectory: Trajectory, seed: int | None = None, variant: str = PRIMARY) -> Trajectory:
         """``trajectory`` if the harness played it, or if a fresh episode of the (deterministic)
         environment reproduces every observation and the outcome; else an error episode, and
-        the run is marked invalid."""
+        the run is marked invalid. A task's result must be played for it: a helper episode
+        (another variant of the test task) passes only as a declared copy (``copy_of``) of the
+        one helper episode of that task and seed, never as a pick among several."""
         seal = self._seal_of(trajectory)
+        with self._lock:
+            played_as = sorted(self._sealed_as.get(seal, ()))
+            helpers = self._helper_plays.get((trajectory.task.task_id, seed), 0)
+        if variant == PRIMARY and played_as and PRIMARY not in played_as \
+                and not (trajectory.copy_of in played_as and helpers == 1):
+            self._violations.record(
+                f"Method '{self._method}' returned its episode of variant {played_as[0]!r} (one of "
+                f"{helpers} helper episodes of {trajectory.task.task_id}) as the task's result; a "
+                "result is the episode played for it, or a declared copy of a task's only helper.")
+            return Trajectory(task=trajectory.task, initial_observation=trajectory.initial_observation,
+                              status=Termination.ERROR, experience_ids=list(trajectory.experience_ids),
+                              error=f"a helper episode ({played_as[0]}) returned as the result")
         with self._lock:
             if seal in self._sealed:
                 return trajectory

@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import arena
 from arena.core import provenance, stats
+from arena.core import salt as eval_salt
 from arena.core.batching import BatchingBackend
 from arena.core.config import compose, load_yaml, to_plain
 from arena.core.context import RunContext
@@ -37,6 +38,7 @@ from arena.core.env import POOL_SPLIT, TEST_SPLITS, TRAIN_SPLIT, Environment
 from arena.core.episodes import checked_experiences, run_in_threads
 from arena.core.errors import BudgetExhausted, ProtocolViolation
 from arena.core.executors import build_environment
+from arena.core.isolation import IsolatedMethod, refusal_recorder
 from arena.core.llm import LLMBackend
 from arena.core.phase import EVALUATE, LEARN
 from arena.core.plugins import Plugins, get_plugins, new_plugin_manager
@@ -196,6 +198,13 @@ class Session:
         self._last_harness_digests: dict[str, str] | None = None  # of the last state_digest
         self._key = object()  # the harness's: only it advances the run's phase
         self.env: Environment = build_environment(self.plugins.envs, cfg)
+        self.salt = eval_salt.resolve(cfg, self.run_dir.path)
+        if self.salt.value is not None:
+            try:
+                self.env.draw_tests_with(self.salt.value)
+            except BaseException:
+                self.env.close()
+                raise
         inner = self.plugins.backends.get(cfg.llm.backend).factory(cfg.llm)
         self.llm = BatchingBackend(inner, max_batch=max(1, int(cfg.eval.concurrency)))
         self.pm = new_plugin_manager()
@@ -234,11 +243,25 @@ class Session:
             self.run_dir.load_episodes(repair=prepared.repair)
             self.ctx.steps.recover(self.ctx.services)
         method_entry = self.plugins.methods.get(cfg.method.name)
-        self.method = method_entry.factory(self.ctx)
+        if str(cfg.run.get("isolation", "in_process")) == "process":
+            limits = cfg.run.get("isolation_limits") or {}
+            self.method = IsolatedMethod(
+                self.ctx, str(cfg.method.name), method_entry.factory,
+                on_refused=refusal_recorder(self.ctx.violations_log, str(cfg.method.name)),
+                hook_seconds=limits.get("hook_seconds"), memory_mb=limits.get("memory_mb"),
+                sandbox=(self.run_dir.path, self.ctx.method_state.folder) if limits.get("landlock", True) else None)
+        else:
+            self.method = method_entry.factory(self.ctx)
         self.pm.register(self.method, name=f"method:{cfg.method.name}")
         self.pm.check_pending()
         self._phase_started = time.perf_counter()
         self._usage_at_phase_start = self.ctx.services.usage()
+
+    def _isolation(self) -> dict[str, Any]:
+        """How the method ran: in Arena's process, or in a worker (with its sandbox)."""
+        if isinstance(self.method, IsolatedMethod):
+            return {"mode": "process", "sandbox": self.method.sandbox, "worker_restarts": self.method.restarts}
+        return {"mode": "in_process"}
 
     def _auxiliary_backend(self, settings: Mapping[str, Any]) -> LLMBackend:
         """A backend a method asked for (``run.auxiliary_llm``): ``settings`` over the YAML
@@ -252,6 +275,8 @@ class Session:
     def close(self) -> None:
         """Close the environment, every backend and the experiment trackers of the run."""
         self.env.close()
+        if isinstance(getattr(self, "method", None), IsolatedMethod):
+            self.method.close()
         self.ctx.services.close()
         self.ctx.metrics.close()
 
@@ -426,6 +451,7 @@ class Session:
         if frozen:
             self._check_shown_experiences(state)
         self._check_run_files(state)
+        self._check_plan(plan)
         self.run_dir.update_state(digest_after_eval=digest_after)
 
     def _check_shown_experiences(self, state: dict[str, Any]) -> None:
@@ -445,6 +471,23 @@ class Session:
             self.ctx.violation(f"{len(missing)} experience ids recorded at evaluation are not in the "
                                f"frozen store (e.g. {missing[0]}): they were written during "
                                "evaluation and removed, or never stored.")
+
+    def _check_plan(self, plan: list[tuple[Task, int]]) -> None:
+        """Every planned (task, seed) has exactly one result on record, and nothing unplanned
+        has one: what the board counts is what the harness set out to play."""
+        planned = {(task.task_id, seed) for task, seed in plan}
+        results: dict[tuple[str, int], int] = {}
+        for record in self.run_dir.episodes():
+            if record.phase == EVALUATE and record.variant == PRIMARY_VARIANT:
+                results[(record.task_id, record.seed)] = results.get((record.task_id, record.seed), 0) + 1
+        missing = sorted(planned - set(results))
+        doubled = sorted(key for key, count in results.items() if count > 1)
+        unplanned = sorted(set(results) - planned)
+        for what, keys in (("has no result on record", missing), ("has more than one result", doubled),
+                           ("was not planned but has a result", unplanned)):
+            if keys:
+                self.ctx.violation(f"{len(keys)} evaluation task(s) {what} (e.g. {keys[0][0]} seed "
+                                   f"{keys[0][1]}): the record is not the harness's plan.")
 
     def _check_run_files(self, state: dict[str, Any]) -> None:
         """config.yaml as the run started, and the store still on disk where there was one."""
@@ -471,7 +514,7 @@ class Session:
         task = public_task(task)
         experiences = self._retrieve(task)
         if isinstance(experiences, Trajectory):
-            self.ctx.record(experiences, seed=seed)
+            self.ctx.episodes.record(experiences, seed=seed)
             return
         self.ctx.episodes.play(task, experiences, seed=seed)
 
@@ -481,7 +524,7 @@ class Session:
         task = public_task(task)
         experiences = self._retrieve(task)
         if isinstance(experiences, Trajectory):
-            self.ctx.record(experiences, seed=seed)
+            self.ctx.episodes.record(experiences, seed=seed)
             return
         trajectory = self.ctx.episodes.play(task, experiences, seed=seed, record=False)
         self.ctx.steps.commit(trajectory, seed=seed)
@@ -558,6 +601,7 @@ class Session:
                 "splits": list(cfg.eval.splits),
                 "env": dict(self.env.protocol_fields()),
                 "source_pool": str(cfg.eval.source_pool),
+                "eval_salt": self.salt.describe(),
             },
             # How the standard solver laid out its prompts (a method's choice, so not a protocol
             # field; runs of different layouts never pool into one leaderboard row).
@@ -582,6 +626,7 @@ class Session:
             },
             "provenance": {
                 **state.get("provenance", provenance.collect(tuple(self.env.packages))),
+                "isolation": self._isolation(),
                 "env_version": self.env.version,
                 "split_hashes": self._split_hashes(),
                 "model": self.llm.describe(),

@@ -61,6 +61,9 @@ class ProtocolFields(_Closed):
     splits: list[str]
     env: dict[str, Any] = Field(default_factory=dict)  # the environment's own (e.g. level)
     source_pool: Literal["train", "all_types"] | None = None
+    #: Where the test layouts came from (``eval.salt``): ``public``, or ``secret:``/``board:`` and a
+    #: digest of the salt (absent in runs before salts: public).
+    eval_salt: str | None = None
 
 
 class SolverFields(_Closed):

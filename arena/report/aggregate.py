@@ -100,6 +100,9 @@ def protocol_of(run: Run) -> dict[str, Any]:
         # Which train tasks a method could consult at test time (runs before it: train).
         "eval.source_pool": evaluation.get("source_pool", "train"),
     }
+    salt = evaluation.get("eval_salt") or "public"
+    if salt != "public":  # absent otherwise, so boards made before keep their files
+        fields["eval.salt"] = salt  # runs of two salts played two different test sets
     warmstart = warmstart_of(run)
     if warmstart != NO_WARMSTART:  # absent otherwise, so boards made before keep their files
         fields[WARMSTART_FIELD] = warmstart

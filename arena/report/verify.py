@@ -44,6 +44,7 @@ from arena.core.rundir import (
     read_jsonl,
     write_json_atomic,
 )
+from arena.core.salt import SALT_FILE
 from arena.core.types import EpisodeResult, Trajectory
 from arena.report.runs import ReportError, load_run
 
@@ -171,6 +172,8 @@ def prepare_replay(run_path: Path, replay: Path, results: dict[str, Any],
                           "learning ended with. Only frozen evaluations are verified.")
     replay.mkdir(parents=True, exist_ok=True)
     shutil.copy2(run_path / CONFIG, replay / CONFIG)
+    if (run_path / SALT_FILE).is_file():  # the same secret test draw
+        shutil.copy2(run_path / SALT_FILE, replay / SALT_FILE)
     write_json_atomic(replay / STATE, {k: v for k, v in state.items() if k not in EVALUATION_STATE_KEYS})
     for name in LEARNED_STATE:
         if (run_path / name).is_dir():

@@ -20,7 +20,16 @@ from minigrid.envs.babyai.core.roomgrid_level import RejectSampling
 from minigrid.envs.babyai.core.verifier import SeqInstr
 from minigrid.utils.baby_ai_bot import BabyAIBot
 
-from arena.core.env import POOL_SPLIT, TEST_SPLITS, TRAIN_SPLIT, VALID_SPLIT, Environment, Episode, Instructions
+from arena.core.env import (
+    POOL_SPLIT,
+    TEST_SPLITS,
+    TRAIN_SPLIT,
+    VALID_SPLIT,
+    Environment,
+    Episode,
+    Instructions,
+    salted_seed,
+)
 from arena.core.types import Observation, Task
 from arena.envs.babyai import text
 from arena.envs.babyai.levels import DEFAULT_SEEN, DEFAULT_UNSEEN, check_held_out, get_level
@@ -253,9 +262,15 @@ class BabyAIEnvironment(Environment):
         self.seed = int(seed)
         self.sizes = sizes
         self._tasks: dict[str, list[Task]] = {}
+        self._salt: str | None = None
 
     def split_names(self) -> list[str]:
         return list(self.sizes)
+
+    def draw_tests_with(self, salt: str) -> None:
+        self._salt = salt
+        for split in TEST_SPLITS:
+            self._tasks.pop(split, None)
 
     def levels_of(self, split: str) -> tuple[str, ...]:
         return self.unseen_levels if split in (TEST_SPLITS[1], POOL_SPLIT) else self.seen_levels
@@ -263,7 +278,10 @@ class BabyAIEnvironment(Environment):
     def _make_task(self, split: str, index: int) -> Task:
         levels = self.levels_of(split)
         level = levels[index % len(levels)]
-        seed = self.seed * WORLD_STRIDE + SPLIT_SEED_BASE[split] + index
+        if self._salt is not None and split in TEST_SPLITS:
+            seed = salted_seed(self._salt, split, index)
+        else:
+            seed = self.seed * WORLD_STRIDE + SPLIT_SEED_BASE[split] + index
         mission, limit = mission_of(level, seed)
         return Task(
             task_id=f"babyai/{VERSION}/s{self.seed}/{split}/{index:05d}",

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from arena.core.env import POOL_SPLIT, TEST_SPLITS, TRAIN_SPLIT, VALID_SPLIT, Environment, Instructions
+from arena.core.env import (
+    POOL_SPLIT,
+    TEST_SPLITS,
+    TRAIN_SPLIT,
+    VALID_SPLIT,
+    Environment,
+    Instructions,
+    salted_seed,
+)
 from arena.core.types import Task
 from arena.envs.alfworld_tasks import HOUSEHOLD_INSTRUCTIONS
 from arena.envs.household import catalog as cat
@@ -35,14 +43,18 @@ SPLIT_TASK_TYPES = {
 }
 
 
-def make_task(world_seed: int, split: str, index: int, level: str = HARD) -> Task:
+def make_task(world_seed: int, split: str, index: int, level: str = HARD, salt: str | None = None) -> Task:
     """Task ``index`` of ``split`` at ``level``; it depends on nothing else, so sizes only cut
     lists short. The original level's ids and payloads are those of the world before levels
     existed (so its split hashes, and the runs made on it, stay valid); the others name their
-    level in both."""
+    level in both. Under an evaluation ``salt`` a test task's room comes from the salt
+    (:func:`~arena.core.env.salted_seed`); its id and type do not change."""
     types = SPLIT_TASK_TYPES[split]
     task_type = types[index % len(types)]
-    layout_seed = SPLIT_SEED_BASE[split] + index
+    if salt is not None and split in TEST_SPLITS:
+        layout_seed = salted_seed(salt, split, index)
+    else:
+        layout_seed = SPLIT_SEED_BASE[split] + index
     layout, goal = generate(world_seed, layout_seed, task_type, level)
     level_part = "" if level == HARD else f"{level}/"
     payload: dict[str, object] = {
@@ -99,9 +111,15 @@ class HouseholdEnvironment(Environment):
         self.seed = int(seed)
         self.sizes = sizes
         self._tasks: dict[str, list[Task]] = {}
+        self._salt: str | None = None
 
     def split_names(self) -> list[str]:
         return list(self.sizes)
+
+    def draw_tests_with(self, salt: str) -> None:
+        self._salt = salt
+        for split in TEST_SPLITS:
+            self._tasks.pop(split, None)
 
     def tasks(self, split: str) -> list[Task]:
         if split not in self.sizes:
@@ -111,7 +129,7 @@ class HouseholdEnvironment(Environment):
             )
         if split not in self._tasks:
             self._tasks[split] = [
-                make_task(self.seed, split, i, self.level) for i in range(self.sizes[split])
+                make_task(self.seed, split, i, self.level, self._salt) for i in range(self.sizes[split])
             ]
         return list(self._tasks[split])
 

@@ -1,0 +1,375 @@
+"""``run.isolation: process``: the method's hooks run in a worker process of their own.
+
+The worker holds the method and nothing of the harness: no environment, no test payloads, no
+record, no run context. Its ``run`` is a :class:`~arena.core.rpc.Proxy` of the harness's, which
+answers only the names of the public :class:`~arena.core.run_api.Run` protocol (and of the
+objects it hands out: the store, the LLM, the budget, ...); any other name is refused and
+recorded as a violation. The model stays with the harness, which serves ``choose`` and
+``generate``; episodes are played by the harness, which calls the method's policy back in the
+worker. What the worker sends is built by :class:`~arena.core.rpc.SafeUnpickler`, so it can
+carry data and the run's own types, never code.
+
+A hook that overruns ``run.isolation_limits.hook_seconds`` or a worker that dies ends that
+episode as an error: the worker is replaced by a new one, built from the method's saved state
+as ``--resume`` builds it. Methods that train the served model in their own process
+(``run.trainable_backend()``) cannot run isolated yet: that name is not offered.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import inspect
+import multiprocessing.connection
+import os
+import pickle
+import resource
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import types
+from collections.abc import Callable, Mapping
+from pathlib import Path, PurePath
+from typing import Any
+
+import numpy as np
+import pluggy
+from omegaconf import DictConfig, ListConfig
+
+from arena.core import rpc
+from arena.core.budget import Budget
+from arena.core.context import RunContext
+from arena.core.embedder import Embedder
+from arena.core.env import Episode, Instructions
+from arena.core.llm import LLMBackend
+from arena.core.method_state import Checkpoints, MethodState
+from arena.core.progress import ProgressTask
+from arena.core.run_api import BudgetView, Run, Store
+from arena.core.services import GuardedStore
+from arena.core.views import EnvironmentView
+
+#: The method hooks a worker serves (``register_*`` stay in the harness: they build nothing).
+HOOKS = ("learn", "extract", "retrieve", "solve", "update", "episode_end", "state_digest", "state_size")
+#: Modules whose classes the worker's data may build in the harness (plus numpy's arrays).
+WORKER_DATA_MODULES = ("arena.core.types", "arena.core.llm", "arena.core.run_api", "arena.core.errors",
+                       "arena.core.rpc", "arena.core.solver")
+#: Top-level packages whose objects the harness sends by value (plain data and configs).
+HARNESS_DATA_PACKAGES = ("builtins", "collections", "typing", "omegaconf", "numpy")
+
+
+def protocol_names(*protocols: type) -> frozenset[str]:
+    """The public names a protocol (or ABC) declares in its own body and its bases'."""
+    names: set[str] = set()
+    for protocol in protocols:
+        for klass in protocol.__mro__:
+            if klass.__module__ in ("typing", "builtins", "abc"):
+                continue
+            names.update(name for name in vars(klass) if not name.startswith("_"))
+    return frozenset(names)
+
+
+#: What the worker may use of each harness object it is handed, by the object's class.
+OFFERED: tuple[tuple[type, frozenset[str]], ...] = (
+    (RunContext, protocol_names(Run) - {"trainable_backend"}),
+    (GuardedStore, protocol_names(Store)),
+    (Budget, protocol_names(BudgetView)),
+    (LLMBackend, frozenset({"generate", "choose", "count_tokens", "describe", "name", "max_context",
+                            "usage", "model_id"})),
+    (Embedder, frozenset({"embed", "similarity", "describe", "name", "dim"})),
+    (EnvironmentView, frozenset({"name", "version", "max_steps", "instructions", "split_names", "tasks",
+                                 "pool_tasks", "split_hash", "protocol_fields", "open", "close"})),
+    (Episode, frozenset({"task", "reset", "step", "expert_action", "close"})),
+    (MethodState, protocol_names(MethodState)),
+    (Checkpoints, protocol_names(Checkpoints)),
+    (ProgressTask, protocol_names(ProgressTask) | {"__enter__", "__exit__"}),
+)
+
+
+def harness_export(obj: Any) -> frozenset[str] | None:
+    """How the harness sends ``obj`` to the worker: by reference with the names offered for its
+    class, by value for plain data, or not at all (TypeError naming it)."""
+    for klass, names in OFFERED:
+        if isinstance(obj, klass):
+            return names
+    if isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)):
+        return None  # pickled by name: the worker imports the same code
+    if isinstance(obj, (DictConfig, ListConfig, np.ndarray, np.generic, PurePath, enum.Enum, Instructions)):
+        return None
+    module = type(obj).__module__
+    if module.split(".")[0] in HARNESS_DATA_PACKAGES or module in WORKER_DATA_MODULES \
+            or isinstance(obj, BaseException):
+        return None
+    raise TypeError(f"{type(obj).__module__}.{type(obj).__qualname__} is not handed to an isolated method "
+                    "(run.isolation=process): only the Run protocol's objects and plain data are.")
+
+
+def worker_export(obj: Any) -> frozenset[str] | None:
+    """The worker's callables (policies, callbacks) go by reference; the rest by value."""
+    if callable(obj) and not isinstance(obj, type) and not dataclasses.is_dataclass(obj) \
+            and not isinstance(obj, BaseException):
+        return frozenset({"__call__"})
+    return None
+
+
+# -- the worker process -----------------------------------------------------------------------
+
+class WorkerHost:
+    """The worker's root object: builds the method against the harness's ``run`` and serves
+    its hooks."""
+
+    def __init__(self, factory: Callable[[Any], Any], sandbox: str) -> None:
+        self.factory = factory
+        self.sandbox = sandbox
+        self.method: Any = None
+
+    def build(self, run: Any) -> tuple[dict[str, dict[str, Any]], str]:
+        """Build the method; return the hooks it implements (with their pluggy options) and the
+        sandbox this process runs in."""
+        self.method = self.factory(run)
+        implemented = {}
+        for name in HOOKS:
+            function = getattr(self.method, name, None)
+            options = getattr(function, "arena_impl", None)
+            if function is not None and options is not None:
+                implemented[name] = {"params": _parameters(function),
+                                     "tryfirst": bool(options.get("tryfirst")),
+                                     "trylast": bool(options.get("trylast"))}
+        return implemented, self.sandbox
+
+    def hook(self, name: str, kwargs: dict[str, Any]) -> Any:
+        return getattr(self.method, name)(**kwargs)
+
+
+def _parameters(function: Callable[..., Any]) -> list[str]:
+    return [p.name for p in inspect.signature(function).parameters.values()
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def _portable_error(exc: BaseException) -> BaseException:
+    """What the worker sends of an exception: the harness's own types as they are, any other
+    type as a RemoteError (its class may not exist, or be allowed, in the harness)."""
+    module = type(exc).__module__
+    if module == "builtins" or module in WORKER_DATA_MODULES:
+        return exc
+    return rpc.RemoteError(type(exc).__name__, str(exc), "")
+
+
+#: Folders of the system a Python process reads (libraries, certificates, time zones).
+SYSTEM_READ = ("/usr", "/lib", "/lib64", "/bin", "/etc", "/dev/urandom", "/dev/random", "/proc/self",
+               "/sys/devices/system/cpu")
+
+
+def readable_roots(run_path: Path, roots: list[str]) -> list[str]:
+    """The folders the worker may read: ``roots`` (Python's own and its import path), with the
+    run directory cut out. A root that holds the run directory (an editable install's project
+    folder holding ``runs/``) is replaced by its entries, except the one on the way to the run,
+    level by level down to the run directory, of which nothing is readable (its ``method/``
+    folder is granted on its own)."""
+    run_path = run_path.resolve()
+    granted: list[str] = []
+    for root in dict.fromkeys(str(Path(r).resolve()) for r in roots if r and Path(r).exists()):
+        folder = Path(root)
+        if run_path != folder and folder not in run_path.parents:
+            granted.append(root)
+            continue
+        while folder != run_path:
+            toward = folder / run_path.relative_to(folder).parts[0]
+            granted.extend(str(entry) for entry in folder.iterdir() if entry != toward)
+            folder = toward
+    return granted
+
+
+def sandbox_plan(run_path: Path, method_folder: Path, worker_folder: str) -> dict[str, list[str]]:
+    """What the worker's Landlock ruleset grants: read Python, its import path and the system
+    folders; read and write its own folder and the method's folder; nothing else (not the run
+    directory, its record, config or salt, nor other processes' /proc)."""
+    roots = [sys.prefix, sys.base_prefix, sys.exec_prefix, *sys.path, *SYSTEM_READ]
+    return {"read": readable_roots(run_path, roots),
+            "write": [worker_folder, str(method_folder), "/dev/null"]}
+
+
+def apply_sandbox(plan: dict[str, list[str]] | None) -> str:
+    """Lock this process out of everything ``plan`` does not grant, where Linux's Landlock is
+    available (py-landlock); no network, no signals to processes outside. Returns what it did."""
+    if not plan:
+        return "none"
+    try:
+        from py_landlock import Landlock, get_abi_version
+    except ImportError:
+        return "none (py-landlock is not installed)"
+    try:
+        abi = int(get_abi_version())
+    except Exception as exc:
+        return f"none (Landlock unavailable: {exc})"
+    from py_landlock import AccessFs
+
+    # Landlock refuses a folder's rights (list, create, remove) on a file: files get file rights.
+    read_file = AccessFs.READ_FILE | AccessFs.EXECUTE
+    write_file = AccessFs.WRITE_FILE | AccessFs.TRUNCATE
+    ruleset = Landlock(strict=False)
+    for path in filter(os.path.exists, plan["read"]):
+        ruleset.add_path_rule(path, access=read_file | (AccessFs.READ_DIR if os.path.isdir(path) else 0))
+    for path in filter(os.path.exists, plan["write"]):
+        if os.path.isdir(path):
+            ruleset.allow_read_write(path)
+        else:
+            ruleset.add_path_rule(path, access=read_file | write_file)
+    ruleset.apply()
+    return f"landlock ABI {abi}"
+
+
+def worker_main(fd: int) -> None:
+    """The worker process's life: read what to build from the harness, then serve its calls
+    until the harness closes the pipe (``python -m arena.core.isolation_worker FD``)."""
+    connection = multiprocessing.connection.Connection(fd)
+    path, memory_mb, plan = pickle.loads(connection.recv_bytes())
+    sys.path[:] = [entry for entry in path if entry]  # the harness's, so the method imports as there
+    sandbox = apply_sandbox(plan)
+    factory = pickle.loads(connection.recv_bytes())
+    if memory_mb:
+        limit = int(memory_mb) << 20
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    channel = rpc.Channel(connection, "w", worker_export, trusted_modules=None,
+                          portable_error=_portable_error)
+    channel.offer_root(WorkerHost(factory, sandbox), frozenset({"build", "hook"}))
+    channel.start()
+    channel.wait_closed()
+
+
+# -- the harness's side -----------------------------------------------------------------------
+
+class IsolationError(RuntimeError):
+    """The method's worker could not be started or answered wrongly."""
+
+
+class Worker:
+    """One worker process and the harness's end of its channel."""
+
+    def __init__(self, method_name: str, factory: Callable[[Any], Any], on_refused: Callable[[str, str], None],
+                 memory_mb: int | None, sandbox: tuple[Path, Path] | None) -> None:
+        try:
+            pickle.dumps(factory)
+        except (pickle.PicklingError, AttributeError, TypeError) as exc:
+            raise IsolationError(
+                f"Method '{method_name}' cannot run isolated (run.isolation=process): the worker imports "
+                f"its factory by name, and {factory!r} is not importable by name ({exc}). Register a "
+                "class or function defined at the top level of a module.") from None
+        # A fresh interpreter on one end of a socket pair, in a folder of its own: it inherits
+        # no object of the harness (multiprocessing's fork would copy them all).
+        harness_end, worker_end = socket.socketpair()
+        self.folder = tempfile.mkdtemp(prefix="arena-worker-")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "arena.core.isolation_worker", str(worker_end.fileno())],
+            pass_fds=(worker_end.fileno(),), cwd=self.folder,
+            env={**os.environ, "HF_HUB_OFFLINE": "1", "TMPDIR": self.folder, "XDG_CACHE_HOME": self.folder,
+                 "MPLCONFIGDIR": self.folder})
+        worker_end.close()
+        connection = multiprocessing.connection.Connection(harness_end.detach())
+        plan = None if sandbox is None else sandbox_plan(sandbox[0], sandbox[1], self.folder)
+        connection.send_bytes(pickle.dumps(([os.path.abspath(p) if p else p for p in sys.path], memory_mb, plan)))
+        connection.send_bytes(pickle.dumps(factory))
+        self.channel = rpc.Channel(connection, "h", harness_export,
+                                   trusted_modules=WORKER_DATA_MODULES, on_refused=on_refused).start()
+
+    def request(self, op: str, name: str, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None,
+                timeout: float | None = None) -> Any:
+        return self.channel.request(rpc.ROOT, op, name, args, kwargs, timeout=timeout)
+
+    def stop(self) -> None:
+        self.channel.close("stopped by the harness")
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(timeout=10)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class IsolatedMethod:
+    """The harness's stand-in for a method that lives in a worker: the plugin registered under
+    the method's name, one hook implementation per hook the method has, each a call to the
+    worker. A dead or overrunning worker is replaced and the call raises
+    :class:`~arena.core.rpc.RemoteError` (the episode is then an error, as any hook's failure)."""
+
+    def __init__(self, run: Any, method_name: str, factory: Callable[[Any], Any], *,
+                 on_refused: Callable[[str, str], None], hook_seconds: float | None = None,
+                 memory_mb: int | None = None, sandbox: tuple[Path, Path] | None = None) -> None:
+        self.run = run
+        self.method_name = method_name
+        self.factory = factory
+        #: (run directory, method folder) the worker is locked out of / into; None: no sandbox.
+        self.sandbox_paths = sandbox
+        #: What the worker reported of its sandbox (``landlock ABI 7``, or ``none (why)``).
+        self.sandbox = "none"
+        self.hook_seconds = hook_seconds
+        self.memory_mb = memory_mb
+        self._on_refused = on_refused
+        self._lock = threading.Lock()
+        self.restarts = 0
+        self.worker, self.hooks = self._start()
+        for name, spec in self.hooks.items():
+            setattr(self, name, self._implementation(name, spec))
+
+    def _start(self) -> tuple[Worker, dict[str, dict[str, Any]]]:
+        worker = Worker(self.method_name, self.factory, self._on_refused, self.memory_mb, self.sandbox_paths)
+        try:
+            hooks, self.sandbox = worker.request("call", "build", (self.run,))
+        except rpc.ChannelClosed:
+            worker.stop()
+            raise IsolationError(
+                f"The worker process of method '{self.method_name}' ended while the method was built "
+                f"(exit status {worker.process.returncode}); its error is printed above.") from None
+        except BaseException:
+            worker.stop()
+            raise
+        if not isinstance(hooks, dict) or not set(hooks) <= set(HOOKS):
+            worker.stop()
+            raise IsolationError(f"The worker of method '{self.method_name}' answered {hooks!r} when built.")
+        return worker, hooks
+
+    def _implementation(self, name: str, spec: Mapping[str, Any]) -> Callable[..., Any]:
+        params = [str(p) for p in spec["params"]]
+
+        def call(*args: Any) -> Any:  # pluggy passes the declared arguments in order
+            return self.call_hook(name, dict(zip(params, args, strict=True)))
+
+        call.__name__ = name
+        call.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+            [inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in params])
+        marker = pluggy.HookimplMarker("arena")
+        return marker(tryfirst=bool(spec.get("tryfirst")), trylast=bool(spec.get("trylast")))(call)
+
+    def call_hook(self, name: str, kwargs: dict[str, Any]) -> Any:
+        worker = self.worker
+        try:
+            return worker.request("call", "hook", (name, kwargs), timeout=self.hook_seconds)
+        except (rpc.ChannelClosed, rpc.CallTimeout) as exc:
+            self._replace(worker)
+            raise rpc.RemoteError(type(exc).__name__, f"method '{self.method_name}' hook {name}: {exc.message}; "
+                                  "its worker was replaced") from None
+
+    def _replace(self, dead: Worker) -> None:
+        """A new worker, built as on ``--resume`` (once per dead one, whoever notices first)."""
+        with self._lock:
+            if self.worker is not dead:
+                return
+            dead.stop()
+            self.worker, hooks = self._start()
+            self.restarts += 1
+            if set(hooks) != set(self.hooks):
+                raise IsolationError(f"Method '{self.method_name}' implements other hooks when rebuilt.")
+
+    def close(self) -> None:
+        self.worker.stop()
+
+
+def refusal_recorder(violations: Any, method_name: str) -> Callable[[str, str], None]:
+    """What the harness does when the worker asks for a name it is not offered: a violation
+    (the run is then invalid), as reaching past the run's views is in one process."""
+
+    def refused(kind: str, name: str) -> None:
+        violations.refusal(f"Method '{method_name}' (isolated) asked for {kind}.{name}, which is not "
+                           "part of the plugin API.")
+
+    return refused

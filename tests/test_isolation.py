@@ -1,0 +1,255 @@
+"""``run.isolation=process``: the method's hooks in a worker process (arena.core.isolation).
+
+An isolated run must play what an in-process run plays; the worker must get nothing of the
+harness but the plugin API; a worker that dies or overruns ends its episode, not the run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+import arena
+from arena.core import protocol
+from arena.core.isolation import IsolationError, harness_export
+from arena.core.rpc import SafeUnpickler
+from tests.test_protocol import register
+
+pytestmark = pytest.mark.slow  # each run starts a Python process for its method
+
+ISOLATED = ["run.isolation=process"]
+
+
+def records(path: Path) -> dict[tuple[str, int, str, str], dict]:
+    """Each recorded episode by (phase, task, seed, variant): its outcome and every action."""
+    episodes = [json.loads(line) for line in (path / "episodes.jsonl").read_text().splitlines()]
+    trajectories = [json.loads(line) for line in (path / "trajectories.jsonl").read_text().splitlines()]
+    assert len(episodes) == len(trajectories)
+    played = {}
+    for episode, trajectory in zip(episodes, trajectories, strict=True):
+        key = (episode["phase"], episode["task_id"], episode["seed"], episode.get("variant", "default"))
+        assert key not in played
+        played[key] = {"status": episode["status"], "steps": episode["steps"], "error": episode["error"],
+                       "experiences": episode["experience_ids"],
+                       "actions": [step["action"] for step in trajectory["steps"]]}
+    return played
+
+
+@pytest.mark.parametrize("method", ["base", "memrl", "rag", "expel"])
+def test_an_isolated_run_plays_what_an_in_process_run_plays(plugins, fast, tmp_path, method):
+    extra = ["eval.limit=3", "learn.budget.episodes=4", "learn.max_steps=4", "eval.salt=public"]
+    if method == "expel":
+        extra = ["eval.limit=3", "method.train_tasks=2", "learn.max_steps=4", "eval.salt=public"]
+    here, here_results = protocol.run(method, overrides=fast + extra, out=tmp_path / "here", plugins=plugins)
+    away, away_results = protocol.run(method, overrides=fast + extra + ISOLATED, out=tmp_path / "away",
+                                      plugins=plugins)
+    assert away_results["valid"] is True, away_results["violations"]
+    assert records(Path(away)) == records(Path(here))
+    assert away_results["state"]["digest_after_eval"] == here_results["state"]["digest_after_eval"]
+    assert [away_results["splits"][s]["success_rate"] for s in ("test_seen", "test_unseen")] == \
+        [here_results["splits"][s]["success_rate"] for s in ("test_seen", "test_unseen")]
+
+
+@pytest.mark.parametrize("method", ["base", "memrl"])
+def test_with_the_embedded_model_an_isolated_run_plays_the_same_episodes(plugins, tmp_path, method):
+    """The served model stays with the harness: the same greedy choices, step for step."""
+    settings = ["embedder.name=hashing", "eval.limit=1", "eval.max_steps=6", "learn.budget.episodes=2",
+                "learn.max_steps=4", "llm.dtype=float32", "eval.salt=public", "env.n_train=60",
+                "env.n_valid=12", "env.n_test=12"]
+    here, _ = protocol.run(method, overrides=settings, out=tmp_path / "here", plugins=plugins)
+    away, results = protocol.run(method, overrides=settings + ISOLATED, out=tmp_path / "away", plugins=plugins)
+    assert results["valid"] is True and results["provenance"]["isolation"]["mode"] == "process"
+    assert records(Path(away)) == records(Path(here))
+
+
+# -- what the worker gets of the harness ---------------------------------------------------------
+
+
+class Reacher:
+    """Reaches past the plugin API for the harness's parts, one name per run."""
+
+    target = ""
+
+    def __init__(self, run):
+        self.run = run
+
+    @arena.hookimpl
+    def solve(self, run, task, experiences, seed):
+        found = None
+        for name in Reacher.target.split("."):
+            found = getattr(found if found is not None else run, name)
+        return None
+
+
+@pytest.mark.parametrize("target", ["_env", "gate", "episodes", "services", "env._env", "violations_log",
+                                    "hook", "trainable_backend", "store._store", "llm.inner"])
+def test_names_outside_the_plugin_api_are_refused_and_recorded(plugins, fast, tmp_path, monkeypatch, target):
+    monkeypatch.setenv("ARENA_TEST_REACH", target)
+    register(plugins, reacher=EnvReacher)
+    _, results = protocol.run("reacher", overrides=fast + ["eval.limit=1"] + ISOLATED, out=tmp_path / "r",
+                              plugins=plugins)
+    assert results["valid"] is False
+    assert any("not part of the plugin API" in v for v in results["violations"])
+    assert all(results["splits"][s]["success_rate"] == 0.0 for s in ("test_seen", "test_unseen"))
+
+
+class EnvReacher(Reacher):
+    """:class:`Reacher` with its target from the environment (the worker is another process)."""
+
+    def __init__(self, run):
+        super().__init__(run)
+        Reacher.target = os.environ["ARENA_TEST_REACH"]
+
+
+class Smuggler:
+    """Returns an object whose unpickling would run code where it is built."""
+
+    def __init__(self, run):
+        self.run = run
+
+    @arena.hookimpl
+    def retrieve(self, run, task):
+        return [Payload()]
+
+
+class Payload:
+    def __reduce__(self):
+        return (os.system, ("touch smuggled",))
+
+
+def test_what_the_worker_sends_cannot_run_code_in_the_harness(plugins, fast, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    register(plugins, smuggler=Smuggler)
+    path, _ = protocol.run("smuggler", overrides=fast + ["eval.limit=1"] + ISOLATED, out=tmp_path / "s",
+                                 plugins=plugins)
+    assert not (tmp_path / "smuggled").exists()  # nothing ran in the harness's folder
+    errors = {e["error"] for e in records(Path(path)).values()}
+    assert errors and all(e and "retrieve" in e for e in errors), errors
+
+
+def test_the_safe_unpickler_builds_data_and_refuses_code():
+    import io
+    import pickle
+
+    from arena.core.types import Experience, Provenance
+
+    experience = Experience(kind="insight", text="t", provenance=Provenance(("x",), "train"))
+    data = pickle.dumps([experience, {"a": (1, 2.0)}, {3}])
+    built = SafeUnpickler(io.BytesIO(data), ["arena.core.types"], lambda pid: pid).load()
+    assert built[0] == experience and built[1] == {"a": (1, 2.0)} and built[2] == {3}
+    for evil in (Payload(), os.getcwd, Path):
+        with pytest.raises(pickle.UnpicklingError, match="may not be sent"):
+            SafeUnpickler(io.BytesIO(pickle.dumps(evil)), ["arena.core.types"], lambda pid: pid).load()
+
+
+def test_the_harness_hands_over_only_the_api_and_plain_data(plugins, fast, tmp_path):
+    from arena.testing import learning_context
+
+    run = learning_context("base", out=tmp_path / "ctx", plugins=plugins)
+    try:
+        assert "play" in harness_export(run) and "_env" not in harness_export(run)
+        assert "trainable_backend" not in harness_export(run)
+        assert harness_export(run.env) >= {"tasks", "instructions", "open"}
+        assert harness_export({"a": [1]}) is None and harness_export(run.cfg) is None
+        with pytest.raises(TypeError, match="not handed to an isolated method"):
+            harness_export(run.env._env)
+    finally:
+        run.env.close()
+
+
+# -- a worker that dies or overruns --------------------------------------------------------------
+
+
+class Crasher:
+    """Its worker dies in the first test episode it solves (the replaced one carries on). The
+    mark goes in the method's folder: the only one of the run its sandbox may write."""
+
+    def __init__(self, run):
+        self.run = run
+
+    @arena.hookimpl
+    def solve(self, run, task, experiences, seed):
+        marker = run.method_state.folder / "mark"
+        if not marker.exists():
+            marker.write_text(task.task_id)
+            os._exit(3)
+        return None
+
+
+class Sleeper(Crasher):
+    """Hangs in the first test episode it solves."""
+
+    @arena.hookimpl
+    def solve(self, run, task, experiences, seed):
+        marker = run.method_state.folder / "mark"
+        if not marker.exists():
+            marker.write_text(task.task_id)
+            time.sleep(120)
+        return None
+
+
+@pytest.mark.parametrize("method", ["crasher", "sleeper"])
+def test_a_worker_that_dies_or_hangs_ends_its_episode_not_the_run(plugins, fast, tmp_path, method):
+    marker = tmp_path / "w" / "method" / "mark"
+    register(plugins, crasher=Crasher, sleeper=Sleeper)
+    started = time.monotonic()
+    path, results = protocol.run(method, overrides=fast + ["eval.limit=2", "eval.concurrency=1",
+                                                          "run.isolation_limits.hook_seconds=5"] + ISOLATED,
+                                 out=tmp_path / "w", plugins=plugins)
+    assert time.monotonic() - started < 100
+    played = records(Path(path))
+    failed = {key[1]: value["error"] for key, value in played.items() if value["status"] == "error"}
+    assert list(failed) == [marker.read_text()], failed
+    reason = "ChannelClosed" if method == "crasher" else "CallTimeout"
+    assert reason in next(iter(failed.values())) and "worker was replaced" in next(iter(failed.values()))
+    assert sum(1 for value in played.values() if value["status"] != "error") == len(played) - 1
+    assert results["provenance"]["isolation"]["worker_restarts"] == 1
+
+
+class Hog(Crasher):
+    """Asks for 4 GB in its first test episode, under a 1,500 MB limit on its worker."""
+
+    @arena.hookimpl
+    def solve(self, run, task, experiences, seed):
+        marker = run.method_state.folder / "mark"
+        if not marker.exists():
+            marker.write_text(task.task_id)
+            return bytearray(4 << 30)
+        return None
+
+
+def test_a_worker_over_its_memory_limit_fails_its_episode_not_the_run(plugins, fast, tmp_path):
+    register(plugins, hog=Hog)
+    path, results = protocol.run("hog", overrides=fast + ["eval.limit=2", "eval.concurrency=1",
+                                                          "run.isolation_limits.memory_mb=1500"] + ISOLATED,
+                                 out=tmp_path / "h", plugins=plugins)
+    failed = {key[1]: value["error"] for key, value in records(Path(path)).items() if value["status"] == "error"}
+    assert list(failed) == [(tmp_path / "h" / "method" / "mark").read_text()]
+    assert "MemoryError" in next(iter(failed.values()))
+    assert results["provenance"]["isolation"]["worker_restarts"] == 0  # the worker lived on
+
+
+def test_a_factory_the_worker_cannot_import_is_named(plugins, fast, tmp_path):
+    class Local:
+        def __init__(self, run):
+            self.run = run
+
+    register(plugins, local=Local)
+    with pytest.raises(IsolationError, match="not importable by name"):
+        protocol.run("local", overrides=fast + ["eval.limit=1"] + ISOLATED, out=tmp_path / "l", plugins=plugins)
+
+
+def test_an_isolated_run_on_a_secret_draw_verifies(tmp_path):
+    """The replay runs isolated too, on the run's own salt (its eval_salt file goes with it)."""
+    from arena.report.verify import verify_run
+    from arena.testing import run_method
+
+    run = run_method("memrl", ["eval.limit=2", "learn.budget.episodes=3", "learn.max_steps=4", *ISOLATED],
+                     out=tmp_path / "memrl")
+    assert run.results["protocol"]["eval_salt"].startswith("secret:")
+    outcome = verify_run(run.path)
+    assert outcome.status == "verified", outcome.reason
