@@ -74,3 +74,38 @@ def test_a_step_killed_anywhere_resumes_as_if_never_killed(tmp_path, uninterrupt
     path, results = protocol.run(None, resume=out)
     assert learned(path, results) == uninterrupted[track]
     assert not (out / "step.journal").exists()
+
+
+def learn_tokens_after(path: Path, episodes: int) -> int:
+    """The learning phase's tokens once ``episodes`` learning episodes were recorded."""
+    lines = [json.loads(line) for line in (path / "episodes.jsonl").read_text().splitlines()]
+    cost = [e["phase_cost"] for e in lines if e["phase"] == "learn"][episodes - 1]
+    return cost["tokens_in"] + cost["tokens_out"]
+
+
+@pytest.mark.slow
+def test_a_kill_between_a_record_and_its_cost_keeps_a_binding_token_budget(tmp_path):
+    """Killed after a learning episode's record and before its cost reached state.json: the
+    resumed run used to start from the older cost, learn one episode more than the budget allowed
+    and report fewer LLM calls. The record carries the phase's cost so far."""
+    probe, _ = protocol.run("memrl", overrides=[*FAST, "eval.limit=1", "learn.budget.episodes=6",
+                                                "learn.max_steps=4"], out=tmp_path / "probe")
+    budget = learn_tokens_after(Path(probe), 3) + 1  # binds during the 4th episode
+    overrides = [*FAST, "eval.limit=1", "learn.budget.episodes=null", f"learn.budget.tokens={budget}",
+                 "learn.max_steps=4"]
+    whole, whole_results = protocol.run("memrl", overrides=overrides, out=tmp_path / "whole")
+    out = tmp_path / "killed"
+    assert killed_run(out, overrides, "episode.recorded:3") == 137, "the crash point was never reached"
+    path, results = protocol.run(None, resume=out)
+    assert learned(path, results) == learned(whole, whole_results)
+    assert whole_results["learn"]["used"]["episodes"] == 4
+    for key in ("llm_calls", "tokens_in", "tokens_out"):
+        assert results["cost"]["learn"][key] == whole_results["cost"]["learn"][key], key
+
+
+@pytest.mark.slow
+def test_a_run_killed_while_its_session_is_built_resumes_with_its_start_on_record(tmp_path):
+    out = tmp_path / "killed"
+    assert killed_run(out, LEARN, "session.built:1") == 137, "the crash point was never reached"
+    _, results = protocol.run(None, resume=out)
+    assert results["started"] is not None and results["provenance"]["arena_version"]

@@ -84,6 +84,7 @@ class RunContext:
         make_store: Callable[[Embedder, Callable[[ExperienceStore, list[str]], None]], ExperienceStore],
         make_backend: Callable[[Mapping[str, Any]], LLMBackend] | None = None,
         on_episode: Callable[[EpisodeResult], None] = lambda result: None,
+        phase_cost: Callable[[str], Mapping[str, float]] | None = None,
         reporter: Reporter | None = None,
         trackers: Sequence[Tracker] = (),
     ) -> None:
@@ -112,7 +113,7 @@ class RunContext:
         self.episodes = EpisodeRunner(
             self, cfg=cfg, run_dir=run_dir, env=env, phases=self.phases, gate=self.gate,
             violations=self.violations_log, budget=self.budget, services=self.services,
-            hooks=hooks, on_episode=on_episode)
+            hooks=hooks, on_episode=on_episode, phase_cost=phase_cost)
         self.steps = LearningSteps(
             self, cfg=cfg, run_dir=run_dir, runner=self.episodes, gate=self.gate,
             budget=self.budget, method_state=self.method_state, window=window, hooks=hooks,

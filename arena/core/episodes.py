@@ -24,6 +24,7 @@ from arena.core import stopping
 from arena.core.budget import Budget
 from arena.core.env import POOL_SPLIT, TEST_SPLITS, Environment
 from arena.core.errors import BudgetExhausted, HookReturnError
+from arena.core.journal import crash_point
 from arena.core.llm import LLMBackend
 from arena.core.phase import EVALUATE, LEARN, PhaseGuard, ViolationLog
 from arena.core.run_api import STANDARD, EpisodeRequest, PolicyChoice
@@ -143,7 +144,8 @@ class EpisodeRunner:
     def __init__(self, run: Run, *, cfg: DictConfig, run_dir: RunDir, env: Environment,
                  phases: PhaseGuard, gate: TaskGate, violations: ViolationLog, budget: Budget,
                  services: Services, hooks: pluggy.HookRelay,
-                 on_episode: Callable[[EpisodeResult], None]) -> None:
+                 on_episode: Callable[[EpisodeResult], None],
+                 phase_cost: Callable[[str], Mapping[str, float]] | None = None) -> None:
         self._run = run
         self._cfg = cfg
         self._run_dir = run_dir
@@ -155,6 +157,7 @@ class EpisodeRunner:
         self._services = services
         self._hooks = hooks
         self._on_episode = on_episode
+        self._phase_cost = phase_cost
         self.solver = StandardSolver.from_config(services.llm, cfg.solver, instructions=env.instructions())
         self._keep_rollouts = False
         self._journaled: dict[tuple, Trajectory] = {}  # a killed step's episode, to finish it
@@ -237,9 +240,13 @@ class EpisodeRunner:
         track = LEARN if phase == LEARN else self._phases.track
         result = EpisodeResult.from_trajectory(trajectory, phase=phase, track=track, seed=seed,
                                                variant=variant)
+        if phase == LEARN and self._phase_cost is not None:
+            cost = self._phase_cost(LEARN)
+            result.phase_cost = {key: int(cost[key]) for key in ("llm_calls", "tokens_in", "tokens_out")}
         if self._keeps_rollouts():
             self._run_dir.save_rollouts(result.key, trajectory)
         self._run_dir.record(result, trajectory)
+        crash_point("episode.recorded")  # recorded, its cost not yet in state.json
         if phase == LEARN:
             self._budget.charge(episodes=1, env_steps=result.steps)
         elif variant == PRIMARY:

@@ -39,6 +39,7 @@ from arena.core.episodes import checked_experiences, run_in_threads
 from arena.core.errors import BudgetExhausted, ProtocolViolation
 from arena.core.executors import build_environment
 from arena.core.isolation import IsolatedMethod, refusal_recorder
+from arena.core.journal import crash_point
 from arena.core.llm import LLMBackend
 from arena.core.phase import EVALUATE, LEARN
 from arena.core.plugins import Plugins, get_plugins, new_plugin_manager
@@ -217,6 +218,7 @@ class Session:
                                  project=str(logging.get("project", "arena")))
         try:
             self._build(prepared, cfg, store_path, embedder_cfg, trackers)
+            crash_point("session.built")  # the run directory exists; nothing is played yet
         except BaseException:
             for tracker in trackers:  # the run never started: nothing keeps writing for it
                 tracker.close()
@@ -234,6 +236,7 @@ class Session:
                 store_path, embedder, name=str(cfg.store.collection), before_write=before_write),
             make_backend=self._auxiliary_backend,
             on_episode=self._on_episode,
+            phase_cost=self._phase_cost_now,
             reporter=self.reporter,
             trackers=trackers,
         )
@@ -291,6 +294,16 @@ class Session:
             for key in ("llm_calls", "tokens_in", "tokens_out")
         }
         cost["wall_s"] = before.get("base_wall_s", 0.0) + time.perf_counter() - self._phase_started
+        return cost
+
+    def _learn_cost_on_record(self, state: dict[str, Any], learned: list[EpisodeResult]) -> dict[str, Any]:
+        """The learning cost so far: state.json's, or the last learning record's where that is
+        ahead (a session killed after a record and before its cost was saved), written back."""
+        cost = dict(state.get("cost_learn", {}))
+        last = next((r.phase_cost for r in reversed(learned) if r.phase_cost), None)
+        if last and any(int(last[k]) > cost.get(k, 0) for k in last):
+            cost.update({k: max(int(v), cost.get(k, 0)) for k, v in last.items()})
+            self.run_dir.update_state(cost_learn=cost)
         return cost
 
     def _start_phase(self, phase: str) -> None:
@@ -364,7 +377,7 @@ class Session:
     # -- the protocol -------------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
-        if not self.resumed:
+        if not self.run_dir.state().get("started"):  # a new run, or one killed before it started
             self.run_dir.update_state(
                 started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 provenance=provenance.collect(tuple(self.env.packages)),
@@ -385,7 +398,7 @@ class Session:
         learned = [r for r in self.run_dir.episodes() if r.phase == LEARN]
         budget.restore({"episodes": len(learned), "env_steps": sum(r.steps for r in learned),
                         "gradient_steps": int(state.get("gradient_steps", 0))})
-        cost_before = state.get("cost_learn", {})
+        cost_before = self._learn_cost_on_record(state, learned)
         budget.start_metering(
             tokens_before=int(cost_before.get("tokens_in", 0) + cost_before.get("tokens_out", 0)))
         self._start_phase(LEARN)

@@ -215,6 +215,10 @@ class EpisodeResult:
     error: str | None = None
     copy_of: str | None = None  # see Trajectory.copy_of: not played, so not counted in cost
     derived_experience_ids: list[str] = field(default_factory=list)  # see Trajectory's
+    #: A learning episode's phase cost so far (llm_calls, tokens_in, tokens_out), this episode
+    #: included: written with the record, so a run killed before its cost reached state.json
+    #: resumes with the budget it had used (absent at evaluation and in older records).
+    phase_cost: dict[str, int] | None = None
 
     @property
     def key(self) -> tuple[str, str, str, int, str]:
@@ -222,7 +226,10 @@ class EpisodeResult:
         return (self.phase, self.split, self.task_id, self.seed, self.variant)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        if data["phase_cost"] is None:  # evaluation lines stay as they were
+            del data["phase_cost"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> EpisodeResult:
