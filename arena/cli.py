@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -462,6 +463,8 @@ def _terminate(signum: int, frame: object) -> None:
     raise Terminated
 
 
+#: Write errors that mean "no room": the run stops with the resume command, not a traceback.
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 RESUME_HINT = ("Finished episodes are saved; continue with `arena run --resume RUN_DIR` "
                "(the run directory `arena run` printed, or the newest under runs/).")
 
@@ -482,6 +485,11 @@ def main() -> None:
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
+    except OSError as exc:
+        if exc.errno not in DISK_FULL:
+            raise
+        console.print(f"The disk is full ({exc.strerror}). Free some space, then continue: {RESUME_HINT}")
+        sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)
 
 

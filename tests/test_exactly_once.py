@@ -109,3 +109,25 @@ def test_a_run_killed_while_its_session_is_built_resumes_with_its_start_on_recor
     assert killed_run(out, LEARN, "session.built:1") == 137, "the crash point was never reached"
     _, results = protocol.run(None, resume=out)
     assert results["started"] is not None and results["provenance"]["arena_version"]
+
+
+def full_disk_run(out: Path, overrides: list[str], fail_at: str) -> subprocess.CompletedProcess:
+    """``arena run`` whose write of a file fails half way, as on a full disk (fault injection)."""
+    code = "import sys; from arena.cli import main; sys.argv = ['arena', *sys.argv[1:]]; main()"
+    env = {**os.environ, "ARENA_DISK_FULL_AT": fail_at}
+    return subprocess.run([sys.executable, "-c", code, "run", "--method", "memrl", "--env", "household",
+                           *overrides, "--out", str(out)], env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fail_at", ["trajectories.jsonl:3", "episodes.jsonl:3", "state.json:6",
+                                     "episodes.jsonl:6"])
+def test_a_full_disk_stops_the_run_with_the_fix_and_resume_loses_nothing(tmp_path, uninterrupted, fail_at):
+    out = tmp_path / "full"
+    done = full_disk_run(out, LEARN, fail_at)
+    assert done.returncode == 1, done.stdout + done.stderr
+    said = " ".join((done.stdout + done.stderr).split())
+    assert "The disk is full" in said and "arena run --resume RUN_DIR" in said
+    assert "Traceback" not in said
+    path, results = protocol.run(None, resume=out)
+    assert learned(path, results) == uninterrupted["learn"]

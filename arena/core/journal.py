@@ -18,6 +18,7 @@ method's to keep consistent (checkpoints written atomically).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from dataclasses import dataclass, field
@@ -44,6 +45,28 @@ def crash_point(name: str) -> None:
     _reached[name] = _reached.get(name, 0) + 1
     if _reached[name] == int(count or 1):
         os._exit(137)
+
+
+#: ``ARENA_DISK_FULL_AT=file:N``: the N-th write of ``file`` (episodes.jsonl, state.json, ...)
+#: fails as on a full disk, half written: the full-disk tests' fault injection.
+DISK_FULL_ENV = "ARENA_DISK_FULL_AT"
+
+
+def disk_full_point(name: str) -> bool:
+    """Whether this write of ``name`` is the one a test has fail as on a full disk."""
+    wanted = os.environ.get(DISK_FULL_ENV)
+    if not wanted:
+        return False
+    point, _, count = wanted.partition(":")
+    if point != name:
+        return False
+    key = f"disk:{name}"
+    _reached[key] = _reached.get(key, 0) + 1
+    return _reached[key] == int(count or 1)
+
+
+def no_space(name: str) -> OSError:
+    return OSError(errno.ENOSPC, f"No space left on device (writing {name})")
 
 
 @dataclass

@@ -24,6 +24,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from arena.core import integrity
+from arena.core.journal import disk_full_point, no_space
 from arena.core.results import ResultsError
 from arena.core.results import validate as validate_results
 from arena.core.types import EpisodeResult, RolloutTokens, Trajectory
@@ -118,6 +119,8 @@ def write_json_atomic(path: Path, data: Any) -> None:
         with os.fdopen(descriptor, "w") as handle:
             handle.write(json.dumps(data, indent=2, sort_keys=False) + "\n")
             handle.flush()
+            if disk_full_point(path.name):
+                raise no_space(path.name)
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
@@ -443,6 +446,10 @@ class RunDir:
         """Append one line; returns its bytes (without the newline)."""
         line = json.dumps(record, sort_keys=True)
         with (self.path / name).open("a") as handle:
+            if disk_full_point(name):  # a test's full disk: the line stops half way
+                handle.write(line[: len(line) // 2])
+                handle.flush()
+                raise no_space(name)
             handle.write(line + "\n")
             handle.flush()
             os.fsync(handle.fileno())
