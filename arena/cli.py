@@ -242,6 +242,26 @@ def leaderboard(run_dirs: tuple[str, ...], out: str | None, allow_mixed: bool, s
 
 
 @cli.command()
+@click.option("--state", "state_dir", required=True, type=click.Path(file_okay=False, exists=True),
+              help="A submitted run directory whose learning has ended: its learned state is evaluated.")
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="The new run directory of the board's evaluation.")
+@click.argument("overrides", nargs=-1)
+def evaluate(state_dir: str, out: str, overrides: tuple[str, ...]) -> None:
+    """Evaluate a submitted learned state with the board's own settings (e.g. eval.salt=secret
+    run.isolation=process): learning is not rerun; the state must hash to what its learning ended
+    with; the board plays every test episode."""
+    from arena.report.evaluate_state import EvaluateError, evaluate_state
+
+    try:
+        path, results = evaluate_state(state_dir, out, list(overrides))
+    except EvaluateError as exc:
+        raise click.ClickException(str(exc)) from exc
+    print_summary(results, path)
+    print_next_steps(path)
+
+
+@cli.command()
 @click.argument("run_dir", type=click.Path(file_okay=False, exists=True))
 @click.option("--keep", "keep", type=click.Path(file_okay=False), default=None,
               help="Replay into this new folder and keep it (default: a temporary folder, removed).")

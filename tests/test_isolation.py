@@ -253,3 +253,29 @@ def test_an_isolated_run_on_a_secret_draw_verifies(tmp_path):
     assert run.results["protocol"]["eval_salt"].startswith("secret:")
     outcome = verify_run(run.path)
     assert outcome.status == "verified", outcome.reason
+
+
+def test_a_board_evaluates_a_submitted_learned_state_on_its_own_draw(plugins, fast, tmp_path):
+    """``arena evaluate --state``: the submitter's learned state, the board's salt and isolation."""
+    from click.testing import CliRunner
+
+    from arena.cli import cli
+    from arena.report.evaluate_state import EvaluateError, evaluate_state
+
+    submitted, results = protocol.run("memrl", overrides=fast + ["eval.limit=2", "learn.budget.episodes=3",
+                                                                 "learn.max_steps=4"], out=tmp_path / "sub",
+                                      plugins=plugins)
+    path, board = evaluate_state(submitted, tmp_path / "board", ["eval.salt=secret", "run.isolation=process"],
+                                 plugins=plugins)
+    assert board["valid"] is True, board["violations"]
+    assert board["state"]["digest_before_eval"] == results["state"]["digest_before_eval"]
+    assert board["state"]["memory_items"] == results["state"]["memory_items"]
+    assert board["protocol"]["eval_salt"].startswith("secret:") and results["protocol"]["eval_salt"] == "public"
+    assert board["provenance"]["isolation"]["mode"] == "process"
+    assert board["provenance"]["evaluated_from"]["digest_before_eval"] == results["state"]["digest_before_eval"]
+    assert board["learn"]["used"] == results["learn"]["used"]  # learning not rerun
+    with pytest.raises(EvaluateError, match="not a board's to set"):
+        evaluate_state(submitted, tmp_path / "again", ["learn.budget.episodes=50"], plugins=plugins)
+    refused = CliRunner().invoke(cli, ["evaluate", "--state", str(submitted), "--out", str(path),
+                                       "eval.salt=secret"])
+    assert refused.exit_code == 1 and "exists" in refused.output

@@ -157,10 +157,11 @@ def _trajectories_by_key(path: Path) -> dict[tuple, dict[str, Any]]:
 
 
 def prepare_replay(run_path: Path, replay: Path, results: dict[str, Any],
-                   records: list[EpisodeResult], trajectories: dict[tuple, dict[str, Any]]) -> None:
+                   records: list[EpisodeResult], trajectories: dict[tuple, dict[str, Any]],
+                   same_test_draw: bool = True) -> None:
     """A run directory at ``replay`` that ``arena run --resume`` continues from the end of the
     run's learning: its config, its harness state as learning left it, its learned state and
-    its learning records."""
+    its learning records (and its secret test draw, unless ``same_test_draw`` is False)."""
     state = read_json(run_path / STATE, "its state") if (run_path / STATE).is_file() else {}
     if not state.get("learn_done") or not state.get("digest_before_eval"):
         raise VerifyError(f"{run_path / STATE} does not record the end of learning (learn_done and "
@@ -172,7 +173,7 @@ def prepare_replay(run_path: Path, replay: Path, results: dict[str, Any],
                           "learning ended with. Only frozen evaluations are verified.")
     replay.mkdir(parents=True, exist_ok=True)
     shutil.copy2(run_path / CONFIG, replay / CONFIG)
-    if (run_path / SALT_FILE).is_file():  # the same secret test draw
+    if same_test_draw and (run_path / SALT_FILE).is_file():  # the same secret test draw
         shutil.copy2(run_path / SALT_FILE, replay / SALT_FILE)
     write_json_atomic(replay / STATE, {k: v for k, v in state.items() if k not in EVALUATION_STATE_KEYS})
     for name in LEARNED_STATE:
