@@ -164,8 +164,8 @@ def test_the_harness_hands_over_only_the_api_and_plain_data(plugins, fast, tmp_p
 # -- a worker that dies or overruns --------------------------------------------------------------
 
 
-class Crasher:
-    """Its worker dies in the first test episode it solves (the replaced one carries on). The
+class Misbehaving:
+    """Misbehaves (``misbehave``) in the first test episode it solves, then plays honestly. The
     mark goes in the method's folder: the only one of the run its sandbox may write."""
 
     def __init__(self, run):
@@ -176,20 +176,32 @@ class Crasher:
         marker = run.method_state.folder / "mark"
         if not marker.exists():
             marker.write_text(task.task_id)
-            os._exit(3)
+            return self.misbehave()
         return None
 
+    def misbehave(self):
+        raise NotImplementedError
 
-class Sleeper(Crasher):
-    """Hangs in the first test episode it solves."""
 
-    @arena.hookimpl
-    def solve(self, run, task, experiences, seed):
-        marker = run.method_state.folder / "mark"
-        if not marker.exists():
-            marker.write_text(task.task_id)
-            time.sleep(120)
-        return None
+class Crasher(Misbehaving):
+    """Its worker dies (the replaced one carries on)."""
+
+    def misbehave(self):
+        os._exit(3)
+
+
+class Sleeper(Misbehaving):
+    """Hangs past the hook's time limit."""
+
+    def misbehave(self):
+        time.sleep(120)
+
+
+class Hog(Misbehaving):
+    """Asks for 4 GB under a 1,500 MB limit on its worker."""
+
+    def misbehave(self):
+        return bytearray(4 << 30)
 
 
 @pytest.mark.parametrize("method", ["crasher", "sleeper"])
@@ -208,18 +220,6 @@ def test_a_worker_that_dies_or_hangs_ends_its_episode_not_the_run(plugins, fast,
     assert reason in next(iter(failed.values())) and "worker was replaced" in next(iter(failed.values()))
     assert sum(1 for value in played.values() if value["status"] != "error") == len(played) - 1
     assert results["provenance"]["isolation"]["worker_restarts"] == 1
-
-
-class Hog(Crasher):
-    """Asks for 4 GB in its first test episode, under a 1,500 MB limit on its worker."""
-
-    @arena.hookimpl
-    def solve(self, run, task, experiences, seed):
-        marker = run.method_state.folder / "mark"
-        if not marker.exists():
-            marker.write_text(task.task_id)
-            return bytearray(4 << 30)
-        return None
 
 
 def test_a_worker_over_its_memory_limit_fails_its_episode_not_the_run(plugins, fast, tmp_path):
