@@ -279,3 +279,19 @@ def test_a_board_evaluates_a_submitted_learned_state_on_its_own_draw(plugins, fa
     refused = CliRunner().invoke(cli, ["evaluate", "--state", str(submitted), "--out", str(path),
                                        "eval.salt=secret"])
     assert refused.exit_code == 1 and "exists" in refused.output
+
+
+@pytest.mark.parametrize("method", ["evolving_rl", "grpo"])
+def test_a_method_that_trains_the_served_model_runs_isolated_with_the_same_weights(plugins, tmp_path, method):
+    """run.trainer keeps the trainer with the harness: an isolated Evolving-RL (or GRPO) run
+    trains the same LoRA weights and plays the same episodes as one in Arena's process."""
+    from tests.test_evolving_rl import TINY
+
+    settings = [*TINY, "eval.salt=public"]
+    here, here_results = protocol.run(method, overrides=settings, out=tmp_path / "here", plugins=plugins)
+    away, away_results = protocol.run(method, overrides=settings + ISOLATED, out=tmp_path / "away",
+                                      plugins=plugins)
+    assert away_results["valid"] is True, away_results["violations"]
+    assert away_results["state"]["digest_before_eval"] == here_results["state"]["digest_before_eval"]
+    assert records(Path(away)) == records(Path(here))
+    assert any(Path(away, "method").rglob("*checkpoint*"))  # its checkpoints in the method's folder

@@ -11,8 +11,9 @@ carry data and the run's own types, never code.
 
 A hook that overruns ``run.isolation_limits.hook_seconds`` or a worker that dies ends that
 episode as an error: the worker is replaced by a new one, built from the method's saved state
-as ``--resume`` builds it. Methods that train the served model in their own process
-(``run.trainable_backend()``) cannot run isolated yet: that name is not offered.
+as ``--resume`` builds it. A method trains the served model through ``run.trainer(...)``, whose
+trainer stays with the harness; ``run.trainable_backend()`` (the model itself, for a method's own
+training code such as SkillRL's SFT) is not offered to a worker.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ from arena.core.views import EnvironmentView
 HOOKS = ("learn", "extract", "retrieve", "solve", "update", "episode_end", "state_digest", "state_size")
 #: Modules whose classes the worker's data may build in the harness (plus numpy's arrays).
 WORKER_DATA_MODULES = ("arena.core.types", "arena.core.llm", "arena.core.run_api", "arena.core.errors",
-                       "arena.core.rpc", "arena.core.solver")
+                       "arena.core.rpc", "arena.core.solver", "arena.core.rl.data")
 #: Top-level packages whose objects the harness sends by value (plain data and configs).
 HARNESS_DATA_PACKAGES = ("builtins", "collections", "typing", "omegaconf", "numpy")
 
@@ -86,6 +87,12 @@ OFFERED: tuple[tuple[type, frozenset[str]], ...] = (
     (Checkpoints, protocol_names(Checkpoints)),
     (ProgressTask, protocol_names(ProgressTask) | {"__enter__", "__exit__"}),
 )
+#: The same, for classes named by path: their modules import torch, which the harness loads only
+#: when a run needs it.
+OFFERED_BY_NAME: dict[str, frozenset[str]] = {
+    "arena.core.rl.checkpointed.CheckpointedTrainer":
+        frozenset({"resume", "update", "save", "serve", "trainable_parameters"}),
+}
 
 
 def harness_export(obj: Any) -> frozenset[str] | None:
@@ -94,9 +101,13 @@ def harness_export(obj: Any) -> frozenset[str] | None:
     for klass, names in OFFERED:
         if isinstance(obj, klass):
             return names
+    by_name = OFFERED_BY_NAME.get(f"{type(obj).__module__}.{type(obj).__qualname__}")
+    if by_name is not None:
+        return by_name
     if isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)):
         return None  # pickled by name: the worker imports the same code
-    if isinstance(obj, (DictConfig, ListConfig, np.ndarray, np.generic, PurePath, enum.Enum, Instructions)):
+    if isinstance(obj, (DictConfig, ListConfig, np.ndarray, np.generic, PurePath, enum.Enum, Instructions,
+                        pickle.PickleBuffer)):
         return None
     module = type(obj).__module__
     if module.split(".")[0] in HARNESS_DATA_PACKAGES or module in WORKER_DATA_MODULES \

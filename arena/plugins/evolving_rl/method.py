@@ -198,10 +198,7 @@ class EvolvingRL:
     def trainer(self, run: Run) -> rl.CheckpointedTrainer:
         """The checkpointed trainer on the served model (built on first use)."""
         if self._trainer is None:
-            backend = run.trainable_backend(" (Evolving-RL trains the served model in-process)")
-            self._trainer = rl.CheckpointedTrainer(
-                backend, rl.TrainerConfig.from_mapping(self.cfg.trainer), run.method_state.checkpoints(),
-                seed=run.learn_seed)
+            self._trainer = run.trainer(dict(self.cfg.trainer), " (Evolving-RL trains the served model)")
         return self._trainer
 
     # -- learning -----------------------------------------------------------------------------
