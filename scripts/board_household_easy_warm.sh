@@ -10,6 +10,9 @@ cd "$(dirname "$0")/.."
 RUNS="${RUNS:-/work/runs/household-easy-warm}"
 BOARD=leaderboards/household-easy-warm
 COMMON=(--env household env.level=easy eval.limit=null llm.dtype=float32)
+# Rows started from now on run their method isolated (docs/security.md) on the board's public
+# draw; an isolated run plays what an in-process one plays. SkillRL cannot run isolated yet.
+ISOLATED=(run.isolation=process eval.salt=public)
 mkdir -p "$RUNS"
 
 # The base every run serves: the committed one where it exists, else the recipe (built on first use).
@@ -37,7 +40,8 @@ for row in "${rows[@]}"; do
     case "$row" in
         random-seed*) seed=${row#random-seed}; run_row "$row" random "run.seeds=[$seed]" "learn.seed=$seed" ;;
         grpo-cpu-seed0) run_row "$row" grpo --preset cpu ;;
-        *-seed0) run_row "$row" "${row%-seed0}" ;;
+        skillrl-seed0) run_row "$row" skillrl ;;
+        *-seed0) run_row "$row" "${row%-seed0}" "${ISOLATED[@]}" ;;
         *) echo "unknown row $row" >&2; exit 2 ;;
     esac
 done
