@@ -295,3 +295,49 @@ def test_a_method_that_trains_the_served_model_runs_isolated_with_the_same_weigh
     assert away_results["state"]["digest_before_eval"] == here_results["state"]["digest_before_eval"]
     assert records(Path(away)) == records(Path(here))
     assert any(Path(away, "method").rglob("*checkpoint*"))  # its checkpoints in the method's folder
+
+
+def test_objects_the_other_side_no_longer_refers_to_are_let_go():
+    """A policy handed over for each episode is kept while the harness holds a proxy of it, then
+    let go: a long isolated run does not keep every closure it ever passed."""
+    import gc
+    import multiprocessing
+
+    from arena.core.rpc import ROOT, Channel, Proxy
+
+    class Harness:
+        def play(self, policy, steps):
+            return [policy(step) for step in range(steps)]
+
+    harness_end, worker_end = multiprocessing.Pipe()
+    harness = Channel(harness_end, "h", lambda obj: None, trusted_modules=())
+    harness.offer_root(Harness(), frozenset({"play"}))
+    worker = Channel(worker_end, "w", lambda obj: frozenset({"__call__"}) if callable(obj) else None)
+    harness.start(), worker.start()
+    root = Proxy(worker, ROOT, "Harness")
+    try:
+        for episode in range(50):
+            assert root.play(lambda step, episode=episode: episode * 10 + step, 3) == \
+                [episode * 10, episode * 10 + 1, episode * 10 + 2]
+            gc.collect()
+        kept = len(worker._objects)
+        assert kept <= 2, kept  # the policies of the last one or two calls, not of all 50
+    finally:
+        harness.close(), worker.close()
+
+
+def test_an_isolated_command_line_run_imports_arena_wherever_it_is_installed(tmp_path):
+    """From a folder outside the project, with Arena installed in editable mode (a finder maps
+    its source, which is then not on the import path), the sandboxed worker still imports it."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from arena.cli import main; sys.argv = ['arena', *sys.argv[1:]]; main()")
+    done = subprocess.run([sys.executable, "-c", code, "run", "--method", "memrl", "--env", "household",
+                           "llm.backend=fake", "embedder.name=hashing", "env.n_train=60", "env.n_valid=12",
+                           "env.n_test=12", "eval.limit=1", "learn.budget.episodes=2", *ISOLATED,
+                           "--out", str(tmp_path / "run")], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["valid"] is True and results["provenance"]["isolation"]["mode"] == "process"

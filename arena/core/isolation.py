@@ -193,11 +193,26 @@ def readable_roots(run_path: Path, roots: list[str]) -> list[str]:
     return granted
 
 
-def sandbox_plan(run_path: Path, method_folder: Path, worker_folder: str) -> dict[str, list[str]]:
-    """What the worker's Landlock ruleset grants: read Python, its import path and the system
-    folders; read and write its own folder and the method's folder; nothing else (not the run
-    directory, its record, config or salt, nor other processes' /proc)."""
-    roots = [sys.prefix, sys.base_prefix, sys.exec_prefix, *sys.path, *SYSTEM_READ]
+def package_folders(*modules: str) -> list[str]:
+    """The folders the top-level packages of ``modules`` import from: an editable install's
+    source folder is not on the import path (a finder maps it), yet the worker imports from it."""
+    folders = []
+    for name in modules:
+        top = sys.modules.get(name.split(".")[0])
+        for folder in getattr(top, "__path__", None) or [os.path.dirname(getattr(top, "__file__", "") or "")]:
+            if folder:
+                folders.append(str(folder))
+    return folders
+
+
+def sandbox_plan(run_path: Path, method_folder: Path, worker_folder: str,
+                 modules: tuple[str, ...] = ()) -> dict[str, list[str]]:
+    """What the worker's Landlock ruleset grants: read Python, its import path, the packages of
+    Arena and of the method (``modules``) and the system folders; read and write its own folder
+    and the method's folder; nothing else (not the run directory, its record, config or salt,
+    nor other processes' /proc)."""
+    roots = [sys.prefix, sys.base_prefix, sys.exec_prefix, *sys.path, *package_folders("arena", *modules),
+             *SYSTEM_READ]
     return {"read": readable_roots(run_path, roots),
             "write": [worker_folder, str(method_folder), "/dev/null"]}
 
@@ -279,7 +294,8 @@ class Worker:
                  "MPLCONFIGDIR": self.folder})
         worker_end.close()
         connection = multiprocessing.connection.Connection(harness_end.detach())
-        plan = None if sandbox is None else sandbox_plan(sandbox[0], sandbox[1], self.folder)
+        plan = None if sandbox is None else sandbox_plan(sandbox[0], sandbox[1], self.folder,
+                                                         (getattr(factory, "__module__", "") or "arena",))
         connection.send_bytes(pickle.dumps(([os.path.abspath(p) if p else p for p in sys.path], memory_mb, plan)))
         connection.send_bytes(pickle.dumps(factory))
         self.channel = rpc.Channel(connection, "h", harness_export,

@@ -14,6 +14,7 @@ run any code the worker chose): :class:`SafeUnpickler` builds only the classes i
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 import io
@@ -131,16 +132,23 @@ class Proxy:
         object.__setattr__(self, "_handle", handle)
         object.__setattr__(self, "_kind", kind)
 
+    def __del__(self) -> None:
+        """Tell the owner this reference is gone (it keeps the object while any is alive)."""
+        try:
+            self._channel.released.append(self._handle)
+        except Exception:  # interpreter shutdown: nothing left to tell
+            pass
+
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
         channel = self._channel
         if (self._kind, name) in channel.methods:
-            return Method(channel, self._handle, name)
+            return Method(self, name)
         value = channel.request(self._handle, "get", name)
         if isinstance(value, MethodMarker):
             channel.methods.add((self._kind, name))
-            return Method(channel, self._handle, name)
+            return Method(self, name)
         return value
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -168,10 +176,11 @@ class Proxy:
 class Method:
     """A method of the other side's object, read once and called many times."""
 
-    __slots__ = ("_channel", "_handle", "_name")
+    __slots__ = ("_channel", "_handle", "_name", "_owner")
 
-    def __init__(self, channel: Channel, handle: int, name: str) -> None:
-        self._channel, self._handle, self._name = channel, handle, name
+    def __init__(self, owner: Proxy, name: str) -> None:
+        self._owner = owner  # the proxy stays alive while its method may still be called
+        self._channel, self._handle, self._name = owner._channel, owner._handle, name
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._channel.request(self._handle, "call", self._name, args, kwargs)
@@ -201,7 +210,8 @@ class Channel:
         self._trusted_modules = None if trusted_modules is None else frozenset(trusted_modules)
         self._on_refused = on_refused or (lambda kind, attr: None)
         self._send_lock = threading.Lock()
-        self._objects: dict[int, tuple[Any, frozenset[str]]] = {}
+        #: handle -> [object, names offered, references the other side holds (None: the root)]
+        self._objects: dict[int, list[Any]] = {}
         self._handles: dict[int, int] = {}  # id(object) -> handle (the object is kept alive)
         self._handle_lock = threading.Lock()
         self._inboxes: dict[str, queue.Queue[tuple[Any, ...]]] = {}
@@ -209,6 +219,8 @@ class Channel:
         self._local = threading.local()
         #: (kind, name) pairs known to be methods on the other side: called without a read first.
         self.methods: set[tuple[str, str]] = set()
+        #: Handles of the other side's objects whose proxies here died: told with the next frame.
+        self.released: collections.deque[int] = collections.deque()
         self._closed: str | None = None
         self._reader = threading.Thread(target=self._read, name=f"rpc-{name}", daemon=True)
 
@@ -222,7 +234,7 @@ class Channel:
         """Offer ``obj`` as :data:`ROOT`, the object the other side starts from."""
         with self._handle_lock:
             self._handles[id(obj)] = ROOT
-            self._objects[ROOT] = (obj, names)
+            self._objects[ROOT] = [obj, names, None]
 
     def wait_closed(self) -> None:
         self._ended.wait()
@@ -306,7 +318,7 @@ class Channel:
             self._send("reply", chain, call_id, (False, self._portable_error(_portable(exc))))
 
     def _perform(self, handle: int, op: str, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        obj, names = self._objects[handle]
+        obj, names, _ = self._objects[handle]
         kind = type(obj).__name__
         if op == "call" and not name:
             if "__call__" not in names:
@@ -314,6 +326,9 @@ class Channel:
                 raise Refused(f"{kind} is not offered as a callable")
             return obj(*args, **kwargs)
         if op == "list":
+            if "__iter__" not in names:
+                self._on_refused(kind, "__iter__")
+                raise Refused(f"{kind} is not offered as an iterable")
             return list(obj)
         if name not in names and op != "set":
             self._on_refused(kind, name)
@@ -340,7 +355,10 @@ class Channel:
         with self._send_lock:
             if self._closed is not None:
                 raise ChannelClosed(f"the other process ended ({self._closed})")
+            released = [self.released.popleft() for _ in range(len(self.released))]
             try:
+                if released:
+                    self._connection.send_bytes(pickle.dumps(("release", "", 0, pickle.dumps(released))))
                 self._connection.send_bytes(frame)
             except OSError as exc:
                 raise ChannelClosed(f"pipe closed: {type(exc).__name__}") from None
@@ -368,8 +386,12 @@ class Channel:
                 return
             try:
                 message = SafeUnpickler(io.BytesIO(data), (), _no_reference).load()
-                if message[0] not in ("call", "reply") or len(message) != 4:
+                if message[0] not in ("call", "reply", "release") or len(message) != 4:
                     raise pickle.UnpicklingError("not a frame")
+                if message[0] == "release":
+                    handles = SafeUnpickler(io.BytesIO(message[3]), (), _no_reference).load()
+                    self._release([int(h) for h in handles])
+                    continue
             except Exception as exc:
                 self.close(f"refused a frame: {exc}")
                 return
@@ -381,13 +403,29 @@ class Channel:
             # else: the answer to a call that gave up waiting
 
     def _handle_of(self, obj: Any, names: frozenset[str]) -> int:
+        """``obj``'s handle, counted once more: each reference sent becomes one proxy there."""
         with self._handle_lock:
             handle = self._handles.get(id(obj))
             if handle is None:
                 handle = next(self._counter)
                 self._handles[id(obj)] = handle
-                self._objects[handle] = (obj, names)
+                self._objects[handle] = [obj, names, 0]
+            entry = self._objects[handle]
+            if entry[2] is not None:
+                entry[2] += 1
             return handle
+
+    def _release(self, handles: list[int]) -> None:
+        """The other side dropped these references: an object none refers to is let go."""
+        with self._handle_lock:
+            for handle in handles:
+                entry = self._objects.get(handle)
+                if entry is None or entry[2] is None:
+                    continue
+                entry[2] -= 1
+                if entry[2] <= 0:
+                    del self._objects[handle]
+                    self._handles.pop(id(entry[0]), None)
 
     def _persistent_id(self, obj: Any) -> Any:
         if isinstance(obj, Proxy):  # the other side's own object, going back: its handle
