@@ -114,3 +114,14 @@ def test_a_world_rebuilt_by_import_wins_in_public_and_fails_on_a_secret_draw(plu
              (("public", public), ("isolated", isolated))}
     assert min(rates["public"]) >= 0.5, rates  # the attack works where the draw is public (12 steps)
     assert rates["isolated"] == [0.0, 0.0], rates  # and not on the run's own secret draw
+
+
+def test_an_environment_that_refuses_a_salt_leaves_no_run_directory(plugins, fast, tmp_path, monkeypatch):
+    """As ALFWorld does under run.isolation=process (whose salt is secret unless told)."""
+    from arena.core.env import Environment
+
+    monkeypatch.setattr(HouseholdEnvironment, "draw_tests_with", Environment.draw_tests_with)
+    with pytest.raises(SaltUnsupported, match="set eval.salt=public"):
+        protocol.run("base", overrides=fast + ["eval.limit=1", "run.isolation=process"], out=tmp_path / "r",
+                     plugins=plugins)
+    assert not (tmp_path / "r").exists()
