@@ -23,7 +23,6 @@ API; each forwards to the part that owns it. Methods are typed against
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -94,8 +93,6 @@ class RunContext:
         self.method_name: str = str(cfg.method.name)
         self._run_dir = run_dir  # the harness's: methods keep their state in run.method_state
         self.hook = hooks
-        self._trainers: dict[str, CheckpointedTrainer] = {}  # run.trainer's, one per run
-        self._trainer_lock = threading.Lock()
         self.violations_log = ViolationLog(
             self.method_name, list(run_dir.state().get("violations", [])),
             persist=lambda messages: run_dir.update_state(violations=messages))
@@ -231,23 +228,11 @@ class RunContext:
 
     def trainer(self, settings: Mapping[str, Any], hint: str = "") -> CheckpointedTrainer:
         """The run's checkpointed policy trainer on the served model (``settings``: the
-        trainer's section of the method's config), built once and kept by the harness, so a
-        method isolated in a worker process trains the model the harness serves. Asked again,
-        the same trainer; with other settings, an error."""
-        from arena.core.rl.checkpointed import CheckpointedTrainer
-        from arena.core.rl.trainer import TrainerConfig
-
-        config = TrainerConfig.from_mapping(settings)
-        with self._trainer_lock:
-            built = self._trainers.get("policy")
-            if built is None:
-                built = CheckpointedTrainer(self.services.trainable(hint), config, self.method_state.checkpoints(),
-                                            seed=self.learn_seed)
-                self._trainers["policy"] = built
-            elif built.config != config:
-                raise ValueError("run.trainer was asked for a second trainer with other settings; a run "
-                                 "trains its served model with one trainer.")
-        return built
+        trainer's section of the method's config), kept by the harness
+        (:meth:`Services.policy_trainer`), so a method isolated in a worker process trains the
+        model the harness serves."""
+        return self.services.policy_trainer(settings, self.method_state.checkpoints(), seed=self.learn_seed,
+                                            hint=hint)
 
     # -- tasks -------------------------------------------------------------------------------
 

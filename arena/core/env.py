@@ -160,6 +160,27 @@ def salted_seed(salt: str, split: str, index: int) -> int:
     return SALTED_SEED_BASE + int.from_bytes(digest[:5], "big")
 
 
+def drawn_seed(salt: str | None, split: str, index: int, public: int) -> int:
+    """The seed task ``index`` of ``split`` is drawn from: ``public`` (the split's own range), or
+    under a salt, for a test split, :func:`salted_seed`."""
+    if salt is not None and split in TEST_SPLITS:
+        return salted_seed(salt, split, index)
+    return public
+
+
+class SaltedTestDraws:
+    """``draw_tests_with`` for a procedural environment whose task lists are cached in
+    ``self._tasks`` by split and drawn with :func:`drawn_seed` from ``self._salt``."""
+
+    _salt: str | None = None
+    _tasks: dict[str, list[Task]]
+
+    def draw_tests_with(self, salt: str) -> None:
+        self._salt = salt
+        for split in TEST_SPLITS:
+            self._tasks.pop(split, None)  # drawn again, from the salt
+
+
 def tasks_hash(tasks: list[Task]) -> str:
     """Content hash of a list of tasks, in their order."""
     digest = hashlib.sha256()

@@ -166,8 +166,8 @@ class EpisodeRunner:
         #: the test task) is never passed off as the task's result. A greedy primary can equal a
         #: helper episode step for step: then both are on the seal's set.
         self._sealed_as: dict[str, set[str]] = {}
-        #: Helper episodes (variants other than the result) played per test (task, seed).
-        self._helper_plays: dict[tuple[str, int | None], int] = {}
+        #: The helper variants (all but the result) of each test (task, seed) played or resumed.
+        self._helpers: dict[tuple[str, int | None], set[str]] = {}
         self._spot_check: Callable[[], None] | None = None
         self._spot_checks = 0  # about how many decisions of the evaluation are checked
         self._spot_steps = 1  # the decisions planned: its tasks x half their step limit
@@ -295,9 +295,12 @@ class EpisodeRunner:
                 raise BudgetExhausted(f"Learning budget used up: {', '.join(exhausted)}")
         experiences = list(experiences or [])
         key = self._key(task, seed, variant)
+        if variant != PRIMARY and task.split in TEST_SPLITS and not self._phases.is_learning():
+            with self._lock:
+                self._helpers.setdefault((task.task_id, seed), set()).add(variant)
         journaled = self._journaled.pop(key, None)
         if journaled is not None:  # a step killed after its episode: finish it with that episode
-            self._seal(journaled, (task.task_id, seed, variant))
+            self._seal(journaled, variant)
             return journaled
         if record and self._run_dir.finished(key) is not None:
             # Recorded by an interrupted session (e.g. a helper episode of a method's own
@@ -306,7 +309,7 @@ class EpisodeRunner:
             if stored is not None:
                 if self._keeps_rollouts():
                     self._run_dir.attach_rollouts(key, stored)
-                self._seal(stored, (task.task_id, seed, variant))  # played and recorded (chain checked)
+                self._seal(stored, variant)  # played and recorded (the record's chain was checked)
                 return stored
         trajectory = self._played(task, experiences, seed, variant, policy, max_steps, sampling)
         if record:
@@ -319,9 +322,6 @@ class EpisodeRunner:
         started = time.perf_counter()
         previous_seed, previous_variant = getattr(self._local, "seed", None), getattr(self._local, "variant", None)
         self._local.seed, self._local.variant = seed, variant
-        if variant != PRIMARY and task.split in TEST_SPLITS and not self._phases.is_learning():
-            with self._lock:
-                self._helper_plays[(task.task_id, seed)] = self._helper_plays.get((task.task_id, seed), 0) + 1
         episode_seed_ = episode_seed(seed, task.task_id, variant)
         try:
             if isinstance(policy, str):
@@ -490,10 +490,10 @@ class EpisodeRunner:
                   [[s.action, s.observation, s.valid] for s in trajectory.steps]]
         return hashlib.sha256(json.dumps(played).encode()).hexdigest()
 
-    def _seal(self, trajectory: Trajectory, played_as: tuple[str, int | None, str] | None = None) -> None:
-        """Remember that the harness played ``trajectory``, and for which variant (of ``played_as``,
-        (task, seed, variant); by default the play this thread is in)."""
-        variant = played_as[2] if played_as else getattr(self._local, "variant", None) or PRIMARY
+    def _seal(self, trajectory: Trajectory, variant: str | None = None) -> None:
+        """Remember that the harness played ``trajectory``, and for which variant (by default
+        that of the play this thread is in)."""
+        variant = variant or getattr(self._local, "variant", None) or PRIMARY
         seal = self._seal_of(trajectory)
         with self._lock:
             self._sealed.add(seal)
@@ -508,7 +508,7 @@ class EpisodeRunner:
         seal = self._seal_of(trajectory)
         with self._lock:
             played_as = sorted(self._sealed_as.get(seal, ()))
-            helpers = self._helper_plays.get((trajectory.task.task_id, seed), 0)
+            helpers = len(self._helpers.get((trajectory.task.task_id, seed), ()))
         if variant == PRIMARY and played_as and PRIMARY not in played_as \
                 and not (trajectory.copy_of in played_as and helpers == 1):
             self._violations.record(

@@ -165,7 +165,7 @@ def _portable_error(exc: BaseException) -> BaseException:
     module = type(exc).__module__
     if module == "builtins" or module in WORKER_DATA_MODULES:
         return exc
-    return rpc.RemoteError(type(exc).__name__, str(exc), "")
+    return rpc.portable(exc)
 
 
 #: Folders of the system a Python process reads (libraries, certificates, time zones).

@@ -34,16 +34,23 @@ CRASH_ENV = "ARENA_CRASH_AT"
 _reached: dict[str, int] = {}
 
 
-def crash_point(name: str) -> None:
-    """A place inside a step's window where a test may kill the process."""
-    wanted = os.environ.get(CRASH_ENV)
+def _nth_time(variable: str, name: str) -> bool:
+    """Whether the environment variable ``variable`` (``name:N``) names this, the N-th time the
+    process reaches ``name``: the tests' fault injection."""
+    wanted = os.environ.get(variable)
     if not wanted:
-        return
+        return False
     point, _, count = wanted.partition(":")
     if point != name:
-        return
-    _reached[name] = _reached.get(name, 0) + 1
-    if _reached[name] == int(count or 1):
+        return False
+    key = f"{variable}:{name}"
+    _reached[key] = _reached.get(key, 0) + 1
+    return _reached[key] == int(count or 1)
+
+
+def crash_point(name: str) -> None:
+    """A place inside a step's window where a test may kill the process."""
+    if _nth_time(CRASH_ENV, name):
         os._exit(137)
 
 
@@ -54,15 +61,7 @@ DISK_FULL_ENV = "ARENA_DISK_FULL_AT"
 
 def disk_full_point(name: str) -> bool:
     """Whether this write of ``name`` is the one a test has fail as on a full disk."""
-    wanted = os.environ.get(DISK_FULL_ENV)
-    if not wanted:
-        return False
-    point, _, count = wanted.partition(":")
-    if point != name:
-        return False
-    key = f"disk:{name}"
-    _reached[key] = _reached.get(key, 0) + 1
-    return _reached[key] == int(count or 1)
+    return _nth_time(DISK_FULL_ENV, name)
 
 
 def no_space(name: str) -> OSError:

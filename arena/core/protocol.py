@@ -285,8 +285,9 @@ class Session:
 
     # -- cost bookkeeping (persisted so it survives a resume) --------------------------------
 
-    def _phase_cost_now(self, phase: str) -> dict[str, float]:
-        state = self.run_dir.state()
+    def _phase_cost_now(self, phase: str, state: dict[str, Any] | None = None) -> dict[str, float]:
+        """The phase's cost so far: earlier sessions' (``state``, read if not given) and this one's."""
+        state = self.run_dir.state() if state is None else state
         before = state.get(f"cost_{phase}", {})
         now = self.ctx.services.usage()
         cost = {
@@ -319,7 +320,7 @@ class Session:
         with self._usage_lock:
             state = self.run_dir.state()
             entry = dict(state.get(f"cost_{phase}", {}))
-            entry.update(self._phase_cost_now(phase))
+            entry.update(self._phase_cost_now(phase, state))
             self.run_dir.update_state(**{f"cost_{phase}": entry})
 
     def _on_episode(self, result: EpisodeResult) -> None:

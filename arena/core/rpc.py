@@ -163,12 +163,6 @@ class Proxy:
     def __exit__(self, *exc: Any) -> Any:
         return self._channel.request(self._handle, "call", "__exit__", (None, None, None))
 
-    def __iter__(self) -> Any:
-        return iter(self._channel.request(self._handle, "list", ""))
-
-    def __len__(self) -> int:
-        return int(self._channel.request(self._handle, "call", "__len__"))
-
     def __repr__(self) -> str:
         return f"<{self._kind} in the other process>"
 
@@ -315,7 +309,7 @@ class Channel:
         except ChannelClosed:
             pass
         except Exception as exc:
-            self._send("reply", chain, call_id, (False, self._portable_error(_portable(exc))))
+            self._send("reply", chain, call_id, (False, self._portable_error(portable(exc))))
 
     def _perform(self, handle: int, op: str, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         obj, names, _ = self._objects[handle]
@@ -325,11 +319,6 @@ class Channel:
                 self._on_refused(kind, "__call__")
                 raise Refused(f"{kind} is not offered as a callable")
             return obj(*args, **kwargs)
-        if op == "list":
-            if "__iter__" not in names:
-                self._on_refused(kind, "__iter__")
-                raise Refused(f"{kind} is not offered as an iterable")
-            return list(obj)
         if name not in names and op != "set":
             self._on_refused(kind, name)
             raise Refused(f"{kind}.{name} is not offered to the method's process; the names it "
@@ -489,5 +478,6 @@ def _no_reference(pid: Any) -> Any:
     raise pickle.UnpicklingError("a frame carries no references")
 
 
-def _portable(exc: BaseException) -> RemoteError:
+def portable(exc: BaseException) -> RemoteError:
+    """``exc`` as a :class:`RemoteError`: its type's name, message and traceback, as text."""
     return RemoteError(type(exc).__name__, str(exc), "".join(traceback.format_exception(exc)))

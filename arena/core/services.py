@@ -14,6 +14,8 @@ from arena.core.progress import ProgressTask, Reporter, complete
 
 if TYPE_CHECKING:
     from arena.core.embedder import Embedder
+    from arena.core.method_state import Checkpoints
+    from arena.core.rl.checkpointed import CheckpointedTrainer
     from arena.core.store import ExperienceStore
 
 USAGE_KEYS = ("llm_calls", "tokens_in", "tokens_out")
@@ -71,6 +73,7 @@ class Services:
         self._embedder: Embedder | None = None
         self._store: GuardedStore | None = None
         self._raw_store: ExperienceStore | None = None
+        self._trainer: CheckpointedTrainer | None = None
         self._lock = threading.Lock()
 
     # -- lazily built ------------------------------------------------------------------------
@@ -137,6 +140,23 @@ class Services:
                 f"Backend '{type(backend).__name__}' serves no model to train in-process. Use "
                 f"llm.backend=transformers or llm.backend=vllm{hint}.")
         return backend
+
+    def policy_trainer(self, settings: Mapping[str, Any], checkpoints: Checkpoints, *, seed: int,
+                       hint: str = "") -> CheckpointedTrainer:
+        """The run's checkpointed policy trainer on the served model, built once (LoRA adapters go
+        into the model as it is built); asked again, the same one, and with other settings an
+        error: a run trains its served model with one trainer."""
+        from arena.core.rl.checkpointed import CheckpointedTrainer
+        from arena.core.rl.trainer import TrainerConfig
+
+        config = TrainerConfig.from_mapping(settings)
+        with self._lock:
+            if self._trainer is None:
+                self._trainer = CheckpointedTrainer(self.trainable(hint), config, checkpoints, seed=seed)
+            elif self._trainer.config != config:
+                raise ValueError("run.trainer was asked for a second trainer with other settings; a run "
+                                 "trains its served model with one trainer.")
+            return self._trainer
 
     def usage(self) -> dict[str, int]:
         """Calls and tokens of the run's LLM and of every auxiliary one, in this process."""

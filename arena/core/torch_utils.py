@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -20,7 +21,6 @@ def eval_mode(model: torch.nn.Module) -> Iterator[None]:
         model.train(was_training)
 
 
-
 def transformers_without_sklearn() -> None:
     """Keep transformers from importing scikit-learn (with SciPy and pandas: 0.14 GB resident).
 
@@ -28,8 +28,6 @@ def transformers_without_sklearn() -> None:
     never uses (the confidence threshold of assisted decoding, which then reports scikit-learn
     as missing). Call before the first model class is imported; afterwards it changes nothing.
     """
-    import sys
-
     if "transformers.generation.candidate_generator" in sys.modules:
         return
     import transformers.utils

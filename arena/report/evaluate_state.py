@@ -20,7 +20,7 @@ import arena
 from arena.core import integrity, provenance
 from arena.core.rundir import CONFIG, RESULTS, STATE, RunDirError, read_json, write_json_atomic
 from arena.report.runs import ReportError, load_run
-from arena.report.verify import VerifyError, _trajectories_by_key, prepare_replay
+from arena.report.verify import VerifyError, prepare_replay, trajectories_by_key
 
 #: What a board may set for its evaluation (a key, or a section ending in a dot).
 BOARD_SETTINGS = ("eval.salt", "eval.concurrency", "eval.splits", "run.seeds", "run.isolation",
@@ -59,7 +59,7 @@ def evaluate_state(run_dir: Path | str, out: Path | str, overrides: list[str], *
                             "must have ended; finish it with `arena run --resume`).")
     try:
         run = load_run(run_path, verification=False)
-        prepare_replay(run_path, out, run.results, run.episodes or [], _trajectories_by_key(run_path),
+        prepare_replay(run_path, out, run.results, run.episodes or [], trajectories_by_key(run_path),
                        same_test_draw=False)
     except (ReportError, VerifyError, RunDirError, FileNotFoundError) as exc:
         raise EvaluateError(f"cannot evaluate {run_path}: {exc}") from exc

@@ -152,7 +152,7 @@ def read_verification(run_path: Path, record_head: str | None) -> dict[str, Any]
 # -- building the replay ------------------------------------------------------------------------
 
 
-def _trajectories_by_key(path: Path) -> dict[tuple, dict[str, Any]]:
+def trajectories_by_key(path: Path) -> dict[tuple, dict[str, Any]]:
     return {tuple(line.pop("key")): line for line in read_jsonl(path / TRAJECTORIES, repair=False)}
 
 
@@ -334,7 +334,7 @@ def _verify(run_path: Path, results: dict[str, Any], records: list[EpisodeResult
         raise VerifyError(f"{run_path} has no {TRAJECTORIES}: the actions it played are not kept, so "
                           "a replay cannot be compared with them (a board keeps only the small files "
                           "of its runs; verify the run where it was made).")
-    trajectories = _trajectories_by_key(run_path)
+    trajectories = trajectories_by_key(run_path)
     if keep is not None and Path(keep).exists():
         raise VerifyError(f"{keep} exists; the replay needs a new folder.")
     replay = Path(keep) if keep is not None else Path(tempfile.mkdtemp(prefix="arena-verify-")) / "replay"
@@ -354,7 +354,7 @@ def _verify(run_path: Path, results: dict[str, Any], records: list[EpisodeResult
                 "replayed.")
         replayed = [EpisodeResult.from_dict(r) for r in read_jsonl(replay / EPISODES, repair=False)]
         compared, differing = compare_episodes(records, trajectories, replayed,
-                                               _trajectories_by_key(replay))
+                                               trajectories_by_key(replay))
         summary = {"arena_version": arena.__version__,
                    "run_arena_version": results.get("provenance", {}).get("arena_version"),
                    "valid": replayed_results.get("valid"),

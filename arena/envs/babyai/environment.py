@@ -28,7 +28,8 @@ from arena.core.env import (
     Environment,
     Episode,
     Instructions,
-    salted_seed,
+    SaltedTestDraws,
+    drawn_seed,
 )
 from arena.core.types import Observation, Task
 from arena.envs.babyai import text
@@ -232,7 +233,7 @@ class BabyAIEpisode(Episode):
         self._env.close()
 
 
-class BabyAIEnvironment(Environment):
+class BabyAIEnvironment(SaltedTestDraws, Environment):
     """BabyAI-Text over minigrid: the seen levels in train/valid/test_seen (disjoint seed ranges),
     the held-out levels in test_unseen. Task ``i`` of a split plays level ``i mod n_levels``."""
 
@@ -262,15 +263,9 @@ class BabyAIEnvironment(Environment):
         self.seed = int(seed)
         self.sizes = sizes
         self._tasks: dict[str, list[Task]] = {}
-        self._salt: str | None = None
 
     def split_names(self) -> list[str]:
         return list(self.sizes)
-
-    def draw_tests_with(self, salt: str) -> None:
-        self._salt = salt
-        for split in TEST_SPLITS:
-            self._tasks.pop(split, None)
 
     def levels_of(self, split: str) -> tuple[str, ...]:
         return self.unseen_levels if split in (TEST_SPLITS[1], POOL_SPLIT) else self.seen_levels
@@ -278,10 +273,7 @@ class BabyAIEnvironment(Environment):
     def _make_task(self, split: str, index: int) -> Task:
         levels = self.levels_of(split)
         level = levels[index % len(levels)]
-        if self._salt is not None and split in TEST_SPLITS:
-            seed = salted_seed(self._salt, split, index)
-        else:
-            seed = self.seed * WORLD_STRIDE + SPLIT_SEED_BASE[split] + index
+        seed = drawn_seed(self._salt, split, index, self.seed * WORLD_STRIDE + SPLIT_SEED_BASE[split] + index)
         mission, limit = mission_of(level, seed)
         return Task(
             task_id=f"babyai/{VERSION}/s{self.seed}/{split}/{index:05d}",

@@ -9,7 +9,8 @@ from arena.core.env import (
     VALID_SPLIT,
     Environment,
     Instructions,
-    salted_seed,
+    SaltedTestDraws,
+    drawn_seed,
 )
 from arena.core.types import Task
 from arena.envs.alfworld_tasks import HOUSEHOLD_INSTRUCTIONS
@@ -51,10 +52,7 @@ def make_task(world_seed: int, split: str, index: int, level: str = HARD, salt: 
     (:func:`~arena.core.env.salted_seed`); its id and type do not change."""
     types = SPLIT_TASK_TYPES[split]
     task_type = types[index % len(types)]
-    if salt is not None and split in TEST_SPLITS:
-        layout_seed = salted_seed(salt, split, index)
-    else:
-        layout_seed = SPLIT_SEED_BASE[split] + index
+    layout_seed = drawn_seed(salt, split, index, SPLIT_SEED_BASE[split] + index)
     layout, goal = generate(world_seed, layout_seed, task_type, level)
     level_part = "" if level == HARD else f"{level}/"
     payload: dict[str, object] = {
@@ -78,7 +76,7 @@ def make_task(world_seed: int, split: str, index: int, level: str = HARD, salt: 
     )
 
 
-class HouseholdEnvironment(Environment):
+class HouseholdEnvironment(SaltedTestDraws, Environment):
     """A fast, deterministic ALFWorld-like text world generated from a seed.
 
     ``train``/``valid``/``test_seen`` hold the four pick/clean/heat/cool types; ``test_unseen``
@@ -111,15 +109,9 @@ class HouseholdEnvironment(Environment):
         self.seed = int(seed)
         self.sizes = sizes
         self._tasks: dict[str, list[Task]] = {}
-        self._salt: str | None = None
 
     def split_names(self) -> list[str]:
         return list(self.sizes)
-
-    def draw_tests_with(self, salt: str) -> None:
-        self._salt = salt
-        for split in TEST_SPLITS:
-            self._tasks.pop(split, None)
 
     def tasks(self, split: str) -> list[Task]:
         if split not in self.sizes:
