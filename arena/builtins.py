@@ -14,9 +14,12 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "arena.plugins.base",
     "arena.plugins.evolving_rl",
     "arena.plugins.expel",
+    "arena.plugins.gigpo",
+    "arena.plugins.mem0",
     "arena.plugins.memrl",
     "arena.plugins.rag",
     "arena.plugins.random_policy",
+    "arena.plugins.reflexion",
     "arena.plugins.skillrl",
     "arena.testing",
 )

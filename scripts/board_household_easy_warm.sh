@@ -34,12 +34,14 @@ run_row() {  # run_row ROW METHOD [ARGS...]
 rows=("$@")
 if [[ ${#rows[@]} -eq 0 ]]; then
     rows=(base-seed0 random-seed0 random-seed1 random-seed2 evolving_rl-seed0 grpo-cpu-seed0 rag-seed0
-          expel-seed0 memrl-seed0 skillrl-seed0)
+          expel-seed0 memrl-seed0 skillrl-seed0 reflexion-cpu-seed0 mem0-cpu-seed0 gigpo-cpu-seed0)
 fi
 for row in "${rows[@]}"; do
     case "$row" in
         random-seed*) seed=${row#random-seed}; run_row "$row" random "run.seeds=[$seed]" "learn.seed=$seed" ;;
         grpo-cpu-seed0) run_row "$row" grpo --preset cpu ;;
+        reflexion-cpu-seed0|mem0-cpu-seed0|gigpo-cpu-seed0)
+            run_row "$row" "${row%-cpu-seed0}" --preset cpu "${ISOLATED[@]}" ;;
         skillrl-seed0) run_row "$row" skillrl ;;
         *-seed0) run_row "$row" "${row%-seed0}" "${ISOLATED[@]}" ;;
         *) echo "unknown row $row" >&2; exit 2 ;;

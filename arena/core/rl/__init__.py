@@ -8,7 +8,16 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from arena.core.rl import sft  # imports no torch until it trains
-from arena.core.rl.advantages import assign_advantages, group_advantages, with_signal
+from arena.core.rl.advantages import (
+    ESTIMATORS,
+    AdvantageSettings,
+    EpisodeSignal,
+    assign_advantages,
+    discounted_returns,
+    group_advantages,
+    step_advantages,
+    with_signal,
+)
 from arena.core.rl.data import (
     Sample,
     Turn,
@@ -17,6 +26,8 @@ from arena.core.rl.data import (
     episode_sample,
     mini_batches,
     sample_from_choice,
+    step_anchors,
+    terminal_rewards,
 )
 
 if TYPE_CHECKING:
@@ -51,7 +62,10 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "ESTIMATORS",
+    "AdvantageSettings",
     "CheckpointedTrainer",
+    "EpisodeSignal",
     "LoraSettings",
     "LossOutput",
     "PolicyTrainer",
@@ -63,6 +77,7 @@ __all__ = [
     "clipped_surrogate",
     "concat_turns",
     "decision_samples",
+    "discounted_returns",
     "episode_sample",
     "group_advantages",
     "low_var_kl",
@@ -70,6 +85,9 @@ __all__ = [
     "policy_loss",
     "sample_from_choice",
     "sft",
+    "step_advantages",
+    "step_anchors",
+    "terminal_rewards",
     "token_entropy",
     "token_logprobs",
     "with_signal",

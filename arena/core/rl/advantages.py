@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
 
 from arena.core.rl.data import Sample
 
@@ -68,3 +69,118 @@ def with_signal(samples: Sequence[Sample]) -> list[Sample]:
     token-mean aggregation its tokens dilute the informative groups' gradient. Dropping them is
     DAPO's dynamic-sampling filter without the resampling (Yu et al., 2025)."""
     return [sample for sample in samples if sample.advantage != 0.0]
+
+
+# -- step-level advantages: GRPO's episode advantage on every decision, or GiGPO's -------------
+
+#: Advantage estimators a method selects by name (e.g. ``method.advantage.estimator``): ``grpo``
+#: gives every decision of an episode the episode's group advantage; ``gigpo`` adds a step-level
+#: advantage from the decisions taken in the same state across the group (Feng et al., 2025).
+ESTIMATORS = ("grpo", "gigpo")
+#: How GiGPO normalises within a group: ``mean_std`` (subtract the mean, divide by the std) or
+#: ``mean`` (subtract the mean only), as verl-agent's ``mean_std_norm`` / ``mean_norm``.
+NORMALISATIONS = ("mean_std", "mean")
+#: What the episode-level statistics run over: one value per ``episode``, or one per ``step``
+#: (verl-agent's rows are steps, each carrying its episode's reward, so a long episode weighs more).
+EPISODE_LEVEL_OVER = ("episodes", "steps")
+
+
+@dataclass(frozen=True)
+class EpisodeSignal:
+    """What a step-level estimator needs of one episode: its group (the task it repeats), its
+    reward, and per decision the reward that followed and the state it was taken in (``anchor``:
+    any hashable key, e.g. the observation text the decision saw)."""
+
+    group: Hashable
+    reward: float
+    step_rewards: Sequence[float]
+    anchors: Sequence[Hashable]
+
+    def __post_init__(self) -> None:
+        if len(self.step_rewards) != len(self.anchors):
+            raise ValueError(f"{len(self.step_rewards)} step rewards but {len(self.anchors)} anchors")
+
+
+@dataclass(frozen=True)
+class AdvantageSettings:
+    """The estimator and its knobs (verl-agent's GiGPO defaults: gamma 0.95, weight 1)."""
+
+    estimator: str = "grpo"
+    gamma: float = 0.95
+    step_weight: float = 1.0
+    normalisation: str = "mean_std"
+    std: str = "unbiased"
+    eps: float = 1e-6
+    episode_level_over: str = "episodes"
+
+    def __post_init__(self) -> None:
+        if self.estimator not in ESTIMATORS:
+            raise ValueError(f"advantage estimator must be one of {ESTIMATORS}, not {self.estimator!r}")
+        if self.normalisation not in NORMALISATIONS:
+            raise ValueError(f"normalisation must be one of {NORMALISATIONS}, not {self.normalisation!r}")
+        if self.std not in STD_KINDS:
+            raise ValueError(f"std must be one of {STD_KINDS}, not {self.std!r}")
+        if self.episode_level_over not in EPISODE_LEVEL_OVER:
+            raise ValueError(f"episode_level_over must be one of {EPISODE_LEVEL_OVER}, "
+                             f"not {self.episode_level_over!r}")
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
+
+
+def discounted_returns(rewards: Sequence[float], gamma: float) -> list[float]:
+    """``G_t = r_t + gamma * G_{t+1}`` for every step of one episode."""
+    returns = [0.0] * len(rewards)
+    following = 0.0
+    for index in range(len(rewards) - 1, -1, -1):
+        following = float(rewards[index]) + gamma * following
+        returns[index] = following
+    return returns
+
+
+def _normalised(values: Sequence[float], groups: Sequence[Hashable], settings: AdvantageSettings) -> list[float]:
+    if settings.normalisation == "mean_std":
+        return group_advantages(values, groups, settings.eps, settings.std)
+    members: dict[Hashable, list[int]] = defaultdict(list)
+    for index, group in enumerate(groups):
+        members[group].append(index)
+    centred = [0.0] * len(values)
+    for indices in members.values():
+        if len(indices) < 2:
+            continue
+        mean = math.fsum(float(values[i]) for i in indices) / len(indices)
+        for i in indices:
+            centred[i] = float(values[i]) - mean
+    return centred
+
+
+def step_advantages(episodes: Sequence[EpisodeSignal], settings: AdvantageSettings) -> list[list[float]]:
+    """One advantage per decision of every episode.
+
+    ``grpo``: the episode's reward normalised within its group (over its episodes, or over
+    their steps with ``episode_level_over="steps"``), on each of its decisions.
+    ``gigpo``: that, plus ``step_weight`` times the step-level advantage: each decision's
+    discounted return (``gamma``) normalised among the decisions of the same group taken in the
+    same anchor state (a step group). A group, or step group, of one has no baseline and adds 0.
+    """
+    if settings.episode_level_over == "steps":
+        rows = [(index, e.reward, e.group) for index, e in enumerate(episodes) for _ in e.anchors]
+        normalised = _normalised([r for _, r, _ in rows], [g for _, _, g in rows], settings)
+        by_episode = {index: value for (index, _, _), value in zip(rows, normalised)}  # equal per episode
+        episode_level = [by_episode.get(index, 0.0) for index in range(len(episodes))]
+    else:
+        episode_level = _normalised([e.reward for e in episodes], [e.group for e in episodes], settings)
+    per_step = [[advantage] * len(e.anchors) for e, advantage in zip(episodes, episode_level)]
+    if settings.estimator == "grpo":
+        return per_step
+    returns: list[float] = []
+    keys: list[Hashable] = []
+    where: list[tuple[int, int]] = []
+    for e_index, episode in enumerate(episodes):
+        for s_index, (value, anchor) in enumerate(
+                zip(discounted_returns(episode.step_rewards, settings.gamma), episode.anchors)):
+            returns.append(value)
+            keys.append((episode.group, anchor))
+            where.append((e_index, s_index))
+    for (e_index, s_index), step_level in zip(where, _normalised(returns, keys, settings)):
+        per_step[e_index][s_index] += settings.step_weight * step_level
+    return per_step

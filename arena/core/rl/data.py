@@ -110,19 +110,38 @@ def concat_turns(turns: Sequence[Turn | tuple], *, role: str, group: str, reward
 
 
 def decision_samples(trajectory: Trajectory, *, role: str, group: str, reward: float,
-                     advantage: float) -> list[Sample]:
+                     advantage: float | Sequence[float]) -> list[Sample]:
     """One sample per model decision of an episode (its exact rollout tokens), each carrying the
-    episode's advantage: how a multi-turn episode enters GRPO when turns are trained apart.
-    Steps without rollout tokens (scripted or reloaded without them) give none."""
+    episode's advantage (how a multi-turn episode enters GRPO when turns are trained apart), or
+    its own when ``advantage`` is a sequence with one value per step (a step-level estimator's,
+    :func:`arena.core.rl.advantages.step_advantages`). Steps without rollout tokens (scripted or
+    reloaded without them) give none."""
+    per_step = ([float(advantage)] * len(trajectory.steps) if isinstance(advantage, int | float)
+                else [float(value) for value in advantage])
+    if len(per_step) != len(trajectory.steps):
+        raise ValueError(f"{len(per_step)} advantages for an episode of {len(trajectory.steps)} steps")
     samples = []
-    for step in trajectory.steps:
+    for step, step_advantage in zip(trajectory.steps, per_step):
         if step.rollout is None or not step.rollout.token_ids:
             continue
         sample = sample_from_choice(step.rollout.prompt_token_ids, step.rollout.token_ids,
                                     step.rollout.logprobs, role=role, group=group, reward=reward)
-        sample.advantage = advantage
+        sample.advantage = step_advantage
         samples.append(sample)
     return samples
+
+
+def step_anchors(trajectory: Trajectory) -> list[str]:
+    """The state each decision was taken in, as the text the agent had just seen: the first
+    observation for the first step, then each step's reply (GiGPO's anchor observation)."""
+    seen = [trajectory.initial_observation] + [step.observation for step in trajectory.steps]
+    return seen[: len(trajectory.steps)]
+
+
+def terminal_rewards(trajectory: Trajectory, reward: float) -> list[float]:
+    """The episode's reward on its last step and 0 on the others (the per-step rewards of an
+    environment that rewards only the end, as ALFWorld's 10 for a win)."""
+    return [0.0] * (len(trajectory.steps) - 1) + [float(reward)] if trajectory.steps else []
 
 
 def episode_sample(trajectory: Trajectory, *, role: str, group: str, reward: float,

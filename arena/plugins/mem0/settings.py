@@ -1,0 +1,24 @@
+"""The Mem0-style method's settings, typed; ``method:`` of ``config.yaml`` holds their values."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Mem0Settings:
+    facts_max_tokens: int
+    update_max_tokens: int
+    temperature: float
+    top_p: float
+    similar_per_fact: int
+    search_limit: int
+    search_threshold: float | None
+    transcript_steps: int
+    reply_prefix: bool
+    max_facts: int
+
+    def __post_init__(self) -> None:
+        for name in ("similar_per_fact", "search_limit", "max_facts"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"method.{name} must be >= 1, got {getattr(self, name)}")

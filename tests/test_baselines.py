@@ -1,0 +1,241 @@
+"""The critics' baselines: GiGPO, Reflexion and the Mem0-style memory, each unit by unit and end
+to end through the frozen protocol (GiGPO on the tiny model, which it trains; the other two on
+the fake backend)."""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+
+import pytest
+
+from arena.core import protocol
+from arena.core.config import compose
+from arena.core.context import EVALUATE, LEARN
+from arena.core.embedder import HashingEmbedder
+from arena.core.method_config import typed_config
+from arena.core.rl import AdvantageSettings, EpisodeSignal, step_advantages
+from arena.core.store import ExperienceStore
+from arena.core.types import Experience, Provenance, RolloutTokens, Step, Task, Termination, Trajectory
+from arena.plugins.gigpo.method import build_samples
+from arena.plugins.gigpo.settings import GiGPOSettings
+from arena.plugins.mem0.method import MEMORY, apply_events
+from arena.plugins.mem0.prompts import EVENTS_PREFIX, FACTS_PREFIX, parse_events, parse_facts
+from arena.plugins.reflexion.method import reflection_id, retry_due
+from arena.plugins.reflexion.prompts import parse_reflection
+from arena.testing import FakeLLM
+
+
+def _episodes(jsonl: Path) -> list[dict]:
+    return [json.loads(line) for line in jsonl.read_text().splitlines()]
+
+
+# -- GiGPO -----------------------------------------------------------------------------------
+
+
+def gigpo_settings(plugins, *overrides: str) -> GiGPOSettings:
+    return typed_config(compose(plugins, "gigpo", overrides=list(overrides)).method, GiGPOSettings)
+
+
+def _episode(task: Task, observations: list[str], won: bool) -> Trajectory:
+    steps = [Step(f"act {i}", obs, True, rollout=RolloutTokens([1, 2, i], [5 + i], [-0.1]))
+             for i, obs in enumerate(observations)]
+    return Trajectory(task, "start", steps, Termination.SUCCESS if won else Termination.STEP_LIMIT,
+                      progress=1.0 if won else 0.0)
+
+
+def test_gigpo_samples_carry_each_decisions_own_advantage(plugins) -> None:
+    cfg = gigpo_settings(plugins, "method.advantage.normalisation=mean",
+                         "method.advantage.episode_level_over=episodes")
+    task = Task("household/train/a", "household", "train", "pick", "put a mug on the desk")
+    won = _episode(task, ["at desk", "done"], True)          # anchors: start, at desk
+    lost = _episode(task, ["Nothing happens.", "at desk", "x"], False)  # start, Nothing, at desk
+    samples, figures = build_samples([won, lost], ["g", "g"], cfg)
+    expected = step_advantages([
+        EpisodeSignal("g", 10.0, [0.0, 10.0], ["start", "at desk"]),
+        EpisodeSignal("g", 0.0, [0.0, 0.0, 0.0], ["start", "Nothing happens.", "at desk"]),
+    ], AdvantageSettings(estimator="gigpo", gamma=0.95, normalisation="mean"))
+    assert [s.advantage for s in samples] == pytest.approx(expected[0] + expected[1])
+    # The winner's second decision and the loser's third met the same state ("at desk"):
+    # their step-level terms are opposite, on top of the episode terms +5 and -5.
+    assert samples[1].advantage - 5.0 == pytest.approx(-(samples[4].advantage + 5.0))
+    assert samples[3].advantage == pytest.approx(-5.0)  # a state met once: no step-level term
+    assert figures["step_groups"] == 3 and figures["decisions_in_shared_states"] == pytest.approx(4 / 5)
+    grpo = gigpo_settings(plugins, "method.advantage.estimator=grpo", "method.advantage.normalisation=mean",
+                          "method.advantage.episode_level_over=episodes")
+    assert [s.advantage for s in build_samples([won, lost], ["g", "g"], grpo)[0]] == [5, 5, -5, -5, -5]
+    # The authors' defaults (mean and std, episode statistics over steps) go through the same estimator.
+    authors = gigpo_settings(plugins)
+    assert authors.estimator == AdvantageSettings(estimator="gigpo", gamma=0.95, step_weight=1.0,
+                                                  normalisation="mean_std", episode_level_over="steps")
+    signals_ = [EpisodeSignal("g", 10.0, [0.0, 10.0], ["start", "at desk"]),
+                EpisodeSignal("g", 0.0, [0.0] * 3, ["start", "Nothing happens.", "at desk"])]
+    flat = [a for row in step_advantages(signals_, authors.estimator) for a in row]
+    assert [s.advantage for s in build_samples([won, lost], ["g", "g"], authors)[0]] == pytest.approx(flat)
+
+
+def test_gigpo_settings_are_checked(plugins) -> None:
+    with pytest.raises(ValueError, match="group_size"):
+        gigpo_settings(plugins, "method.group_size=1")
+    with pytest.raises(ValueError, match="grpo"):
+        gigpo_settings(plugins, "method.advantage.estimator=ppo")
+
+
+TINY_GIGPO = ["llm.model=tiny", "embedder.name=hashing", "env.n_train=30", "env.n_valid=4", "env.n_test=4",
+              "eval.limit=1", "eval.max_steps=3", "learn.max_steps=3", "eval.concurrency=4",
+              "method.iterations=1", "method.tasks_per_iteration=2", "method.group_size=2",
+              "method.trainer.micro_batch_size=16"]
+
+
+@pytest.mark.slow
+def test_gigpo_end_to_end_on_the_tiny_model(plugins, tmp_path) -> None:
+    path, results = protocol.run("gigpo", overrides=TINY_GIGPO, out=tmp_path / "g", plugins=plugins)
+    learned = [e for e in _episodes(path / "episodes.jsonl") if e["phase"] == "learn"]
+    assert len(learned) == 2 * 2  # tasks x group size
+    assert results["learn"]["used"]["gradient_steps"] == 1
+    (metrics,) = [json.loads(line)["metrics"] for line in (path / "metrics.jsonl").read_text().splitlines()
+                  if json.loads(line)["phase"] == "learn"]
+    assert metrics["step_groups"] >= 2 and metrics["samples"] > 0 and "grad_norm" in metrics
+    assert results["valid"] is True and results["state"]["method"]["trainable_parameters"] > 0
+
+
+# -- Reflexion -------------------------------------------------------------------------------
+
+
+def test_reflexion_retries_until_solved_or_out_of_trials() -> None:
+    assert retry_due([], 3) and retry_due([False, False], 3)
+    assert not retry_due([False, True], 3) and not retry_due([False, False, False], 3)
+    assert parse_reflection(" Go to the fridge.\nThen open it.\n") == "Go to the fridge.\nThen open it."
+
+
+def test_reflexion_learns_on_train_and_shows_reflections_of_similar_tasks_at_test(run_method) -> None:
+    result = run_method("reflexion", ["llm.reply=Open the fridge before taking the apple.",
+                                      "method.train_tasks=4", "method.trials=2", "eval.max_steps=4",
+                                      "learn.max_steps=4"])
+    episodes = _episodes(result.path / "episodes.jsonl")
+    learned = [e for e in episodes if e["phase"] == "learn"]
+    first = {e["task_id"]: e for e in learned if e["variant"] == "trial0"}
+    second = [e for e in learned if e["variant"] == "trial1"]
+    assert len(first) == 4
+    # Only the failed tasks are tried again, each with its one reflection in the prompt.
+    assert {e["task_id"] for e in second} == {t for t, e in first.items() if not e["success"]}
+    assert second and all(len(e["experience_ids"]) == 1 for e in second)
+    assert all(e["experience_ids"][0] == f"reflexion:train:{e['task_id']}:0" for e in second)
+    # At test: reflections of train tasks of the same type, never of the test task itself.
+    tested = [e for e in episodes if e["phase"] == "evaluate"]
+    shown = [i for e in tested for i in e["experience_ids"]]
+    assert shown and all(i.startswith("reflexion:train:") for i in shown)
+    assert result.results["state"]["method"]["reflections"] >= len(second)
+    assert result.results["valid"] is True
+
+
+def test_reflexion_on_the_online_track_reflects_on_test_failures(run_method) -> None:
+    result = run_method("reflexion", ["run.track=online", "llm.reply=Look first.",
+                                      "method.train_tasks=2", "method.trials=1", "eval.max_steps=3",
+                                      "eval.concurrency=1"])
+    assert result.results["track"] == "online"
+    episodes = _episodes(result.path / "episodes.jsonl")
+    failed = {phase: [e for e in episodes if e["phase"] == phase and not e["success"]]
+              for phase in ("learn", "evaluate")}
+    assert failed["evaluate"]
+    # One reflection per failed episode: the train trials' and, online, the test episodes'.
+    assert result.results["state"]["method"]["reflections"] == len(failed["learn"]) + len(failed["evaluate"])
+
+
+def test_reflexion_state_size_counts_trials(plugins, tmp_path) -> None:
+    assert reflection_id(Task("t", "household", "train", "x", "g"), 2) == "reflexion:train:t:2"
+
+
+# -- Mem0 ------------------------------------------------------------------------------------
+
+
+def test_mem0_parses_whole_and_cut_replies() -> None:
+    assert parse_facts('{"facts": ["The apple is in fridge 1.", "Mugs are in cabinets."]}', 8) == [
+        "The apple is in fridge 1.", "Mugs are in cabinets."]
+    # Cut at the token limit: the complete strings before the cut are kept.
+    assert parse_facts(FACTS_PREFIX + 'The apple is in fridge 1.", "Mugs are in cabi', 8) == [
+        "The apple is in fridge 1."]
+    assert parse_facts("I could not find anything.", 8) == []
+    assert parse_facts('{"facts": ["a", "a", "b", "c"]}', 2) == ["a", "b"]
+    events = parse_events(EVENTS_PREFIX + '0", "text": "x", "event": "update"}, {"id": "1", "event": "BOGUS"}, '
+                                          '{"id": "2", "text": "y", "event": "ADD"')
+    assert events == [{"id": "0", "text": "x", "event": "UPDATE"}]
+    assert parse_events('{"memory": [{"id": "0", "text": "", "event": "DELETE"}]}') == [
+        {"id": "0", "text": "", "event": "DELETE"}]
+
+
+def test_mem0_applies_add_update_delete_none_and_ignores_invented_ids() -> None:
+    store = ExperienceStore(None, HashingEmbedder())
+    source = Provenance(("household/train/a",), "train")
+    kept, changed, dropped = (Experience(MEMORY, text, source, {"task_type": "pick"})
+                              for text in ("Mugs are in cabinets.", "The apple is in fridge 1.", "Knives are in drawers."))
+    store.add([kept, changed, dropped])
+    run = types.SimpleNamespace(store=store)
+    shown = {"0": kept, "1": changed, "2": dropped}
+    counts = apply_events(run, [
+        {"id": "0", "text": "Mugs are in cabinets.", "event": "NONE"},
+        {"id": "1", "text": "The apple is in fridge 2.", "event": "UPDATE"},
+        {"id": "0", "text": "", "event": "DELETE"},  # no text: skipped, as mem0 does
+        {"id": "2", "text": "Knives are in drawers.", "event": "DELETE"},
+        {"id": "9", "text": "Pans are on stoves.", "event": "UPDATE"},
+        {"id": "3", "text": "Lamps are on desks.", "event": "ADD"},
+    ], shown, Provenance(("household/train/b",), "train"), "look")
+    assert counts == {"ADD": 1, "UPDATE": 1, "DELETE": 1, "NONE": 1, "unknown_id": 1, "empty": 1}
+    by_id = {e.experience_id: e for e in store.all(kind=MEMORY)}
+    assert dropped.experience_id not in by_id and kept.experience_id in by_id
+    updated = by_id[changed.experience_id]  # the same id, the new text, its history noted
+    assert updated.text == "The apple is in fridge 2." and updated.metadata["updates"] == 1
+    assert updated.metadata["previous"] == "The apple is in fridge 1."
+    assert updated.provenance.source_task_ids == ("household/train/a", "household/train/b")
+    assert [e.text for e in by_id.values() if e.metadata.get("task_type") == "look"] == ["Lamps are on desks."]
+
+
+@pytest.fixture
+def mem0_replies(monkeypatch):
+    """The fake backend answers fact extraction with two facts and the update with an ADD of
+    the first fact and a NONE for the memory shown as "0"."""
+    real = FakeLLM.generate
+
+    def generate(self, prompts, params):
+        def reply(chat):
+            if chat[-1]["content"] == FACTS_PREFIX:
+                return 'The apple is in fridge 1.", "Opening the fridge works."]}'
+            if chat[-1]["content"] == EVENTS_PREFIX:
+                return '0", "text": "The apple is in fridge 1.", "event": "NONE"}, ' \
+                       '{"id": "1", "text": "The apple is in fridge 1.", "event": "ADD"}]}'
+            return "?"
+        self.reply = reply
+        return real(self, prompts, params)
+
+    monkeypatch.setattr(FakeLLM, "generate", generate)
+
+
+def test_mem0_end_to_end_frozen_and_online(run_method, mem0_replies) -> None:
+    frozen = run_method("mem0", ["learn.budget.episodes=3"])
+    assert frozen.results["valid"] is True
+    # Every ADD is a new memory, as in mem0 (telling a known fact apart is the LLM's NONE);
+    # from the second episode on, the stored memory is shown as "0" and its NONE applied.
+    assert frozen.results["state"]["method"]["memories"] == 3
+    metrics = [json.loads(line)["metrics"] for line in (frozen.path / "metrics.jsonl").read_text().splitlines()
+               if json.loads(line)["phase"] == LEARN]
+    assert [m["events/add"] for m in metrics] == [1, 1, 1]
+    assert [m["events/none"] for m in metrics] == [0, 1, 1]
+    assert [m["events/unknown_id"] for m in metrics] == [1, 0, 0]
+    tested = [e for e in _episodes(frozen.path / "episodes.jsonl") if e["phase"] == EVALUATE]
+    assert tested and all(len(e["experience_ids"]) == 3 for e in tested)  # search_limit 4, 3 stored
+    online = run_method("mem0", ["learn.budget.episodes=1", "run.track=online", "eval.concurrency=1"])
+    assert online.results["track"] == "online" and online.results["valid"] is True
+
+
+@pytest.mark.parametrize("method, settings", [
+    ("reflexion", ["method.train_tasks=2", "method.trials=2", "llm.reply=Look first."]),
+    ("mem0", ["learn.budget.episodes=2"]),
+])
+def test_reflexion_and_mem0_run_isolated_as_the_board_runs_them(run_method, method, settings) -> None:
+    result = run_method(method, ["run.isolation=process", "eval.salt=public", *settings])
+    assert result.results["valid"] is True
+    assert result.results["provenance"]["isolation"]["mode"] == "process"
+    if method == "reflexion":  # what the worker wrote reached the harness's store
+        failed = [e for e in _episodes(result.path / "episodes.jsonl") if e["phase"] == "learn" and not e["success"]]
+        assert failed and result.results["state"]["method"]["reflections"] == len(failed)
