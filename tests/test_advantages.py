@@ -45,7 +45,7 @@ def test_gigpo_groups_steps_by_anchor_state_within_the_episode_group() -> None:
 
 def test_gigpo_step_weight_and_std_normalisation() -> None:
     settings = AdvantageSettings(estimator="gigpo", gamma=0.5, step_weight=0.5, normalisation="mean_std",
-                                 std="population", eps=0.0)
+                                 std="population", eps=1e-12)
     got = step_advantages(EPISODES, settings)
     # Population std of (8, 0) is 4: episode advantages +1, -1. Step group (g, A): values
     # 4, 0, 0, mean 4/3, population std sqrt(32/9); (g, B): 8, 0 -> +1, -1.
@@ -66,6 +66,16 @@ def test_bad_settings_name_the_allowed_values() -> None:
         AdvantageSettings(normalisation="zscore")
     with pytest.raises(ValueError, match="anchors"):
         EpisodeSignal("g", 1.0, [1.0], [])
+    with pytest.raises(ValueError, match="eps must be > 0"):
+        AdvantageSettings(eps=0.0)
+
+
+def test_tied_groups_empty_input_and_episodes_without_steps() -> None:
+    tied = [EpisodeSignal("g", 0.0, [0.0], ["A"]), EpisodeSignal("g", 0.0, [0.0], ["A"])]
+    assert step_advantages(tied, AdvantageSettings(estimator="gigpo")) == [[0.0], [0.0]]
+    assert step_advantages([], AdvantageSettings(estimator="gigpo")) == []
+    empty = EpisodeSignal("g", 10.0, [], [])
+    assert step_advantages([empty, EPISODES[1]], AdvantageSettings(estimator="gigpo"))[0] == []
 
 
 def _trajectory() -> Trajectory:

@@ -100,6 +100,40 @@ def test_gigpo_end_to_end_on_the_tiny_model(plugins, tmp_path) -> None:
     assert results["valid"] is True and results["state"]["method"]["trainable_parameters"] > 0
 
 
+class Killed(BaseException):
+    """Stands in for SIGKILL: not an Exception, so nothing on the way catches it."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kill_after_save", [True, False])
+def test_gigpo_killed_around_its_checkpoint_charges_each_step_once(plugins, tmp_path, monkeypatch,
+                                                                  kill_after_save) -> None:
+    """Killed right after (or right before) saving the first iteration's checkpoint, a resumed
+    run charges every optimizer step exactly once and learns both iterations."""
+    from arena.core.rl.checkpointed import CheckpointedTrainer
+
+    real_save = CheckpointedTrainer.save
+
+    def save_then_die(self, number):
+        if number == 1:
+            if kill_after_save:
+                real_save(self, number)
+            raise Killed()
+        real_save(self, number)
+
+    settings = [*TINY_GIGPO, "method.iterations=2", "method.mini_batch_size=4"]
+    monkeypatch.setattr(CheckpointedTrainer, "save", save_then_die)
+    with pytest.raises(Killed):
+        protocol.run("gigpo", overrides=settings, out=tmp_path / "k", plugins=plugins)
+    monkeypatch.setattr(CheckpointedTrainer, "save", real_save)
+    path, results = protocol.run(None, resume=tmp_path / "k", plugins=plugins)
+    logged = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+    updates = {m["step"]: m["metrics"].get("updates", 0) for m in logged if m["phase"] == "learn"}
+    assert sorted(updates) == [1, 2]
+    assert results["learn"]["used"]["gradient_steps"] == sum(updates.values()) > 0
+    assert results["valid"] is True
+
+
 # -- Reflexion -------------------------------------------------------------------------------
 
 
@@ -126,7 +160,12 @@ def test_reflexion_learns_on_train_and_shows_reflections_of_similar_tasks_at_tes
     tested = [e for e in episodes if e["phase"] == "evaluate"]
     shown = [i for e in tested for i in e["experience_ids"]]
     assert shown and all(i.startswith("reflexion:train:") for i in shown)
-    assert result.results["state"]["method"]["reflections"] >= len(second)
+    types_of = {e["task_id"]: e["task_type"] for e in learned}
+    assert all(types_of[i.split(":")[2]] == e["task_type"] for e in tested for i in e["experience_ids"])
+    state = result.results["state"]["method"]
+    assert state["trials"] == len(learned) and state["train_tasks_tried"] == 4
+    assert state["train_tasks_solved"] == sum(1 for e in learned if e["success"])
+    assert state["reflections"] == sum(1 for e in learned if not e["success"])
     assert result.results["valid"] is True
 
 
@@ -141,9 +180,30 @@ def test_reflexion_on_the_online_track_reflects_on_test_failures(run_method) -> 
     assert failed["evaluate"]
     # One reflection per failed episode: the train trials' and, online, the test episodes'.
     assert result.results["state"]["method"]["reflections"] == len(failed["learn"]) + len(failed["evaluate"])
+    # A later test task of the same type is shown what an earlier one's failure taught.
+    assert any(i.startswith("reflexion:test_") for e in episodes if e["phase"] == "evaluate"
+               for i in e["experience_ids"])
 
 
-def test_reflexion_state_size_counts_trials(plugins, tmp_path) -> None:
+def test_reflexion_indexes_reflections_by_their_tasks_goal(plugins) -> None:
+    """A reflection is found from a similar task's goal, whatever its own text says."""
+    from arena.envs.alfworld_tasks import HOUSEHOLD_INSTRUCTIONS
+    from arena.plugins.reflexion.method import Reflexion
+
+    cfg = compose(plugins, "reflexion", overrides=["llm.backend=fake"])
+    run = types.SimpleNamespace(cfg=cfg, store=ExperienceStore(None, HashingEmbedder()),
+                                llm=FakeLLM(reply="zzz qqq xxx"), env=types.SimpleNamespace(
+                                    instructions=HOUSEHOLD_INSTRUCTIONS))
+    method = Reflexion(run)
+    goals = ["put a cool apple in fridge.", "clean some mug and put it in shelf."]
+    failures = [Trajectory(Task(f"household/train/{i}", "household", "train", "t", goal), "start",
+                           [Step("look", "Nothing happens.", True)], Termination.STEP_LIMIT)
+                for i, goal in enumerate(goals)]
+    added = method._reflect(run, failures, 0, seed=0)
+    assert [e.experience_id for e in added] == [reflection_id(t.task, 0) for t in failures]
+    (best, _), *_ = run.store.query("clean some cup and put it in shelf.", k=2)
+    assert best.metadata["task_id"] == "household/train/1"
+    assert method._reflect(run, failures, 0, seed=0) == []  # a replayed round adds nothing twice
     assert reflection_id(Task("t", "household", "train", "x", "g"), 2) == "reflexion:train:t:2"
 
 
@@ -226,6 +286,9 @@ def test_mem0_end_to_end_frozen_and_online(run_method, mem0_replies) -> None:
     assert tested and all(len(e["experience_ids"]) == 3 for e in tested)  # search_limit 4, 3 stored
     online = run_method("mem0", ["learn.budget.episodes=1", "run.track=online", "eval.concurrency=1"])
     assert online.results["track"] == "online" and online.results["valid"] is True
+    tested = [e for e in _episodes(online.path / "episodes.jsonl") if e["phase"] == EVALUATE]
+    # One memory from learning, then one ADD after each test episode.
+    assert online.results["state"]["method"]["memories"] == 1 + len(tested)
 
 
 @pytest.mark.parametrize("method, settings", [

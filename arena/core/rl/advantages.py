@@ -123,6 +123,8 @@ class AdvantageSettings:
         if self.episode_level_over not in EPISODE_LEVEL_OVER:
             raise ValueError(f"episode_level_over must be one of {EPISODE_LEVEL_OVER}, "
                              f"not {self.episode_level_over!r}")
+        if self.eps <= 0:
+            raise ValueError(f"eps must be > 0 (it keeps a group of equal values from dividing by 0), got {self.eps}")
         if not 0.0 <= self.gamma <= 1.0:
             raise ValueError(f"gamma must be in [0, 1], got {self.gamma}")
 

@@ -8,6 +8,7 @@ so the policy is never trained to predict what the world says.
 from __future__ import annotations
 
 import math
+import numbers
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -116,8 +117,8 @@ def decision_samples(trajectory: Trajectory, *, role: str, group: str, reward: f
     its own when ``advantage`` is a sequence with one value per step (a step-level estimator's,
     :func:`arena.core.rl.advantages.step_advantages`). Steps without rollout tokens (scripted or
     reloaded without them) give none."""
-    per_step = ([float(advantage)] * len(trajectory.steps) if isinstance(advantage, int | float)
-                else [float(value) for value in advantage])
+    per_step = ([float(advantage)] * len(trajectory.steps) if isinstance(advantage, numbers.Real)
+                else [float(value) for value in advantage])  # type: ignore[union-attr]
     if len(per_step) != len(trajectory.steps):
         raise ValueError(f"{len(per_step)} advantages for an episode of {len(trajectory.steps)} steps")
     samples = []

@@ -25,7 +25,7 @@ import time
 from typing import Any
 
 import arena
-from arena import STANDARD, EpisodeRequest, Run, Task, Trajectory, rl, typed_config
+from arena import STANDARD, EpisodeRequest, Run, Task, Termination, Trajectory, rl, typed_config
 from arena.plugins.gigpo.settings import GiGPOSettings
 
 SOLVER = "solver"
@@ -48,7 +48,11 @@ def signals(episodes: list[Trajectory], groups: list[str], cfg: GiGPOSettings) -
 
 def build_samples(episodes: list[Trajectory], groups: list[str], cfg: GiGPOSettings
                   ) -> tuple[list[rl.Sample], dict[str, float]]:
-    """Per-decision samples with their advantages, and the figures of the step groups."""
+    """Per-decision samples with their advantages, and the figures of the step groups. An
+    episode the harness ended in an error, or one without a decision, is left out of its group:
+    it says nothing about the policy."""
+    kept = [(t, g) for t, g in zip(episodes, groups) if t.status is not Termination.ERROR and t.steps]
+    episodes, groups = [t for t, _ in kept], [g for _, g in kept]
     episode_signals = signals(episodes, groups, cfg)
     advantages = rl.step_advantages(episode_signals, cfg.estimator)
     samples: list[rl.Sample] = []
@@ -78,16 +82,34 @@ class GiGPO:
         run.keep_rollouts()  # a kill mid-iteration must not lose the rollouts played
         self._trainer: rl.CheckpointedTrainer | None = None
         self.iterations_done = 0
-        recorded = int(self._state(run)["iterations_done"])
+        state = self._state(run)
+        recorded = int(state["iterations_done"])
         if recorded or run.method_state.checkpoints().latest():
             # A resumed run serves its learned weights before anything is played or digested.
             self.iterations_done = self.trainer(run).resume(recorded, "iterations")
+            pending = state.get("pending")
+            if self.iterations_done > recorded and pending and int(pending["iteration"]) == recorded:
+                # Killed between a checkpoint and the state that counts it: count it now.
+                state["iterations_done"] = self.iterations_done
+                state["gradient_steps"] = int(state["gradient_steps"]) + int(pending["updates"])
+                state.pop("pending")
+                run.method_state.save(state)
+                run.discard_rollouts()
+                run.log_metrics(self.iterations_done, pending["metrics"])  # its held-out point is lost
         if run.learning_finished():
             self.trainer(run).serve()
 
     @staticmethod
     def _state(run: Run) -> dict[str, Any]:
-        return run.method_state.load({"iterations_done": 0})
+        return run.method_state.load({"iterations_done": 0, "gradient_steps": 0})
+
+    @staticmethod
+    def _charge_checkpointed(run: Run, state: dict[str, Any]) -> None:
+        """Charge the optimizer steps of the checkpointed iterations not charged yet: repeatable,
+        so a run killed between its checkpoint and its charge neither loses nor doubles steps."""
+        owed = int(state["gradient_steps"]) - int(run.budget.used.get("gradient_steps", 0))
+        if owed > 0:
+            run.charge(gradient_steps=owed)
 
     def trainer(self, run: Run) -> rl.CheckpointedTrainer:
         if self._trainer is None:
@@ -99,6 +121,7 @@ class GiGPO:
         trainer = self.trainer(run)
         state = self._state(run)
         train = run.tasks(run.learn_split)
+        self._charge_checkpointed(run, state)
         with run.progress("gigpo iterations", total=self.cfg.iterations) as shown:
             shown.update(self.iterations_done)
             if self.iterations_done == 0 and self._held_out_due(0) and "valid_before" not in state:
@@ -109,12 +132,19 @@ class GiGPO:
                 if run.budget_exhausted():
                     break
                 metrics = self._iteration(run, trainer, train, iteration)
+                # The optimizer steps are counted before the checkpoint they belong to is saved,
+                # and charged only once both are: a kill anywhere neither loses nor doubles them.
+                state["pending"] = {"iteration": iteration, "updates": int(metrics.get("updates", 0)),
+                                    "metrics": metrics}
+                run.method_state.save(state)
                 trainer.save(iteration + 1)
                 if self._held_out_due(iteration + 1):
                     metrics["valid_success"] = self._held_out_success(run, iteration + 1)
                 run.discard_rollouts()
                 self.iterations_done = state["iterations_done"] = iteration + 1
+                state["gradient_steps"] = int(state["gradient_steps"]) + int(state.pop("pending")["updates"])
                 run.method_state.save(state)
+                self._charge_checkpointed(run, state)
                 run.log_metrics(iteration + 1, metrics)  # step: iterations done
                 shown.update(iteration + 1, note=f"train success {metrics['success']:.0%}")
         trainer.serve()
@@ -149,7 +179,6 @@ class GiGPO:
         if samples:
             metrics.update(trainer.update(samples, mini_batch_size=cfg.mini_batch_size, rng=rng,
                                           progress=run.progress, label=tag))
-            run.charge(gradient_steps=int(metrics["updates"]))
         return metrics
 
     def _held_out_due(self, iterations_done: int) -> bool:

@@ -74,9 +74,11 @@ def apply_events(run: Run, events: list[dict[str, str]], shown: dict[str, Experi
             if text != old.text:  # mem0 keeps the id and records the change in its history
                 run.store.delete([old.experience_id])
                 sources = tuple(dict.fromkeys(old.provenance.source_task_ids + provenance.source_task_ids))
-                run.store.add([Experience(MEMORY, text, Provenance(sources, provenance.source_split),
-                                          {**old.metadata, "updates": int(old.metadata.get("updates", 0)) + 1,
-                                           "previous": old.text}, old.experience_id)])
+                updated = Experience(MEMORY, text, Provenance(sources, provenance.source_split),
+                                     {**old.metadata, "updates": int(old.metadata.get("updates", 0)) + 1,
+                                      "previous": old.text}, old.experience_id)
+                run.store.add([updated])
+                shown[event["id"]] = updated  # a second event on the id applies to the new text
             counts["UPDATE"] += 1
         elif kind == "DELETE":
             run.store.delete([old.experience_id])
@@ -95,7 +97,6 @@ class Mem0:
 
     def __init__(self, run: Run) -> None:
         self.cfg: Mem0Settings = typed_config(run.cfg.method, Mem0Settings)
-        self.totals: dict[str, int] = {}
 
     def _params(self, max_new_tokens: int, seed: int) -> SamplingParams:
         return SamplingParams(temperature=self.cfg.temperature, top_p=self.cfg.top_p,
@@ -149,8 +150,6 @@ class Mem0:
             provenance = Provenance(tuple(dict.fromkeys(t for f in facts for t in f.provenance.source_task_ids)),
                                     facts[0].provenance.source_split)
             counts = apply_events(run, events, shown, provenance, str(facts[0].metadata.get("task_type", "")))
-        for key, value in counts.items():
-            self.totals[key] = self.totals.get(key, 0) + value
         if run.phase == LEARN and trajectories:
             run.log_metrics(run.budget.used["episodes"] + 1, {
                 "facts": len(facts), "memories": run.store.count(kind=MEMORY),

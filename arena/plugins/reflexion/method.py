@@ -158,7 +158,7 @@ class Reflexion:
         if not failures:
             return []
         experiences = self._write(run, failures, trial, seed)
-        run.store.add(experiences)
+        run.store.add(experiences, index_texts=[str(e.metadata["goal"]) for e in experiences])
         return experiences
 
     def _write(self, run: Run, failures: list[Trajectory], trial: int | str, seed: int) -> list[Experience]:
@@ -184,8 +184,8 @@ class Reflexion:
     @arena.hookimpl
     def update(self, run: Run, trajectories: list[Trajectory], experiences: list[Experience]) -> None:
         new = [e for e in experiences if e.kind == REFLECTION and not run.store.get([e.experience_id])]
-        if new:
-            run.store.add(new)
+        if new:  # indexed by the task's goal: a later task finds the reflections of similar tasks
+            run.store.add(new, index_texts=[str(e.metadata["goal"]) for e in new])
 
     # -- every phase ------------------------------------------------------------------------
 
