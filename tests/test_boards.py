@@ -68,3 +68,25 @@ def test_a_board_on_a_warm_start_commits_its_base_and_every_run_names_it(board: 
         assert warm is not None, f"{run.name} ran without the board's warm start"
         assert warm["adapter_sha256"] == base.manifest["adapter_sha256"], run.name
         assert warm["recipe_sha256"] == base.manifest["recipe_sha256"], run.name
+
+
+ABLATION = BOARDS / "household-easy-warm" / "ablation"
+
+
+def test_the_evolving_rl_ablation_page_states_what_its_committed_arms_show() -> None:
+    """docs/evolving_rl_ablation.md's figures, recomputed from the arms committed beside the board:
+    the three arms win the same tasks (no discordant pair) and each arm's card costs what the
+    page says (test_seen 4 against 6, test_unseen 0 against 4 of 16)."""
+    from arena.report.compare import compare_runs
+    from arena.report.runs import load_run
+
+    arms = {name: load_run(ABLATION / name) for name in ("coevolve", "solver_only", "extractor_only")}
+    for other in ("solver_only", "extractor_only"):
+        for split in compare_runs(arms["coevolve"], arms[other])["splits"]:
+            assert (split["a_only"], split["b_only"], split["pairs"]) == (0, 0, 16), (other, split)
+    for arm in arms.values():
+        with_card = {s["split"]: s for s in compare_runs(arm, None, "without_skill")["splits"]}
+        assert (round(with_card["test_seen"]["success_a"] * 16), round(with_card["test_seen"]["success_b"] * 16)) == (4, 6)
+        assert (round(with_card["test_unseen"]["success_a"] * 16), round(with_card["test_unseen"]["success_b"] * 16)) == (0, 4)
+    page = (BOARDS.parent / "docs" / "evolving_rl_ablation.md").read_text()
+    assert "4/16 / 6/16" in page and "0/16 / 4/16" in page
