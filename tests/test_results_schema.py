@@ -33,6 +33,9 @@ BUILT_IN = {
     "skillrl": [*TINY, "method.collect.tasks=1", "method.sft.tasks=1", "method.sft.steps=1",
                 "method.rl.steps=1", "method.rl.tasks_per_step=1", "method.rl.group_size=2",
                 "method.evolution.every=0", "method.teacher.max_new_tokens=8"],
+    "gigpo": [*TINY, "method.iterations=1", "method.tasks_per_iteration=1", "method.group_size=2"],
+    "reflexion": [*FAKE, "method.train_tasks=1", "method.trials=2"],
+    "mem0": FAKE,
 }
 
 

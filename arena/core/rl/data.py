@@ -141,7 +141,7 @@ def step_anchors(trajectory: Trajectory) -> list[str]:
 
 def terminal_rewards(trajectory: Trajectory, reward: float) -> list[float]:
     """The episode's reward on its last step and 0 on the others (the per-step rewards of an
-    environment that rewards only the end, as ALFWorld's 10 for a win)."""
+    environment that rewards only the end, e.g. 10 for a win)."""
     return [0.0] * (len(trajectory.steps) - 1) + [float(reward)] if trajectory.steps else []
 
 
