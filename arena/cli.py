@@ -262,6 +262,46 @@ def evaluate(state_dir: str, out: str, overrides: tuple[str, ...]) -> None:
 
 
 @cli.command()
+@click.argument("name")
+@click.argument("run_dir", type=click.Path(file_okay=False, exists=True))
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="The experiment's folder: one run directory per arm, and experiment.json. Given "
+                   "again, unfinished arms are resumed.")
+@click.option("--fraction", "fractions", multiple=True, type=float,
+              help="poison: a share of poison items in the store (repeat; default 0, 0.1, 0.3).")
+@click.option("--model", "model", multiple=True,
+              help="transfer: the model to transfer to, as llm.KEY=VALUE (repeat).")
+@click.option("--change", "change", multiple=True,
+              help="stale: the changed world, as env.KEY=VALUE (e.g. env.dialect=put; repeat).")
+@click.option("--set", "board", multiple=True,
+              help="An evaluation setting every arm shares, KEY=VALUE (run.seeds, eval.salt, ...).")
+def experiment(name: str, run_dir: str, out: str, fractions: tuple[float, ...], model: tuple[str, ...],
+               change: tuple[str, ...], board: tuple[str, ...]) -> None:
+    """Run experiment NAME (relevance, poison, transfer, stale) over RUN_DIR's learned state: one
+    evaluation per arm, each against its control, paired, per split and task type
+    (docs/experiments.md)."""
+    from arena.report.experiments import DEFAULT_FRACTIONS, ExperimentError, make_plan, run_experiment
+    from arena.report.runs import ReportError
+
+    try:
+        plan = make_plan(name, Path(run_dir), fractions=fractions or DEFAULT_FRACTIONS, model=model,
+                         change=change, board=board)
+        summary = run_experiment(plan, out)
+    except (ExperimentError, ReportError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    for row in summary["comparisons"]:
+        if row["task_type"] != "all":
+            continue
+        low, high = row["ci95"]
+        console.print(escape(
+            f"{row['split']}: {row['arm']} {row['success_arm']:.1%} vs {row['control']} "
+            f"{row['success_control']:.1%}: {row['difference']:+.1%} [{low:+.1%}, {high:+.1%}], "
+            f"p = {row['p_value']:.3g}, {row['pairs']} pairs"
+            + (f"; also differs in {', '.join(row['other_differences'])}" if row['other_differences'] else "")))
+    console.print(escape(f"Wrote {Path(out) / 'experiment.json'}; each arm: arena show {out}/ARM"))
+
+
+@cli.command()
 @click.argument("run_dir", type=click.Path(file_okay=False, exists=True))
 @click.option("--keep", "keep", type=click.Path(file_okay=False), default=None,
               help="Replay into this new folder and keep it (default: a temporary folder, removed).")

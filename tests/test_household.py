@@ -674,3 +674,31 @@ def test_unlisted_utility_commands_still_reply(env: HouseholdEnvironment, level:
     assert episode.step("inventory").text == "You are not carrying anything."
     assert episode.step(f"examine {here}").text != NOTHING
     assert episode.step("help").text == cat.HELP_TEXT
+
+
+def test_the_put_dialect_is_the_same_world_with_alfworlds_earlier_placing_command():
+    """env.dialect=put (arena experiment stale): `put X in/on Y` replaces `move X to Y`; the
+    tasks, the expert's plan and its outcome are the same."""
+    from arena.envs.household.environment import HouseholdEnvironment
+
+    worlds = {d: HouseholdEnvironment(n_train=4, n_test=6, level="easy", dialect=d) for d in ("move", "put")}
+    assert worlds["put"].tasks("test_seen") == worlds["move"].tasks("test_seen")
+    assert worlds["put"].protocol_fields() == {"level": "easy", "dialect": "put"}
+    assert worlds["move"].protocol_fields() == {"level": "easy"}
+    for task in worlds["move"].tasks("test_seen"):
+        plans = {}
+        for dialect, env in worlds.items():
+            episode = env.open(task)
+            observation, actions, offered = episode.reset(), [], set()
+            while not observation.done and len(actions) < 60:
+                offered.update(observation.admissible_actions)
+                actions.append(episode.expert_action())
+                observation = episode.step(actions[-1])
+            assert observation.won
+            plans[dialect] = actions
+            placing = {a.split()[0] for a in offered if " to " in a or " in/on " in a} - {"go"}
+            assert placing <= {dialect}
+        assert [a.replace(" in/on ", " to ").replace("put ", "move ", 1) for a in plans["put"]] == plans["move"]
+        assert any(a.startswith("put ") for a in plans["put"])
+    with pytest.raises(ValueError, match="env.dialect='shove'"):
+        HouseholdEnvironment(dialect="shove")

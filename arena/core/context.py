@@ -32,6 +32,7 @@ from arena.core.budget import BUDGET_KEYS, Budget
 from arena.core.env import Environment
 from arena.core.episodes import EpisodeRunner, checked_experiences, run_in_threads
 from arena.core.errors import BudgetExhausted, HookReturnError, NotTrainable, ProtocolViolation
+from arena.core.experience_controls import ExperienceControl, ExperienceSettings
 from arena.core.llm import LLMBackend, TrainableBackend
 from arena.core.method_state import MethodState
 from arena.core.metrics import MetricsLog
@@ -102,6 +103,8 @@ class RunContext:
         self.gate = TaskGate(env, self.phases, self.violations_log,
                              str(cfg.eval.get("source_pool", "train")))
         self.env = EnvironmentView(env, self.gate, self.phases, self.violations_log)
+        self.experience_control = ExperienceControl(
+            ExperienceSettings.from_config(cfg.eval.get("experience")), self.gate.tasks)
         window = StepWindow(run_dir)
         self.services = Services(
             llm, store_path=run_dir.path / "store", make_embedder=make_embedder,
@@ -239,6 +242,14 @@ class RunContext:
     def tasks(self, split: str) -> list[Task]:
         """Tasks of a split. While learning only train (and valid, which is recorded) are open."""
         return self.gate.tasks(split)
+
+    def experience_task(self, task: Task) -> Task | None:
+        """The task whose experience to bring to ``task``: itself, except at an evaluation under
+        ``eval.experience`` (``arena experiment relevance``): a test task of another type, or
+        None (bring nothing). For methods that retrieve inside ``solve``."""
+        if self.phase != EVALUATE:
+            return task
+        return self.experience_control.task_for(task, self.current_seed())
 
     def source_pool(self) -> list[Task]:
         """The train tasks a method may consult at test time (``TaskGate.source_pool``)."""

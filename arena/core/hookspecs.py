@@ -19,7 +19,7 @@ package does (entry-point group ``arena``)::
         register("my_method", MyMethod, config=Path(__file__).with_name("config.yaml"))
 
 **Method hooks** (``learn``, ``extract``, ``retrieve``, ``solve``, ``update``, ``episode_end``,
-``state_digest``, ``state_size``) are called on a *per-run* plugin manager that holds only the
+``state_digest``, ``state_size``, ``export``) are called on a *per-run* plugin manager that holds only the
 harness defaults and the one selected method object, so two methods never mix in a run. A method
 object implements the method hooks it needs; every hook it leaves out falls back to the harness
 default (a standard solver, no retrieval, no learning). Every method hook receives ``run``, typed
@@ -148,6 +148,16 @@ def state_digest(run: Run) -> str | None:
 
     The harness combines it with the store digest before and after frozen evaluation; a change
     marks the run invalid.
+    """
+
+
+@hookspec(firstresult=True)
+def export(run: Run) -> list[Experience] | None:
+    """What the method learned that another model can use as it is: skill cards, insights,
+    memories, trajectories (``arena experiment transfer``, poisoning). None, the default, says it
+    exports nothing: what it learned is not text another model reads (e.g. its weights).
+
+    Called after evaluation, on the frozen state: it must not write.
     """
 
 

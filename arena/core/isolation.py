@@ -53,7 +53,8 @@ from arena.core.services import GuardedStore
 from arena.core.views import EnvironmentView
 
 #: The method hooks a worker serves (``register_*`` stay in the harness: they build nothing).
-HOOKS = ("learn", "extract", "retrieve", "solve", "update", "episode_end", "state_digest", "state_size")
+HOOKS = ("learn", "extract", "retrieve", "solve", "update", "episode_end", "state_digest", "state_size",
+         "export")
 #: Modules whose classes the worker's data may build in the harness (plus numpy's arrays).
 WORKER_DATA_MODULES = ("arena.core.types", "arena.core.llm", "arena.core.run_api", "arena.core.errors",
                        "arena.core.rpc", "arena.core.solver", "arena.core.rl.data")

@@ -38,6 +38,7 @@ from arena.core.env import POOL_SPLIT, TEST_SPLITS, TRAIN_SPLIT, Environment
 from arena.core.episodes import checked_experiences, run_in_threads
 from arena.core.errors import BudgetExhausted, ProtocolViolation
 from arena.core.executors import build_environment
+from arena.core.experience_controls import poison_items
 from arena.core.isolation import IsolatedMethod, refusal_recorder
 from arena.core.journal import crash_point
 from arena.core.llm import LLMBackend
@@ -424,6 +425,37 @@ class Session:
             digest_before_eval=self.state_digest(),
         )
 
+    def _poison_store(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Add ``eval.experience.poison``'s share of poison items to the learned store, before
+        evaluation; the state evaluation must keep is the poisoned one (the clean digest is kept
+        beside it). Deterministic, so a session killed half-way adds the same items again."""
+        fraction = self.ctx.experience_control.settings.poison
+        if not self._store_exists():
+            raise ValueError(f"eval.experience.poison={fraction}: method '{self.cfg.method.name}' "
+                                "has no experience store to poison (its learning is elsewhere, e.g. "
+                                "in weights). Poison a run of a method that stores experience.")
+        store = self.ctx.services.raw_store()
+        items = store.all()
+        rows = store.rows_of(e.experience_id for e in items)
+        types = {t.task_id: t.task_type for split in (TRAIN_SPLIT, "valid")
+                 if split in self.env.split_names() for t in self.env.tasks(split)}
+
+        def task_type_of(item: Experience) -> str | None:
+            found = {types.get(i) for i in item.provenance.source_task_ids} - {None}
+            return found.pop() if len(found) == 1 else None
+
+        try:
+            poison = poison_items(items, {i: row["embedding"] for i, row in rows.items() if row},
+                                  task_type_of, fraction, seed=int(self.cfg.learn.seed))
+        except ValueError as exc:
+            raise ValueError(f"eval.experience.poison={fraction}: {exc}") from exc
+        store.add([p.experience for p in poison], embeddings=[p.embedding for p in poison])
+        summary = {"fraction": fraction, "clean_items": len(items), "poison_items": len(poison),
+                   "from_another_type": sum(p.other_type for p in poison),
+                   "digest_clean": state.get("digest_before_eval")}
+        self.run_dir.update_state(poisoned=summary, digest_before_eval=self.state_digest())
+        return self.run_dir.state()
+
     def _evaluate(self) -> None:
         ctx = self.ctx
         state = self.run_dir.state()
@@ -437,6 +469,8 @@ class Session:
                     f"({state['digest_before_eval'][:12]} -> {digest_now[:12]}): the method must "
                     "restore its learned state when constructed (e.g. load its checkpoint)."
                 )
+        if frozen and self.ctx.experience_control.settings.poison > 0 and "poisoned" not in state:
+            state = self._poison_store(state)
         if frozen:  # what the random checks compare with: hashed once, by the last state_digest
             self._frozen_digests = self._last_harness_digests or self._harness_digests()
         ctx.episodes.begin_evaluation(self._key, [task for task, _ in plan],
@@ -512,12 +546,16 @@ class Session:
                 and not (self.run_dir.path / "store").is_dir():
             self.ctx.violation("The run's store/ folder was deleted during evaluation.")
 
-    def _retrieve(self, task: Task) -> list[Experience] | Trajectory:
+    def _retrieve(self, task: Task, seed: int) -> list[Experience] | Trajectory:
         """The method's experiences for ``task`` (as methods see it), or an error trajectory if
-        retrieval failed."""
+        retrieval failed. Under ``eval.experience`` the harness decides whose experience it is:
+        another task's (a decoy of another type), or none."""
         try:
+            source = self.ctx.experience_control.task_for(task, seed)
+            if source is None:
+                return []
             return checked_experiences("retrieve", self.cfg.method.name,
-                                       self.pm.hook.retrieve(run=self.ctx, task=task))
+                                       self.pm.hook.retrieve(run=self.ctx, task=source))
         except Exception as exc:
             return Trajectory(task=task, initial_observation="", status=Termination.ERROR,
                               error=f"retrieve failed: {type(exc).__name__}: {exc}")
@@ -526,7 +564,7 @@ class Session:
         self.ctx.episodes.begin_task(self._key)
         self.reporter.plan_task_start(EVALUATE)
         task = public_task(task)
-        experiences = self._retrieve(task)
+        experiences = self._retrieve(task, seed)
         if isinstance(experiences, Trajectory):
             self.ctx.episodes.record(experiences, seed=seed)
             return
@@ -536,7 +574,7 @@ class Session:
         self.ctx.episodes.begin_task(self._key)
         self.reporter.plan_task_start(EVALUATE)
         task = public_task(task)
-        experiences = self._retrieve(task)
+        experiences = self._retrieve(task, seed)
         if isinstance(experiences, Trajectory):
             self.ctx.episodes.record(experiences, seed=seed)
             return
@@ -556,6 +594,27 @@ class Session:
         if str(self.cfg.eval.source_pool) == "all_types":
             hashes[POOL_SPLIT] = self.env.split_hash(POOL_SPLIT)
         return hashes
+
+    def _experience_field(self, state: dict[str, Any]) -> dict[str, Any]:
+        """``protocol.experience`` of an experiment's arm (and the poison it added), else
+        nothing: a protocol run's results read as before."""
+        settings = self.ctx.experience_control.settings
+        if settings.is_protocol():
+            return {}
+        return {"experience": {**settings.describe(),
+                               **({"poisoned": state["poisoned"]} if "poisoned" in state else {})}}
+
+    def _exported(self) -> dict[str, int] | None:
+        """Counts by kind of what the method's ``export`` hook hands over (None: it exports
+        nothing); a hook that fails is a violation, as ``state_size``'s."""
+        try:
+            exported = self.pm.hook.export(run=self.ctx)
+            items = checked_experiences("export", self.cfg.method.name, exported)
+        except Exception as exc:
+            self.ctx.violation(f"export of method '{self.cfg.method.name}' raised "
+                               f"{type(exc).__name__}: {exc}.")
+            return None
+        return None if exported is None else _kinds(items)
 
     def results(self) -> dict[str, Any]:
         cfg = self.cfg
@@ -616,6 +675,7 @@ class Session:
                 "env": dict(self.env.protocol_fields()),
                 "source_pool": str(cfg.eval.source_pool),
                 "eval_salt": self.salt.describe(),
+                **self._experience_field(state),
             },
             # How the standard solver laid out its prompts (a method's choice, so not a protocol
             # field; runs of different layouts never pool into one leaderboard row).
@@ -657,9 +717,18 @@ class Session:
                        # lines after those holes, whose links to the line before are not checked.
                        "damaged_lines": list(state.get("record_damaged", [])),
                        "breaks": list(state.get("record_breaks", []))},
+            "experiment": state.get("experiment"),
+            "exported": self._exported(),
             "started": state.get("started"),
             "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
+
+
+def _kinds(items: list[Experience]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for item in items:
+        counts[item.kind] = counts.get(item.kind, 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def run(

@@ -64,6 +64,8 @@ class ProtocolFields(_Closed):
     #: Where the test layouts came from (``eval.salt``): ``public``, or ``secret:``/``board:`` and a
     #: digest of the salt (absent in runs before salts: public).
     eval_salt: str | None = None
+    #: ``eval.experience`` where it is not the protocol's (an experiment's arm), else absent.
+    experience: dict[str, Any] | None = None
 
 
 class SolverFields(_Closed):
@@ -152,6 +154,10 @@ class Results(_Closed):
     state: StateFields
     provenance: Provenance
     record: Record | None = None
+    #: An experiment's arm (``arena experiment``): its name, arm, source run and what changed.
+    experiment: dict[str, Any] | None = None
+    #: What the method exports (its ``export`` hook): item counts by kind, or None: nothing.
+    exported: dict[str, int] | None = None
     started: str | None
     finished: str
 

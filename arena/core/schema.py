@@ -181,6 +181,8 @@ RULES: dict[str, Rule] = {
     "eval.max_steps": integer(1, MAX_STEPS, nullable=True),
     "eval.source_pool": choice("train", "all_types"),
     "eval.salt": Rule(lambda v: isinstance(v, str) and len(v) >= 1, "auto, public, secret or a board's own string"),
+    "eval.experience.source": choice("own", "other_type", "none"),
+    "eval.experience.poison": Rule(lambda v: _number(v) and 0.0 <= float(v) < 1.0, "a share in [0, 1)"),
     "eval.max_invalid_actions": integer(1, MAX_STEPS),
     "eval.concurrency": integer(1, 1024),
     "eval.sampling.temperature": number(0.0, 10.0),

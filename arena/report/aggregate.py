@@ -71,6 +71,11 @@ NO_WARMSTART = "none"
 ABSENT_AS = {WARMSTART_FIELD: NO_WARMSTART}
 
 
+#: The ``eval.experience`` settings an experiment's arm records, with the protocol's values
+#: (a field at its protocol value is left out, as on runs that never record it).
+EXPERIENCE_FIELDS: dict[str, Any] = {"source": "own", "poison": 0.0}
+
+
 def warmstart_of(run: Run) -> str:
     """``recipe@adapter-digest`` of the run's warm-start base, or ``none``."""
     warm = run.results.get("provenance", {}).get("model", {}).get("warmstart")
@@ -106,6 +111,10 @@ def protocol_of(run: Run) -> dict[str, Any]:
     warmstart = warmstart_of(run)
     if warmstart != NO_WARMSTART:  # absent otherwise, so boards made before keep their files
         fields[WARMSTART_FIELD] = warmstart
+    # An experiment's arm (arena experiment): what it changed about the learned experience.
+    for name, value in sorted((results.get("protocol", {}).get("experience") or {}).items()):
+        if name in EXPERIENCE_FIELDS and value != EXPERIENCE_FIELDS[name]:
+            fields[f"eval.experience.{name}"] = value
     for name, value in sorted(results.get("protocol", {}).get("env", {}).items()):
         fields[f"env.{name}"] = value
     for split, digest in sorted(provenance.get("split_hashes", {}).items()):

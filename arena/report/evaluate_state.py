@@ -11,10 +11,11 @@ plays every test episode itself. Settings that would change what was learned are
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 import arena
 from arena.core import integrity, provenance
@@ -31,27 +32,38 @@ class EvaluateError(ValueError):
     """The submitted run cannot be evaluated as asked (the message says why and what to do)."""
 
 
-def board_overrides(overrides: list[str]) -> dict[str, Any]:
-    """``key=value`` settings the board lays over the submitted config, each checked."""
+def board_overrides(overrides: list[str] | tuple[str, ...], allowed: tuple[str, ...] = BOARD_SETTINGS,
+                    what: str = "a board's") -> dict[str, Any]:
+    """``key=value`` settings laid over the submitted config, each checked against ``allowed``
+    (a key, or a section ending in a dot)."""
     chosen: dict[str, Any] = {}
     for item in overrides:
         key, sep, _ = item.partition("=")
         if not sep:
             raise EvaluateError(f"{item!r} is not key=value.")
-        if not any(key == s or (s.endswith(".") and key.startswith(s)) for s in BOARD_SETTINGS):
-            raise EvaluateError(f"{key} is not a board's to set: it would change what the submitted run "
-                                f"learned or how it was measured. A board may set: {', '.join(BOARD_SETTINGS)}.")
-        chosen[key] = OmegaConf.select(OmegaConf.from_dotlist([item]), key)
+        if not any(key == s or (s.endswith(".") and key.startswith(s)) for s in allowed):
+            raise EvaluateError(f"{key} is not {what} to set: it would change what the submitted run "
+                                f"learned or how it was measured. It may set: {', '.join(allowed)}.")
+        value = OmegaConf.select(OmegaConf.from_dotlist([item]), key)
+        chosen[key] = OmegaConf.to_container(value) if isinstance(value, (DictConfig, ListConfig)) else value
     return chosen
 
 
 def evaluate_state(run_dir: Path | str, out: Path | str, overrides: list[str], *,
                    plugins: Any = None) -> tuple[Path, dict[str, Any]]:
     """Evaluate the learned state of ``run_dir`` into the new run directory ``out``."""
-    from arena.core import protocol
-
     run_path, out = Path(run_dir), Path(out)
     settings = board_overrides(overrides)
+    prepare_evaluation(run_path, out, settings, record_as="evaluated_from")
+    return finish_evaluation(out, plugins)
+
+
+def prepare_evaluation(run_path: Path, out: Path, settings: dict[str, Any], *, record_as: str,
+                       new_keys: tuple[str, ...] = (), state_extra: dict[str, Any] | None = None) -> None:
+    """The new run directory ``out``: ``run_path``'s learned state with ``settings`` laid over
+    its config, ready to resume into evaluation. ``record_as`` names the provenance entry that
+    says where it came from; keys under a prefix in ``new_keys`` may be absent from the source's
+    config (settings added to Arena after it ran)."""
     if out.exists():
         raise EvaluateError(f"{out} exists; the board's evaluation needs a new folder (--out).")
     if not (run_path / RESULTS).is_file():
@@ -65,15 +77,24 @@ def evaluate_state(run_dir: Path | str, out: Path | str, overrides: list[str], *
         raise EvaluateError(f"cannot evaluate {run_path}: {exc}") from exc
     config = OmegaConf.load(out / CONFIG)
     for key, value in settings.items():
-        if OmegaConf.select(config, key, default=KeyError) is KeyError:
+        if OmegaConf.select(config, key, default=KeyError) is KeyError \
+                and not any(key.startswith(prefix) for prefix in new_keys):
+            shutil.rmtree(out)
             raise EvaluateError(f"{key} is not a setting of {run_path}'s config.")
-        OmegaConf.update(config, key, value)
+        OmegaConf.update(config, key, value, force_add=True)
     OmegaConf.save(config, out / CONFIG)
     state = read_json(out / STATE, "its state")
     state["config_sha256"] = integrity.file_sha256(out / CONFIG)
-    state.setdefault("provenance", {})["evaluated_from"] = {
+    state.setdefault("provenance", {})[record_as] = {
         "run": str(run_path.resolve()), "digest_before_eval": state.get("digest_before_eval"),
         "settings": settings, "arena_version": arena.__version__, "git_sha": provenance.git_sha()}
+    state.update(state_extra or {})
     write_json_atomic(out / STATE, state)
+
+
+def finish_evaluation(out: Path, plugins: Any = None) -> tuple[Path, dict[str, Any]]:
+    """Resume the prepared (or interrupted) evaluation in ``out`` to its end."""
+    from arena.core import protocol
+
     path, results = protocol.run(None, resume=out, plugins=plugins, allow_version_change=True)
     return Path(path), results

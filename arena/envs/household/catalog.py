@@ -336,6 +336,11 @@ TRANSFORM_OBJECTS: dict[str, frozenset[str]] = {
     CLEAN_AND_PLACE: CLEANABLE,
 }
 
+#: How an object is placed: ``move X to Y`` (ALFWorld 0.3 on, the world's own), or ``put X in/on Y``
+#: (ALFWorld's earlier grammar): a changed world for ``arena experiment stale``.
+MOVE_DIALECT, PUT_DIALECT = "move", "put"
+DIALECTS = (MOVE_DIALECT, PUT_DIALECT)
+
 HELP_TEXT = (
     "Available commands:\n"
     "  look:                             look around your current location\n"
@@ -352,3 +357,4 @@ HELP_TEXT = (
     "  cool (object) with (receptacle):  cool an object using a receptacle\n"
     "  slice (object) with (object):     slice an object using a sharp object"
 )
+PUT_HELP_TEXT = HELP_TEXT.replace("  move (object) to (receptacle):  ", "  put (object) in/on (receptacle):")

@@ -95,6 +95,7 @@ class HouseholdEnvironment(SaltedTestDraws, Environment):
         n_valid: int = 120,
         n_test: int = 120,
         level: str = HARD,
+        dialect: str = cat.MOVE_DIALECT,
     ) -> None:
         sizes = {
             TRAIN_SPLIT: n_train,
@@ -105,6 +106,10 @@ class HouseholdEnvironment(SaltedTestDraws, Environment):
         for split, size in sizes.items():
             if not 0 <= size <= MAX_SPLIT_SIZE:
                 raise ValueError(f"{split} size must be in [0, {MAX_SPLIT_SIZE}], got {size}")
+        if dialect not in cat.DIALECTS:
+            raise ValueError(f"env.dialect={dialect!r} is not one of {', '.join(cat.DIALECTS)}: "
+                             "move (`move X to Y`, the world's own) or put (`put X in/on Y`).")
+        self.dialect = dialect
         self.level = get_level(level).name
         self.seed = int(seed)
         self.sizes = sizes
@@ -139,9 +144,10 @@ class HouseholdEnvironment(SaltedTestDraws, Environment):
         return HOUSEHOLD_INSTRUCTIONS
 
     def protocol_fields(self) -> dict[str, object]:
-        return {"level": self.level}
+        # The dialect only where it is not the world's own, so earlier runs keep their fields.
+        return {"level": self.level, **({"dialect": self.dialect} if self.dialect != cat.MOVE_DIALECT else {})}
 
     def open(self, task: Task) -> HouseholdEpisode:
         if task.env != self.name:
             raise ValueError(f"task {task.task_id} belongs to env {task.env!r}, not {self.name!r}")
-        return HouseholdEpisode(task)
+        return HouseholdEpisode(task, self.dialect)

@@ -19,6 +19,7 @@ def make_household(cfg: Mapping[str, Any]) -> HouseholdEnvironment:
         n_valid=int(cfg.get("n_valid", defaults.sizes["valid"])),
         n_test=int(cfg.get("n_test", defaults.sizes["test_seen"])),
         level=str(cfg.get("level", defaults.level)),
+        dialect=str(cfg.get("dialect", defaults.dialect)),
     )
 
 

@@ -165,9 +165,10 @@ def compiled_for(task: Task) -> CompiledWorld:
 class HouseholdEpisode(Episode):
     """One game in a household room. ``reset`` first; every command answers as ALFWorld does."""
 
-    def __init__(self, task: Task) -> None:
+    def __init__(self, task: Task, dialect: str = cat.MOVE_DIALECT) -> None:
         self.task = task
         self.world = compiled_for(task)
+        self.dialect = dialect
         self.reset()
 
     # -- state ----------------------------------------------------------------------------
@@ -221,7 +222,9 @@ class HouseholdEpisode(Episode):
                 held_name = world.layout.objects[held]
                 commands["examine " + held_name] = (_EXAMINE_OBJECT, held)
                 if visible:
-                    commands[f"move {held_name} to {name}"] = (_MOVE, held)
+                    place = (f"move {held_name} to {name}" if self.dialect == cat.MOVE_DIALECT
+                             else f"put {held_name} in/on {name}")
+                    commands[place] = (_MOVE, held)
                 code = world.appliance[here]
                 if code >= 0 and code in world.can_transform[held]:
                     commands[f"{_TRANSFORM_VERB[code]} {held_name} with {name}"] = (code, held)
@@ -256,7 +259,7 @@ class HouseholdEpisode(Episode):
             elif command == "inventory":
                 text = self._inventory()
             elif command == "help":
-                text = cat.HELP_TEXT
+                text = cat.HELP_TEXT if self.dialect == cat.MOVE_DIALECT else cat.PUT_HELP_TEXT
             else:
                 text = NOTHING_HAPPENS
         reward = 0.0
@@ -296,6 +299,8 @@ class HouseholdEpisode(Episode):
             insort(self.contents[here], arg)
             self.where[arg] = here
             self.held = -1
+            if self.dialect == cat.PUT_DIALECT:
+                return f"You put the {objects[arg]} in/on the {here_name}."
             return f"You move the {objects[arg]} to the {here_name}."
         if code == _OPEN:
             self.opened[here] = True

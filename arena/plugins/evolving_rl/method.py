@@ -396,10 +396,15 @@ class EvolvingRL:
         """Paired evaluation with a skill extracted from the most similar train task."""
         if run.phase != EVALUATE or self.cfg.mode == "grpo" or not self.cfg.eval_with_skill:
             return None  # the harness's standard solver
+        # The task whose experience to bring: ``task``, except under `arena experiment relevance`
+        # (another type's test task, or none: then the harness's standard solver, no card).
+        target = run.experience_task(task)
+        if target is None:
+            return None
         run_seed = run.current_seed()
         # The train tasks the protocol opens at test time (eval.source_pool: the train split, or
         # train tasks of every type as the authors' pool).
-        (source_task,) = most_similar(run, [task], run.source_pool(), 1)[0]
+        (source_task,) = most_similar(run, [target], run.source_pool(), 1)[0]
         # The source episode is played as in learning (learn.max_steps), so the extractor reads
         # the kind of trajectory it was trained on.
         source_steps = self.cfg.eval_source_max_steps or run.cfg.learn.get("max_steps")

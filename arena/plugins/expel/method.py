@@ -432,6 +432,11 @@ class ExpeL:
         return run.play_policy(task, policy, experiences)
 
     @arena.hookimpl
+    def export(self, run: Run) -> list[Experience]:
+        """The insights and the successful trajectories it shows as examples."""
+        return (run.store.all(kind=INSIGHT) + run.store.all(kind=TRAJECTORY)) if run.store_exists() else []
+
+    @arena.hookimpl
     def state_size(self, run: Run) -> dict[str, Any]:
         state = self._state(run)
         critique = state["critique"]

@@ -166,6 +166,11 @@ class Mem0:
         return [memory for memory, _ in found]
 
     @arena.hookimpl
+    def export(self, run: Run) -> list[Experience]:
+        """The memories (facts) as stored after the last ADD/UPDATE/DELETE."""
+        return (run.store.all(kind=MEMORY)) if run.store_exists() else []
+
+    @arena.hookimpl
     def state_size(self, run: Run) -> dict[str, Any]:
         if not run.store_exists():
             return {"memories": 0}

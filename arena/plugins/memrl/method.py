@@ -267,6 +267,11 @@ class MemRL:
     # -- reporting --------------------------------------------------------------------------
 
     @arena.hookimpl
+    def export(self, run: Run) -> list[Experience]:
+        """The memories with their Q-values (intents are only their keys)."""
+        return (run.store.all(kind=MEMORY)) if run.store_exists() else []
+
+    @arena.hookimpl
     def state_size(self, run: Run) -> dict[str, Any]:
         if not run.store_exists():
             return {"intents": 0, "memories": 0}

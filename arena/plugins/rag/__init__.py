@@ -78,6 +78,11 @@ class Rag:
         return [experience for experience, _ in found]
 
     @arena.hookimpl
+    def export(self, run: Run) -> list[Experience]:
+        """The stored trajectories: retrieved by goal, read by any model."""
+        return (run.store.all(kind=TRAJECTORY)) if run.store_exists() else []
+
+    @arena.hookimpl
     def state_size(self, run: Run) -> dict[str, Any]:
         if not run.store_exists():
             return {"trajectories": 0}

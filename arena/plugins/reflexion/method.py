@@ -206,6 +206,11 @@ class Reflexion:
         return [experience for experience, _ in found]
 
     @arena.hookimpl
+    def export(self, run: Run) -> list[Experience]:
+        """The reflections learned on train."""
+        return (run.store.all(kind=REFLECTION)) if run.store_exists() else []
+
+    @arena.hookimpl
     def state_size(self, run: Run) -> dict[str, Any]:
         outcomes = self._state(run)["outcomes"]
         return {

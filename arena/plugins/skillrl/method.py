@@ -76,7 +76,7 @@ from arena.plugins.skillrl.settings import (
     VISIBLE_TO_ALL,
     SkillRLSettings,
 )
-from arena.plugins.skillrl.skillbank import GENERAL, SkillBank, sync_store
+from arena.plugins.skillrl.skillbank import GENERAL, MISTAKE, SKILL, SkillBank, sync_store
 
 COLLECT, DISTILL, SFT, RL, DONE = "collect", "distill", "sft", "rl", "done"
 SOLVER = "solver"
@@ -567,6 +567,11 @@ class SkillRL:
         """The standard constrained choice, with the skills shown from ``inject_from_step`` on."""
         policy = self._policy(run, run.llm, task, experiences, seed)
         return run.play_policy(task, policy, experiences)
+
+    @arena.hookimpl
+    def export(self, run: Run) -> list[Experience]:
+        """The SkillBank (skills and mistakes); its fine-tuned weights stay with the model."""
+        return (run.store.all(kind=SKILL) + run.store.all(kind=MISTAKE)) if run.store_exists() else []
 
     @arena.hookimpl
     def state_size(self, run: Run) -> dict[str, Any]:

@@ -1,0 +1,218 @@
+"""``arena experiment NAME RUN_DIR``: the experiments papers make claims with, over a finished run.
+
+Each experiment evaluates the run's learned state again, once per *arm*, each arm a run directory
+of its own under ``--out`` (made as ``arena evaluate --state`` makes one: learning is not rerun,
+the state must hash to what learning ended with, the harness plays every test episode). The arms
+differ from their control in one factor only, which the harness applies:
+
+* ``relevance``: ``own`` (what the method retrieves for the task: control), ``other_type`` (what it
+  would retrieve for a test task of another type) and ``none`` (``eval.experience.source``);
+* ``poison``: the store with a share of poison items, ``poison-0`` the clean control
+  (``eval.experience.poison``);
+* ``stale``: the learned world and a changed one (``--change env.KEY=VALUE``: household's
+  ``env.dialect=put``, ALFWorld's earlier ``put X in/on Y`` for ``move X to Y``), each with and
+  without the experience: the drop, and whether stale experience still helps;
+* ``transfer``: another model (``--model llm.KEY=VALUE ...``) with the learned experience (``with``)
+  beside the same model without it (``without``: control). The method must export something
+  (its ``export`` hook): a method whose learning is its weights has nothing another model can read.
+
+``OUT/experiment.json`` holds the plan and, once every arm has finished, each arm against its
+control (the plan's pairs) per split and per task type: exact paired test and paired bootstrap interval
+(``arena.report.compare``), and the protocol fields the arms differ in besides the factor (none,
+or they are named). Running the command again on the same ``--out`` resumes unfinished arms.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from arena.core.rundir import RESULTS, read_json, write_json_atomic
+from arena.report.compare import compare_runs, compare_split, paired_outcomes
+from arena.report.evaluate_state import (
+    BOARD_SETTINGS,
+    EvaluateError,
+    board_overrides,
+    finish_evaluation,
+    prepare_evaluation,
+)
+from arena.report.runs import PRIMARY_VARIANT, ReportError, Run, load_run
+
+EXPERIMENT_FILE = "experiment.json"
+EXPERIENCE = "eval.experience."
+#: Experiments that are built, and those the issue names that are not yet (said when asked for).
+NAMES = ("relevance", "poison", "transfer", "stale")
+NOT_YET = {"conflict": "a second learning phase on a changed world, which the protocol does not run yet"}
+#: Environment settings that define the tasks themselves: a change of them is not a changed world.
+TASK_DEFINING = ("name", "seed", "n_train", "n_valid", "n_test", "level")
+DEFAULT_FRACTIONS = (0.0, 0.1, 0.3)
+
+
+class ExperimentError(ValueError):
+    """The experiment cannot run as asked (the message says why and what to do)."""
+
+
+@dataclass
+class Arm:
+    name: str
+    settings: dict[str, Any]
+
+
+@dataclass
+class Plan:
+    name: str
+    source: str
+    arms: list[Arm]
+    #: (arm, its control) pairs compared.
+    pairs: list[tuple[str, str]]
+    #: The protocol fields the factor changes (arena.report.aggregate.protocol_of's names).
+    factor: list[str]
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def make_plan(name: str, source: Path, *, fractions: tuple[float, ...] = DEFAULT_FRACTIONS,
+              model: tuple[str, ...] = (), change: tuple[str, ...] = (),
+              board: tuple[str, ...] = ()) -> Plan:
+    """The arms of experiment ``name`` over ``source``; ``board``: ``key=value`` evaluation
+    settings every arm shares (``arena evaluate``'s: seeds, salt, concurrency, splits)."""
+    if name in NOT_YET:
+        raise ExperimentError(f"`arena experiment {name}` is not built yet: it needs {NOT_YET[name]}. "
+                              f"Built: {', '.join(NAMES)}.")
+    if name not in NAMES:
+        raise ExperimentError(f"Unknown experiment {name!r}. Choose one of {', '.join(NAMES)}.")
+    shared = _settings(board, allowed=BOARD_SETTINGS, what="--set")
+    own, none = {f"{EXPERIENCE}source": "own"}, {f"{EXPERIENCE}source": "none"}
+    if name == "relevance":
+        arms = [Arm(value, {**shared, f"{EXPERIENCE}source": value}) for value in ("own", "other_type", "none")]
+        return Plan(name, str(source), arms, [("other_type", "own"), ("none", "own")],
+                    [f"{EXPERIENCE}source"])
+    if name == "poison":
+        if 0.0 not in fractions:
+            fractions = (0.0, *fractions)
+        if any(not 0.0 <= f < 1.0 for f in fractions):
+            raise ExperimentError(f"--fraction takes shares in [0, 1); got {', '.join(map(str, fractions))}.")
+        arms = [Arm(f"poison-{f:g}", {**shared, f"{EXPERIENCE}poison": f}) for f in sorted(set(fractions))]
+        return Plan(name, str(source), arms, [(arm.name, "poison-0") for arm in arms[1:]],
+                    [f"{EXPERIENCE}poison"], {"fractions": sorted(set(fractions))})
+    if name == "stale":
+        changed = _settings(change, allowed=("env.",), what="--change")
+        fixed = [key for key in changed if key.split(".", 1)[1] in TASK_DEFINING]
+        if not changed or fixed:
+            raise ExperimentError("stale needs a change of the world that keeps its tasks: --change "
+                                  "env.KEY=VALUE (e.g. --change env.dialect=put on household)"
+                                  + (f"; {', '.join(fixed)} would change the tasks themselves" if fixed else "")
+                                  + ".")
+        arms = [Arm("learned_world", {**shared, **own}), Arm("learned_world_none", {**shared, **none}),
+                Arm("changed_world", {**shared, **changed, **own}),
+                Arm("changed_world_none", {**shared, **changed, **none})]
+        return Plan(name, str(source), arms,
+                    [("changed_world", "learned_world"), ("learned_world", "learned_world_none"),
+                     ("changed_world", "changed_world_none")],
+                    [*changed, f"{EXPERIENCE}source"], {"change": changed})
+    target = _settings(model, allowed=("llm.",), what="--model")
+    if not target:
+        raise ExperimentError("transfer needs the model to transfer to: --model llm.KEY=VALUE (e.g. "
+                              "--model llm.warmstart=null for the embedded model as shipped, or "
+                              "--model llm.model=PATH).")
+    exported = read_json(source / RESULTS, "its results").get("exported", "unknown")
+    if exported is None:
+        raise ExperimentError(f"{source}'s method exports nothing (its export hook returned None): what "
+                              "it learned is not text another model can read (its weights, say). "
+                              "Transfer the experience of a method that exports some.")
+    arms = [Arm("with", {**shared, **target, **own}), Arm("without", {**shared, **target, **none})]
+    return Plan(name, str(source), arms, [("with", "without")], [f"{EXPERIENCE}source"], {"model": target})
+
+
+def _settings(items: tuple[str, ...], *, allowed: tuple[str, ...], what: str) -> dict[str, Any]:
+    try:
+        return board_overrides(items, allowed, what=f"{what}'s")
+    except EvaluateError as exc:
+        raise ExperimentError(f"{exc} An experiment changes one factor only.") from exc
+
+
+def run_experiment(plan: Plan, out: Path | str, *, plugins: Any = None) -> dict[str, Any]:
+    """Every arm of ``plan`` into ``out`` (resuming those begun), then the paired summary."""
+    out, source = Path(out), Path(plan.source)
+    planned = {"experiment": plan.name, "source": str(source.resolve()),
+               "pairs": [list(pair) for pair in plan.pairs], "factor": plan.factor, "options": plan.options,
+               "arms": {arm.name: arm.settings for arm in plan.arms}}
+    summary_file = out / EXPERIMENT_FILE
+    if summary_file.is_file():
+        before = read_json(summary_file, "its experiment file")
+        if {k: before.get(k) for k in planned} != json.loads(json.dumps(planned)):
+            raise ExperimentError(f"{out} holds another experiment ({before.get('experiment')} over "
+                                  f"{before.get('source')}): give a new --out.")
+    elif out.exists() and any(out.iterdir()):
+        raise ExperimentError(f"{out} exists and is not an experiment's folder: give a new --out.")
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(summary_file, planned)
+    for arm in plan.arms:
+        folder = out / arm.name
+        if (folder / RESULTS).is_file():
+            continue
+        if not folder.exists():
+            mark = {"name": plan.name, "arm": arm.name, "source_run": str(source.resolve()),
+                    "settings": arm.settings}
+            try:
+                prepare_evaluation(source, folder, arm.settings, record_as="experiment_of",
+                                   new_keys=(EXPERIENCE, "llm.", "env."), state_extra={"experiment": mark})
+            except EvaluateError as exc:
+                raise ExperimentError(str(exc)) from exc
+        finish_evaluation(folder, plugins)
+    summary = {**planned, "comparisons": summarise(plan, out)}
+    write_json_atomic(summary_file, summary)
+    return summary
+
+
+@dataclass
+class ArmComparison:
+    arm: str
+    control: str
+    split: str
+    task_type: str  # "all", or one type
+    pairs: int
+    success_arm: float
+    success_control: float
+    difference: float
+    ci95: tuple[float, float]
+    p_value: float
+    #: Protocol fields the arm differs in from its control besides the factor (should be none).
+    other_differences: list[str]
+
+
+def summarise(plan: Plan, out: Path) -> list[dict[str, Any]]:
+    """Each (arm, control) pair of the plan, per split and per task type."""
+    runs = {arm.name: load_run(out / arm.name, verification=False) for arm in plan.arms}
+    rows = []
+    for name, control_name in plan.pairs:
+        run, control = runs[name], runs[control_name]
+        overall = compare_runs(run, control, allow_mixed=True)
+        others = [f for f in overall["mixed_fields"] if f not in plan.factor]
+        pairs = paired_outcomes(run, control, PRIMARY_VARIANT, PRIMARY_VARIANT)
+        types = _task_types(run)
+        for split, split_pairs in pairs.items():
+            by_type: dict[str, list[tuple[str, int, bool, bool]]] = defaultdict(list)
+            for pair in split_pairs:
+                by_type[types[pair[0]]].append(pair)
+            for task_type, chosen in [("all", split_pairs), *sorted(by_type.items())]:
+                compared = compare_split(split, chosen)
+                rows.append(asdict(ArmComparison(
+                    arm=name, control=control_name, split=split, task_type=task_type,
+                    pairs=compared.pairs, success_arm=compared.success_a,
+                    success_control=compared.success_b, difference=compared.difference,
+                    ci95=compared.ci95, p_value=compared.p_value, other_differences=others)))
+    return rows
+
+
+def _task_types(run: Run) -> dict[str, str]:
+    return {record.task_id: record.task_type for record in run.evaluated()}
+
+
+def load_experiment(out: Path | str) -> dict[str, Any]:
+    path = Path(out) / EXPERIMENT_FILE
+    if not path.is_file():
+        raise ReportError(f"{out} has no {EXPERIMENT_FILE}: it is not an `arena experiment` folder.")
+    return read_json(path, "its experiment file")

@@ -1,0 +1,211 @@
+"""``arena experiment``: each arm changes one factor of what a learned method is given, applied
+by the harness; arms pair with their control per split and task type."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+import arena
+from arena.cli import cli
+from arena.core import protocol
+from arena.report.experiments import ExperimentError, make_plan, run_experiment
+from arena.report.runs import load_run
+from tests.test_protocol import register
+
+NOTE = "note"
+
+
+class TypeNotes:
+    """Learns one note per train task type ("type T"), stored with that type; retrieves the
+    notes of the asked task's type. What it is shown says whose experience it got."""
+
+    def __init__(self, run: arena.Run) -> None:
+        self.run = run
+
+    @arena.hookimpl
+    def learn(self, run: arena.Run) -> None:
+        first: dict[str, arena.Task] = {}
+        for task in run.tasks("train"):
+            first.setdefault(task.task_type, task)
+        run.store.add([arena.Experience(kind=NOTE, text=f"type {t}", metadata={"task_type": t},
+                                        provenance=arena.Provenance((task.task_id,), "train"))
+                       for t, task in first.items()])
+
+    @arena.hookimpl
+    def retrieve(self, run: arena.Run, task: arena.Task) -> list[arena.Experience]:
+        return run.store.all(kind=NOTE, where={"task_type": task.task_type})
+
+    @arena.hookimpl
+    def export(self, run: arena.Run) -> list[arena.Experience]:
+        return run.store.all(kind=NOTE)
+
+
+class NotesInSolve(TypeNotes):
+    """The same notes, looked up inside ``solve`` (as Evolving-RL picks its source game), for
+    the task ``run.experience_task`` names."""
+
+    @arena.hookimpl
+    def retrieve(self, run: arena.Run, task: arena.Task) -> list[arena.Experience]:
+        return []
+
+    @arena.hookimpl
+    def solve(self, run: arena.Run, task: arena.Task, experiences: list[arena.Experience],
+              seed: int) -> arena.Trajectory:
+        source = run.experience_task(task)
+        found = [] if source is None else run.store.all(kind=NOTE, where={"task_type": source.task_type})
+        return run.standard_solve(task, found, seed)
+
+
+@pytest.fixture
+def learned(plugins, fast, tmp_path):
+    """A finished run of TypeNotes and of NotesInSolve (no learning episodes: the notes are
+    written by ``learn`` itself)."""
+    register(plugins, type_notes=TypeNotes, notes_in_solve=NotesInSolve)
+    paths = {}
+    for name in ("type_notes", "notes_in_solve"):
+        path, results = protocol.run(name, overrides=fast + ["eval.limit=6", "eval.max_steps=3"],
+                                     out=tmp_path / name, plugins=plugins)
+        assert results["valid"], results["violations"]
+        assert results["exported"] == {NOTE: results["state"]["memory_items"]}
+        paths[name] = path
+    return paths
+
+
+def shown_types(arm_path):
+    """(played task type, [types of the notes it was shown]) per test episode of an arm."""
+    from arena.core.store import stored_experiences
+
+    notes = {e.experience_id: e.text.removeprefix("type ") for e in stored_experiences(arm_path / "store")}
+    shown = []
+    for line in (arm_path / "trajectories.jsonl").read_text().splitlines():
+        trajectory = json.loads(line)
+        if trajectory["key"][0] == "evaluate":
+            shown.append((trajectory["task"]["task_type"], [notes[i] for i in trajectory["experience_ids"]]))
+    assert shown
+    return shown
+
+
+@pytest.mark.parametrize("method", ["type_notes", "notes_in_solve"])
+def test_relevance_gives_own_another_types_or_no_experience(learned, plugins, tmp_path, method):
+    plan = make_plan("relevance", learned[method])
+    summary = run_experiment(plan, tmp_path / "relevance", plugins=plugins)
+    arms = {arm: tmp_path / "relevance" / arm for arm in ("own", "other_type", "none")}
+    # Notes exist for train's types only (test_unseen's types have none of their own).
+    own, other, none = (shown_types(arms[arm]) for arm in ("own", "other_type", "none"))
+    assert all(x == played for played, t in own for x in t) and sum(map(bool, (t for _, t in own))) >= 3
+    assert all(x != played for played, t in other for x in t) and sum(map(bool, (t for _, t in other))) >= 3
+    assert all(t == [] for _, t in none)
+    for arm, path in arms.items():
+        run = load_run(path)
+        assert run.results["valid"], run.results["violations"]
+        assert run.results["experiment"]["name"] == "relevance"
+        assert run.results["experiment"]["arm"] == arm
+        assert run.results["learn"]["used"] == load_run(learned[method]).results["learn"]["used"]
+    assert load_run(arms["own"]).results["protocol"].get("experience") is None  # the protocol
+    assert load_run(arms["none"]).results["protocol"]["experience"]["source"] == "none"
+    rows = summary["comparisons"]
+    assert {(r["arm"], r["control"]) for r in rows} == {("other_type", "own"), ("none", "own")}
+    assert all(r["other_differences"] == [] for r in rows)  # the factor is the only difference
+    splits = {r["split"] for r in rows}
+    types = {r["task_type"] for r in rows} - {"all"}
+    assert splits == {"test_seen", "test_unseen"} and len(types) >= 2
+    for row in rows:  # per type rows add up to the split's
+        if row["task_type"] == "all":
+            parts = [r for r in rows if r["arm"] == row["arm"] and r["split"] == row["split"]
+                     and r["task_type"] != "all"]
+            assert sum(p["pairs"] for p in parts) == row["pairs"]
+
+
+def test_poison_adds_a_share_of_other_types_notes_under_learned_keys(learned, plugins, tmp_path):
+    plan = make_plan("poison", learned["type_notes"], fractions=(0.5,))
+    assert [arm.name for arm in plan.arms] == ["poison-0", "poison-0.5"]
+    run_experiment(plan, tmp_path / "poison", plugins=plugins)
+    clean, poisoned = (load_run(tmp_path / "poison" / arm) for arm in ("poison-0", "poison-0.5"))
+    assert poisoned.results["valid"], poisoned.results["violations"]
+    record = poisoned.results["protocol"]["experience"]["poisoned"]
+    items = clean.results["state"]["memory_items"]
+    assert record["clean_items"] == items and record["poison_items"] == items  # half the store
+    assert record["from_another_type"] == record["poison_items"]
+    assert poisoned.results["state"]["memory_items"] == 2 * items
+    assert record["digest_clean"] == clean.results["state"]["digest_before_eval"]
+    assert poisoned.results["state"]["digest_before_eval"] != record["digest_clean"]
+    # Found where the learned note would be: episodes are shown their own type's note and poison.
+    misled = [t for played, t in shown_types(tmp_path / "poison" / "poison-0.5") if any(x != played for x in t)]
+    assert misled
+    assert all(x == played for played, t in shown_types(tmp_path / "poison" / "poison-0") for x in t)
+    from arena.core.store import stored_experiences
+    assert not any("poison" in e.experience_id for e in stored_experiences(tmp_path / "poison" / "poison-0.5" / "store"))
+
+
+def test_transfer_evaluates_another_model_with_and_without_the_experience(learned, plugins, tmp_path):
+    plan = make_plan("transfer", learned["type_notes"], model=("llm.reply=Another model.",))
+    summary = run_experiment(plan, tmp_path / "transfer", plugins=plugins)
+    for arm in ("with", "without"):
+        run = load_run(tmp_path / "transfer" / arm)
+        assert run.results["valid"], run.results["violations"]
+        assert run.config["llm"]["reply"] == "Another model."
+    assert any(t for _, t in shown_types(tmp_path / "transfer" / "with"))
+    assert all(t == [] for _, t in shown_types(tmp_path / "transfer" / "without"))
+    assert {r["arm"] for r in summary["comparisons"]} == {"with"}
+
+
+def test_stale_plays_the_same_tasks_in_a_changed_world_with_and_without_experience(learned, plugins, tmp_path):
+    plan = make_plan("stale", learned["type_notes"], change=("env.dialect=put",))
+    summary = run_experiment(plan, tmp_path / "stale", plugins=plugins)
+    runs = {arm.name: load_run(tmp_path / "stale" / arm.name) for arm in plan.arms}
+    assert all(run.results["valid"] for run in runs.values())
+    assert runs["changed_world"].results["protocol"]["env"]["dialect"] == "put"
+    assert "dialect" not in runs["learned_world"].results["protocol"]["env"]
+    assert {(r["arm"], r["control"]) for r in summary["comparisons"]} == {
+        ("changed_world", "learned_world"), ("learned_world", "learned_world_none"),
+        ("changed_world", "changed_world_none")}
+    assert all(r["other_differences"] == [] for r in summary["comparisons"])  # same tasks
+    assert runs["changed_world_none"].config["env"]["dialect"] == "put"
+
+
+def test_transfer_refuses_a_method_that_exports_nothing(plugins, fast, tmp_path):
+    path, results = protocol.run("base", overrides=fast + ["eval.limit=2"], out=tmp_path / "base",
+                                 plugins=plugins)
+    assert results["exported"] is None
+    with pytest.raises(ExperimentError, match="exports nothing"):
+        make_plan("transfer", path, model=("llm.reply=x",))
+
+
+def test_an_experiment_is_resumed_and_refuses_bad_requests(learned, plugins, tmp_path):
+    source = learned["type_notes"]
+    with pytest.raises(ExperimentError, match="not built yet"):
+        make_plan("conflict", source)
+    with pytest.raises(ExperimentError, match="would change the tasks"):
+        make_plan("stale", source, change=("env.level=hard",))
+    with pytest.raises(ExperimentError, match="Unknown experiment"):
+        make_plan("relevence", source)
+    with pytest.raises(ExperimentError, match="not --set's to set"):
+        make_plan("relevance", source, board=("learn.budget.episodes=5",))
+    with pytest.raises(ExperimentError, match="needs the model"):
+        make_plan("transfer", source)
+    out = tmp_path / "relevance"
+    plan = make_plan("relevance", source, board=("run.seeds=[1]",))
+    first = run_experiment(plan, out, plugins=plugins)
+    assert load_run(out / "none").seeds == [1]
+    (out / "none" / "results.json").unlink()  # an arm interrupted before its end
+    again = run_experiment(plan, out, plugins=plugins)
+    assert again["comparisons"] == first["comparisons"]
+    with pytest.raises(ExperimentError, match="another experiment"):
+        run_experiment(make_plan("poison", source), out, plugins=plugins)
+
+
+def test_the_command_prints_each_arm_against_its_control(learned, tmp_path, monkeypatch):
+    """The CLI on a built-in method (rag's trajectories are what it retrieves)."""
+    from arena.testing import run_method
+
+    run = run_method("rag", ["eval.limit=4", "learn.budget.episodes=4", "learn.max_steps=4"],
+                     out=tmp_path / "rag")
+    result = CliRunner().invoke(cli, ["experiment", "relevance", str(run.path), "--out",
+                                      str(tmp_path / "exp")])
+    assert result.exit_code == 0, result.output
+    assert "other_type" in result.output and "p = " in result.output
+    refused = CliRunner().invoke(cli, ["experiment", "conflict", str(run.path), "--out", str(tmp_path / "c")])
+    assert refused.exit_code != 0 and "not built yet" in refused.output
