@@ -100,6 +100,18 @@ def test_gigpo_end_to_end_on_the_tiny_model(plugins, tmp_path) -> None:
     assert results["valid"] is True and results["state"]["method"]["trainable_parameters"] > 0
 
 
+@pytest.mark.slow
+def test_gigpo_runs_isolated_with_its_held_out_curve(plugins, tmp_path) -> None:
+    """As the board runs it: the held-out check sends its sampling (a config section) from the
+    worker, which must arrive as plain data."""
+    path, results = protocol.run("gigpo", overrides=[*TINY_GIGPO, "run.isolation=process", "eval.salt=public",
+                                                     "method.valid_every=1", "method.valid_tasks=1"],
+                                 out=tmp_path / "g", plugins=plugins)
+    assert results["valid"] is True and results["provenance"]["isolation"]["mode"] == "process"
+    held_out = [json.loads(line)["metrics"] for line in (path / "metrics.jsonl").read_text().splitlines()]
+    assert any("valid_success" in m for m in held_out)
+
+
 class Killed(BaseException):
     """Stands in for SIGKILL: not an Exception, so nothing on the way catches it."""
 

@@ -554,13 +554,14 @@ def test_plugin_registers_household_with_its_config() -> None:
     assert config.is_file() and kwargs["description"]
     defaults = OmegaConf.load(config)
     assert dict(defaults) == {
-        "seed": 0, "n_train": 1200, "n_valid": 120, "n_test": 120, "level": "hard"
+        "seed": 0, "n_train": 1200, "n_valid": 120, "n_test": 120, "level": "hard", "dialect": "move"
     }
     env = factory(OmegaConf.merge(defaults, {"seed": 2, "n_test": 5}))
     assert isinstance(env, HouseholdEnvironment)
     assert env.seed == 2 and len(env.tasks("test_unseen")) == 5
     assert make_household({}).sizes == HouseholdEnvironment().sizes
     assert make_household({"level": "easy"}).level == "easy"
+    assert make_household({"dialect": "put"}).dialect == "put"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -90,7 +90,7 @@ class PoisonItem:
 def poison_count(clean: int, fraction: float) -> int:
     """Items to add so that they are ``fraction`` of the poisoned store."""
     if not 0.0 <= fraction < 1.0:
-        raise ValueError(f"eval.experience.poison={fraction} is not in [0, 1).")
+        raise ValueError(f"{fraction} is not a share in [0, 1).")
     return round(clean * fraction / (1.0 - fraction))
 
 
@@ -102,6 +102,7 @@ def poison_items(items: list[Experience], embeddings: Mapping[str, list[float]],
     other item of that kind where types are unknown). Deterministic in ``seed``."""
     rng = random.Random(f"poison|{seed}")
     wanted = poison_count(len(items), fraction)
+    types = {item.experience_id: task_type_of(item) for item in items}
     by_kind: dict[str, list[Experience]] = {}
     for item in items:
         by_kind.setdefault(item.kind, []).append(item)
@@ -115,10 +116,9 @@ def poison_items(items: list[Experience], embeddings: Mapping[str, list[float]],
         if not order:
             order = rng.sample(victims, len(victims))
         victim = order.pop()
-        victim_type = task_type_of(victim)
         same_kind = [e for e in by_kind[victim.kind] if e.experience_id != victim.experience_id]
         other_type = [e for e in same_kind
-                      if task_type_of(e) is not None and task_type_of(e) != victim_type]
+                      if types[e.experience_id] not in (None, types[victim.experience_id])]
         donor = rng.choice(other_type or same_kind)
         copy = Experience(kind=victim.kind, text=donor.text, metadata=dict(victim.metadata),
                           provenance=Provenance(source_task_ids=victim.provenance.source_task_ids,

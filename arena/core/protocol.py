@@ -19,6 +19,7 @@ import json
 import shutil
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -614,7 +615,7 @@ class Session:
             self.ctx.violation(f"export of method '{self.cfg.method.name}' raised "
                                f"{type(exc).__name__}: {exc}.")
             return None
-        return None if exported is None else _kinds(items)
+        return None if exported is None else dict(sorted(Counter(item.kind for item in items).items()))
 
     def results(self) -> dict[str, Any]:
         cfg = self.cfg
@@ -722,13 +723,6 @@ class Session:
             "started": state.get("started"),
             "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
-
-
-def _kinds(items: list[Experience]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for item in items:
-        counts[item.kind] = counts.get(item.kind, 0) + 1
-    return dict(sorted(counts.items()))
 
 
 def run(

@@ -52,6 +52,12 @@ class EpisodeRequest:
     #: Who plays it: None, the method's ``solve``; ``"standard"``; or a policy of the method's.
     policy: PolicyChoice = None
 
+    def __post_init__(self) -> None:
+        # Plain data, whatever mapping was given (``run.cfg.eval.sampling`` is a config section),
+        # so a request crosses to the harness from an isolated worker as it is.
+        if self.sampling is not None:
+            self.sampling = {str(key): float(value) for key, value in self.sampling.items()}
+
 
 class Store(Protocol):
     """``run.store``: the experience store as a method sees it (writes refused when frozen)."""

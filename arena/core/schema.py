@@ -21,6 +21,8 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from arena.core.experience_controls import SOURCES
+
 
 class ConfigValueError(ValueError):
     """A config key has a value outside what it accepts; the message names key and values."""
@@ -181,7 +183,7 @@ RULES: dict[str, Rule] = {
     "eval.max_steps": integer(1, MAX_STEPS, nullable=True),
     "eval.source_pool": choice("train", "all_types"),
     "eval.salt": Rule(lambda v: isinstance(v, str) and len(v) >= 1, "auto, public, secret or a board's own string"),
-    "eval.experience.source": choice("own", "other_type", "none"),
+    "eval.experience.source": choice(*SOURCES),
     "eval.experience.poison": Rule(lambda v: _number(v) and 0.0 <= float(v) < 1.0, "a share in [0, 1)"),
     "eval.max_invalid_actions": integer(1, MAX_STEPS),
     "eval.concurrency": integer(1, 1024),

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from arena.core import stats
+from arena.core.experience_controls import ExperienceSettings
 from arena.report.runs import PRIMARY_VARIANT, ReportError, Run
 
 #: Config keys that may differ between the runs pooled into one row (everything else must match):
@@ -73,7 +74,7 @@ ABSENT_AS = {WARMSTART_FIELD: NO_WARMSTART}
 
 #: The ``eval.experience`` settings an experiment's arm records, with the protocol's values
 #: (a field at its protocol value is left out, as on runs that never record it).
-EXPERIENCE_FIELDS: dict[str, Any] = {"source": "own", "poison": 0.0}
+EXPERIENCE_FIELDS: dict[str, Any] = ExperienceSettings().describe()
 
 
 def warmstart_of(run: Run) -> str:

@@ -39,7 +39,7 @@ from arena.report.evaluate_state import (
     finish_evaluation,
     prepare_evaluation,
 )
-from arena.report.runs import PRIMARY_VARIANT, ReportError, Run, load_run
+from arena.report.runs import PRIMARY_VARIANT, Run, load_run
 
 EXPERIMENT_FILE = "experiment.json"
 EXPERIENCE = "eval.experience."
@@ -209,10 +209,3 @@ def summarise(plan: Plan, out: Path) -> list[dict[str, Any]]:
 
 def _task_types(run: Run) -> dict[str, str]:
     return {record.task_id: record.task_type for record in run.evaluated()}
-
-
-def load_experiment(out: Path | str) -> dict[str, Any]:
-    path = Path(out) / EXPERIMENT_FILE
-    if not path.is_file():
-        raise ReportError(f"{out} has no {EXPERIMENT_FILE}: it is not an `arena experiment` folder.")
-    return read_json(path, "its experiment file")

@@ -168,7 +168,10 @@ class HouseholdEpisode(Episode):
     def __init__(self, task: Task, dialect: str = cat.MOVE_DIALECT) -> None:
         self.task = task
         self.world = compiled_for(task)
-        self.dialect = dialect
+        put = dialect == cat.PUT_DIALECT
+        self._place = "put {o} in/on {r}" if put else "move {o} to {r}"
+        self._placed = "You put the {o} in/on the {r}." if put else "You move the {o} to the {r}."
+        self._help = cat.PUT_HELP_TEXT if put else cat.HELP_TEXT
         self.reset()
 
     # -- state ----------------------------------------------------------------------------
@@ -222,9 +225,7 @@ class HouseholdEpisode(Episode):
                 held_name = world.layout.objects[held]
                 commands["examine " + held_name] = (_EXAMINE_OBJECT, held)
                 if visible:
-                    place = (f"move {held_name} to {name}" if self.dialect == cat.MOVE_DIALECT
-                             else f"put {held_name} in/on {name}")
-                    commands[place] = (_MOVE, held)
+                    commands[self._place.format(o=held_name, r=name)] = (_MOVE, held)
                 code = world.appliance[here]
                 if code >= 0 and code in world.can_transform[held]:
                     commands[f"{_TRANSFORM_VERB[code]} {held_name} with {name}"] = (code, held)
@@ -259,7 +260,7 @@ class HouseholdEpisode(Episode):
             elif command == "inventory":
                 text = self._inventory()
             elif command == "help":
-                text = cat.HELP_TEXT if self.dialect == cat.MOVE_DIALECT else cat.PUT_HELP_TEXT
+                text = self._help
             else:
                 text = NOTHING_HAPPENS
         reward = 0.0
@@ -299,9 +300,7 @@ class HouseholdEpisode(Episode):
             insort(self.contents[here], arg)
             self.where[arg] = here
             self.held = -1
-            if self.dialect == cat.PUT_DIALECT:
-                return f"You put the {objects[arg]} in/on the {here_name}."
-            return f"You move the {objects[arg]} to the {here_name}."
+            return self._placed.format(o=objects[arg], r=here_name)
         if code == _OPEN:
             self.opened[here] = True
             self.seen[here] = True

@@ -80,7 +80,7 @@ class Rag:
     @arena.hookimpl
     def export(self, run: Run) -> list[Experience]:
         """The stored trajectories: retrieved by goal, read by any model."""
-        return (run.store.all(kind=TRAJECTORY)) if run.store_exists() else []
+        return run.store.all(kind=TRAJECTORY) if run.store_exists() else []
 
     @arena.hookimpl
     def state_size(self, run: Run) -> dict[str, Any]:

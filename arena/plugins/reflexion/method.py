@@ -208,7 +208,7 @@ class Reflexion:
     @arena.hookimpl
     def export(self, run: Run) -> list[Experience]:
         """The reflections learned on train."""
-        return (run.store.all(kind=REFLECTION)) if run.store_exists() else []
+        return run.store.all(kind=REFLECTION) if run.store_exists() else []
 
     @arena.hookimpl
     def state_size(self, run: Run) -> dict[str, Any]:
