@@ -272,14 +272,14 @@ def evaluate(state_dir: str, out: str, overrides: tuple[str, ...]) -> None:
 @click.option("--model", "model", multiple=True,
               help="transfer: the model to transfer to, as llm.KEY=VALUE (repeat).")
 @click.option("--change", "change", multiple=True,
-              help="stale: the changed world, as env.KEY=VALUE (e.g. env.dialect=put; repeat).")
+              help="stale, conflict: the changed world, as env.KEY=VALUE (e.g. env.dialect=put; repeat).")
 @click.option("--set", "board", multiple=True,
               help="An evaluation setting every arm shares, KEY=VALUE (run.seeds, eval.salt, ...).")
 def experiment(name: str, run_dir: str, out: str, fractions: tuple[float, ...], model: tuple[str, ...],
                change: tuple[str, ...], board: tuple[str, ...]) -> None:
-    """Run experiment NAME (relevance, poison, transfer, stale) over RUN_DIR's learned state: one
-    evaluation per arm, each against its control, paired, per split and task type
-    (docs/experiments.md)."""
+    """Run experiment NAME (relevance, poison, transfer, stale, conflict) over RUN_DIR's learned
+    state: one evaluation per arm (conflict's first two arms learn again on the changed world),
+    each against its control, paired, per split and task type (docs/experiments.md)."""
     from arena.report.experiments import DEFAULT_FRACTIONS, ExperimentError, make_plan, run_experiment
     from arena.report.runs import ReportError
 
@@ -298,6 +298,11 @@ def experiment(name: str, run_dir: str, out: str, fractions: tuple[float, ...], 
             f"{row['success_control']:.1%}: {row['difference']:+.1%} [{low:+.1%}, {high:+.1%}], "
             f"p = {row['p_value']:.3g}, {row['pairs']} pairs"
             + (f"; also differs in {', '.join(row['other_differences'])}" if row['other_differences'] else "")))
+    phase = summary.get("second_phase")
+    if phase:
+        console.print(escape(f"second learning phase: {phase['episodes']} episodes, store "
+                             f"{phase['items_before']} -> {phase['items_after']} items"
+                             + (f". {phase['note']}" if "note" in phase else "")))
     console.print(escape(f"Wrote {Path(out) / 'experiment.json'}; each arm: arena show {out}/ARM"))
 
 

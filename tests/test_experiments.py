@@ -176,7 +176,7 @@ def test_transfer_refuses_a_method_that_exports_nothing(plugins, fast, tmp_path)
 
 def test_an_experiment_is_resumed_and_refuses_bad_requests(learned, plugins, tmp_path):
     source = learned["type_notes"]
-    with pytest.raises(ExperimentError, match="not built yet"):
+    with pytest.raises(ExperimentError, match="conflict needs a change of the world"):
         make_plan("conflict", source)
     with pytest.raises(ExperimentError, match="would change the tasks"):
         make_plan("stale", source, change=("env.level=hard",))
@@ -187,9 +187,10 @@ def test_an_experiment_is_resumed_and_refuses_bad_requests(learned, plugins, tmp
     with pytest.raises(ExperimentError, match="needs the model"):
         make_plan("transfer", source)
     out = tmp_path / "relevance"
-    plan = make_plan("relevance", source, board=("run.seeds=[1]",))
+    plan = make_plan("relevance", source, board=("run.seeds=[1]", "eval.limit=4"))
     first = run_experiment(plan, out, plugins=plugins)
     assert load_run(out / "none").seeds == [1]
+    assert load_run(out / "none").config["eval"]["limit"] == 4  # the source evaluated 6 tasks
     (out / "none" / "results.json").unlink()  # an arm interrupted before its end
     again = run_experiment(plan, out, plugins=plugins)
     assert again["comparisons"] == first["comparisons"]
@@ -208,4 +209,104 @@ def test_the_command_prints_each_arm_against_its_control(learned, tmp_path, monk
     assert result.exit_code == 0, result.output
     assert "other_type" in result.output and "p = " in result.output
     refused = CliRunner().invoke(cli, ["experiment", "conflict", str(run.path), "--out", str(tmp_path / "c")])
-    assert refused.exit_code != 0 and "not built yet" in refused.output
+    assert refused.exit_code != 0 and "--change env.KEY=VALUE" in refused.output
+
+
+RULE = "rule"
+
+
+class PlacingRule:
+    """Learns the world's placing command (its help line) from one train game, and is shown
+    every rule it learned: the first phase's and, continued on a changed world, the second's."""
+
+    def __init__(self, run: arena.Run) -> None:
+        self.run = run
+
+    @arena.hookimpl
+    def learn(self, run: arena.Run) -> bool:
+        task = run.tasks("train")[0]
+        played = run.play(task, [], seed=0, max_steps=1, policy=lambda observation, trajectory: arena.Action("help"))
+        line = next(text.strip() for text in played.steps[0].observation.splitlines() if text.strip().startswith(("move", "put")))
+        run.store.add([arena.Experience(kind=RULE, text=line, metadata={"task_type": task.task_type},
+                                        provenance=arena.Provenance((task.task_id,), "train"))])
+        return True
+
+    @arena.hookimpl
+    def retrieve(self, run: arena.Run, task: arena.Task) -> list[arena.Experience]:
+        return run.store.all(kind=RULE)
+
+
+class LearnsOnce(PlacingRule):
+    """Keeps its own progress, as most built-in methods do: continued, it learns nothing again."""
+
+    @arena.hookimpl
+    def learn(self, run: arena.Run) -> bool:
+        if not run.method_state.load().get("done"):
+            super().learn(run)
+            run.method_state.save({"done": True})
+        return True
+
+
+@pytest.fixture
+def placing(plugins, fast, tmp_path):
+    register(plugins, placing_rule=PlacingRule, learns_once=LearnsOnce)
+    paths = {}
+    for name in ("placing_rule", "learns_once"):
+        path, results = protocol.run(name, overrides=fast + ["eval.limit=4", "eval.max_steps=2",
+                                                             "learn.budget.episodes=1"],
+                                     out=tmp_path / name, plugins=plugins)
+        assert results["valid"], results["violations"]
+        paths[name] = path
+    return paths
+
+
+def rules_shown(arm_path):
+    """The placing commands each test episode of an arm was shown."""
+    from arena.core.store import stored_experiences
+
+    rules = {e.experience_id: e.text.split(":")[0].strip() for e in stored_experiences(arm_path / "store")}
+    return {tuple(sorted(rules[i] for i in json.loads(line)["experience_ids"]))
+            for line in (arm_path / "trajectories.jsonl").read_text().splitlines()
+            if json.loads(line)["key"][0] == "evaluate"}
+
+
+def test_conflict_learns_the_changed_world_again_from_the_old_lessons(placing, plugins, tmp_path):
+    from arena.report.aggregate import CONTINUED_FIELD, protocol_of
+
+    source = placing["placing_rule"]
+    plan = make_plan("conflict", source, change=("env.dialect=put",))
+    summary = run_experiment(plan, tmp_path / "conflict", plugins=plugins)
+    arms = {arm.name: load_run(tmp_path / "conflict" / arm.name) for arm in plan.arms}
+    assert all(run.results["valid"] for run in arms.values())
+    assert all(run.results["protocol"]["env"]["dialect"] == "put" for run in arms.values())
+    move, put = "move (object) to (receptacle)", "put (object) in/on (receptacle)"
+    assert rules_shown(arms["both"].path) == {(move, put)}  # the old lesson and the newer one
+    assert rules_shown(arms["new"].path) == {(put,)}
+    assert rules_shown(arms["old"].path) == {(move,)}
+    assert rules_shown(arms["none"].path) == {()}
+    learned_first = load_run(source).results["state"]["digest_before_eval"]
+    assert arms["both"].results["learn"]["continued_from"]["digest"] == learned_first
+    assert protocol_of(arms["both"])[CONTINUED_FIELD] == learned_first  # ranked apart
+    assert CONTINUED_FIELD not in protocol_of(arms["new"])
+    assert {(r["arm"], r["control"]) for r in summary["comparisons"]} == {
+        ("both", "new"), ("both", "old"), ("new", "none")}
+    assert all(r["other_differences"] == [] for r in summary["comparisons"])
+    assert summary["second_phase"] == {"episodes": 1, "items_before": 1, "items_after": 2, "digest_changed": True}
+
+
+def test_conflict_says_when_a_method_learns_nothing_again(placing, plugins, tmp_path):
+    summary = run_experiment(make_plan("conflict", placing["learns_once"], change=("env.dialect=put",)),
+                             tmp_path / "conflict", plugins=plugins)
+    assert summary["second_phase"]["episodes"] == 0
+    assert "learned nothing in the second phase" in summary["second_phase"]["note"]
+
+
+def test_a_run_continues_only_from_a_finished_valid_run_of_its_method(placing, plugins, fast, tmp_path):
+    from arena.core.rundir import RunDirError
+
+    with pytest.raises(RunDirError, match="not 'placing_rule'"):
+        protocol.run("placing_rule", overrides=fast + [f"run.continue_from={placing['learns_once']}"],
+                     out=tmp_path / "other", plugins=plugins)
+    with pytest.raises(RunDirError, match="not a finished run"):
+        protocol.run("placing_rule", overrides=fast + [f"run.continue_from={tmp_path}"],
+                     out=tmp_path / "nothing", plugins=plugins)

@@ -28,7 +28,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 import arena
-from arena.core import provenance, stats
+from arena.core import continuation, provenance, stats
 from arena.core import salt as eval_salt
 from arena.core.batching import BatchingBackend
 from arena.core.config import compose, load_yaml, to_plain
@@ -123,7 +123,13 @@ def prepare(
                           "Choose another --out.") from exc
     lock = run_dir.lock().acquire()
     try:
+        continued = continuation.source_of(cfg)
+        if continued is not None:  # its learned state first: a run folder without it is no run yet
+            started_from = continuation.check_source(continued, cfg)
+            continuation.seed_learned_state(continued, run_dir.path)
         run_dir.create(cfg)
+        if continued is not None:
+            run_dir.update_state(continued_from=started_from)
     except BaseException:
         lock.release()
         raise
@@ -690,6 +696,7 @@ class Session:
                 "used_valid_split": any(s != TRAIN_SPLIT for s in used),
                 "budget": {k: v for k, v in self.ctx.budget.limits.items()},
                 "used": dict(state.get("learn_used", self.ctx.budget.used)),
+                **({"continued_from": state["continued_from"]} if state.get("continued_from") else {}),
             },
             "cost": cost,
             "state": {

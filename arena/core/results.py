@@ -83,6 +83,9 @@ class Learning(_Closed):
     used_valid_split: bool
     budget: Budgets
     used: dict[Literal["episodes", "env_steps", "tokens", "gradient_steps"], int]
+    #: A second learning phase (``run.continue_from``): the run and learned-state digest it
+    #: started from, and what that run's learning used. Absent for a run that learned from nothing.
+    continued_from: dict[str, Any] | None = None
 
 
 class PhaseCost(_Closed):

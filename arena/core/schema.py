@@ -169,6 +169,8 @@ RULES: dict[str, Rule] = {
         lambda v: v is None or (_number(v) and 0 < float(v) <= BIG), "null or a number of seconds > 0"),
     "run.isolation_limits.memory_mb": integer(64, BIG, nullable=True),
     "run.isolation_limits.landlock": boolean(),
+    "run.continue_from": Rule(lambda v: v is None or (isinstance(v, str) and v.strip() != ""),
+                              "null or the folder of a finished run of the same method"),
     "learn.budget.episodes": integer(0, BIG, nullable=True),
     "learn.budget.env_steps": integer(0, BIG, nullable=True),
     "learn.budget.tokens": integer(0, BIG, nullable=True),

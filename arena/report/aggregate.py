@@ -68,6 +68,8 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 WARMSTART_FIELD = "llm.warmstart"
 #: Its value for runs on the model as shipped (every run made before warm starts existed).
 NO_WARMSTART = "none"
+#: The protocol field of a second learning phase (``run.continue_from``): the digest it began from.
+CONTINUED_FIELD = "learn.continued_from"
 #: What a protocol field a run leaves out means, where it means a value (named in messages).
 ABSENT_AS = {WARMSTART_FIELD: NO_WARMSTART}
 
@@ -112,6 +114,10 @@ def protocol_of(run: Run) -> dict[str, Any]:
     warmstart = warmstart_of(run)
     if warmstart != NO_WARMSTART:  # absent otherwise, so boards made before keep their files
         fields[WARMSTART_FIELD] = warmstart
+    # A second learning phase (run.continue_from): it learned twice, so it ranks apart.
+    continued = (results.get("learn") or {}).get("continued_from")
+    if continued:
+        fields[CONTINUED_FIELD] = continued.get("digest")
     # An experiment's arm (arena experiment): what it changed about the learned experience.
     for name, value in sorted((results.get("protocol", {}).get("experience") or {}).items()):
         if name in EXPERIENCE_FIELDS and value != EXPERIENCE_FIELDS[name]:

@@ -15,6 +15,11 @@ differ from their control in one factor only, which the harness applies:
 * ``transfer``: another model (``--model llm.KEY=VALUE ...``) with the learned experience (``with``)
   beside the same model without it (``without``: control). The method must export something
   (its ``export`` hook): a method whose learning is its weights has nothing another model can read.
+* ``conflict``: the world's rule changes between two learning phases (``--change env.KEY=VALUE``).
+  On the changed world: ``both`` (the run's lessons, then a second learning phase on the changed
+  world from them: ``run.continue_from``), ``new`` (that learning from nothing), ``old`` (the run's
+  lessons only) and ``none``. ``both`` against ``new`` is what the contradicted lessons cost once
+  the newer ones are learned; ``both`` against ``old`` whether the method acts on the newer lesson.
 
 ``OUT/experiment.json`` holds the plan and, once every arm has finished, each arm against its
 control (the plan's pairs) per split and per task type: exact paired test and paired bootstrap interval
@@ -30,7 +35,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from arena.core.rundir import RESULTS, read_json, write_json_atomic
+from omegaconf import OmegaConf
+
+from arena.core.rundir import CONFIG, RESULTS, read_json, write_json_atomic
+from arena.report.aggregate import CONTINUED_FIELD as CONTINUED
 from arena.report.compare import compare_runs, compare_split, paired_outcomes
 from arena.report.evaluate_state import (
     BOARD_SETTINGS,
@@ -44,11 +52,16 @@ from arena.report.runs import PRIMARY_VARIANT, Run, load_run
 EXPERIMENT_FILE = "experiment.json"
 EXPERIENCE = "eval.experience."
 #: Experiments that are built, and those the issue names that are not yet (said when asked for).
-NAMES = ("relevance", "poison", "transfer", "stale")
-NOT_YET = {"conflict": "a second learning phase on a changed world, which the protocol does not run yet"}
+NAMES = ("relevance", "poison", "transfer", "stale", "conflict")
+#: How a learning arm learns: from nothing, or from the source run's learned state.
+SCRATCH, CONTINUE = "scratch", "continue"
 #: Environment settings that define the tasks themselves: a change of them is not a changed world.
 TASK_DEFINING = ("name", "seed", "n_train", "n_valid", "n_test", "level")
 DEFAULT_FRACTIONS = (0.0, 0.1, 0.3)
+#: Evaluation settings every arm may share (``--set``): a board's, and ``eval.limit`` (what a
+#: run learned does not depend on how many test tasks it was evaluated on, so a source evaluated
+#: on a few tasks can have full-split arms).
+SHARED_SETTINGS = (*BOARD_SETTINGS, "eval.limit")
 
 
 class ExperimentError(ValueError):
@@ -59,6 +72,9 @@ class ExperimentError(ValueError):
 class Arm:
     name: str
     settings: dict[str, Any]
+    #: None: the source's learned state is evaluated again; SCRATCH or CONTINUE: the arm learns
+    #: (from nothing, or from the source's state) under ``settings``, then is evaluated.
+    learns: str | None = None
 
 
 @dataclass
@@ -78,12 +94,9 @@ def make_plan(name: str, source: Path, *, fractions: tuple[float, ...] = DEFAULT
               board: tuple[str, ...] = ()) -> Plan:
     """The arms of experiment ``name`` over ``source``; ``board``: ``key=value`` evaluation
     settings every arm shares (``arena evaluate``'s: seeds, salt, concurrency, splits)."""
-    if name in NOT_YET:
-        raise ExperimentError(f"`arena experiment {name}` is not built yet: it needs {NOT_YET[name]}. "
-                              f"Built: {', '.join(NAMES)}.")
     if name not in NAMES:
         raise ExperimentError(f"Unknown experiment {name!r}. Choose one of {', '.join(NAMES)}.")
-    shared = _settings(board, allowed=BOARD_SETTINGS, what="--set")
+    shared = _settings(board, allowed=SHARED_SETTINGS, what="--set")
     own, none = {f"{EXPERIENCE}source": "own"}, {f"{EXPERIENCE}source": "none"}
     if name == "relevance":
         arms = [Arm(value, {**shared, f"{EXPERIENCE}source": value}) for value in ("own", "other_type", "none")]
@@ -97,14 +110,14 @@ def make_plan(name: str, source: Path, *, fractions: tuple[float, ...] = DEFAULT
         arms = [Arm(f"poison-{f:g}", {**shared, f"{EXPERIENCE}poison": f}) for f in sorted(set(fractions))]
         return Plan(name, str(source), arms, [(arm.name, "poison-0") for arm in arms[1:]],
                     [f"{EXPERIENCE}poison"], {"fractions": sorted(set(fractions))})
+    if name in ("stale", "conflict"):
+        changed = _world_change(name, change)
+    if name == "conflict":
+        arms = [Arm("both", {**shared, **changed}, learns=CONTINUE), Arm("new", {**shared, **changed}, learns=SCRATCH),
+                Arm("old", {**shared, **changed, **own}), Arm("none", {**shared, **changed, **none})]
+        return Plan(name, str(source), arms, [("both", "new"), ("both", "old"), ("new", "none")],
+                    [*changed, CONTINUED, f"{EXPERIENCE}source"], {"change": changed})
     if name == "stale":
-        changed = _settings(change, allowed=("env.",), what="--change")
-        fixed = [key for key in changed if key.split(".", 1)[1] in TASK_DEFINING]
-        if not changed or fixed:
-            raise ExperimentError("stale needs a change of the world that keeps its tasks: --change "
-                                  "env.KEY=VALUE (e.g. --change env.dialect=put on household)"
-                                  + (f"; {', '.join(fixed)} would change the tasks themselves" if fixed else "")
-                                  + ".")
         arms = [Arm("learned_world", {**shared, **own}), Arm("learned_world_none", {**shared, **none}),
                 Arm("changed_world", {**shared, **changed, **own}),
                 Arm("changed_world_none", {**shared, **changed, **none})]
@@ -126,6 +139,17 @@ def make_plan(name: str, source: Path, *, fractions: tuple[float, ...] = DEFAULT
     return Plan(name, str(source), arms, [("with", "without")], [f"{EXPERIENCE}source"], {"model": target})
 
 
+def _world_change(name: str, change: tuple[str, ...]) -> dict[str, Any]:
+    changed = _settings(change, allowed=("env.",), what="--change")
+    fixed = [key for key in changed if key.split(".", 1)[1] in TASK_DEFINING]
+    if not changed or fixed:
+        raise ExperimentError(f"{name} needs a change of the world that keeps its tasks: --change "
+                              "env.KEY=VALUE (e.g. --change env.dialect=put on household)"
+                              + (f"; {', '.join(fixed)} would change the tasks themselves" if fixed else "")
+                              + ".")
+    return changed
+
+
 def _settings(items: tuple[str, ...], *, allowed: tuple[str, ...], what: str) -> dict[str, Any]:
     try:
         return board_overrides(items, allowed, what=f"{what}'s")
@@ -139,6 +163,8 @@ def run_experiment(plan: Plan, out: Path | str, *, plugins: Any = None) -> dict[
     planned = {"experiment": plan.name, "source": str(source.resolve()),
                "pairs": [list(pair) for pair in plan.pairs], "factor": plan.factor, "options": plan.options,
                "arms": {arm.name: arm.settings for arm in plan.arms}}
+    if any(arm.learns for arm in plan.arms):
+        planned["learning_arms"] = {arm.name: arm.learns for arm in plan.arms if arm.learns}
     summary_file = out / EXPERIMENT_FILE
     if summary_file.is_file():
         before = read_json(summary_file, "its experiment file")
@@ -155,16 +181,59 @@ def run_experiment(plan: Plan, out: Path | str, *, plugins: Any = None) -> dict[
             continue
         if not folder.exists():
             mark = {"name": plan.name, "arm": arm.name, "source_run": str(source.resolve()),
-                    "settings": arm.settings}
+                    "settings": arm.settings, **({"learns": arm.learns} if arm.learns else {})}
             try:
-                prepare_evaluation(source, folder, arm.settings, record_as="experiment_of",
-                                   new_keys=(EXPERIENCE, "llm.", "env."), state_extra={"experiment": mark})
+                if arm.learns:
+                    _prepare_learning(source, folder, arm, mark, plugins)
+                else:
+                    prepare_evaluation(source, folder, arm.settings, record_as="experiment_of",
+                                       new_keys=(EXPERIENCE, "llm.", "env."), state_extra={"experiment": mark})
             except EvaluateError as exc:
                 raise ExperimentError(str(exc)) from exc
-        finish_evaluation(folder, plugins)
+        finish_evaluation(folder, plugins)  # resumes: an arm that learns learns first
     summary = {**planned, "comparisons": summarise(plan, out)}
+    if plan.name == "conflict":
+        summary["second_phase"] = second_phase(out / "both", source)
     write_json_atomic(summary_file, summary)
     return summary
+
+
+def _prepare_learning(source: Path, folder: Path, arm: Arm, mark: dict[str, Any], plugins: Any) -> None:
+    """A new run in ``folder`` with the source's config and ``arm.settings`` over it, learning
+    from nothing or (CONTINUE) from the source's learned state; marked as the experiment's arm."""
+    from arena.core import protocol
+
+    config = OmegaConf.load(source / CONFIG)
+    settings = dict(arm.settings)
+    if arm.learns == CONTINUE:
+        settings["run.continue_from"] = str(source.resolve())
+    try:
+        prepared = protocol.prepare(str(config.method.name), str(config.env.name), config_file=source / CONFIG,
+                                    overrides=[f"{key}={json.dumps(value)}" for key, value in settings.items()],
+                                    out=folder, plugins=plugins, preset=config.method.get("preset"))
+    except (ValueError, OSError) as exc:
+        raise ExperimentError(f"arm {arm.name} cannot learn from {source}'s config: {exc}") from exc
+    try:
+        prepared.run_dir.update_state(experiment=mark)
+    finally:
+        prepared.release()
+
+
+def second_phase(both: Path, source: Path) -> dict[str, Any]:
+    """What the second learning phase did: episodes it played and the store before and after.
+    A method whose ``learn`` resumes from its own progress learns nothing again; then the
+    experiment cannot test a conflict, and says so."""
+    continued = read_json(both / RESULTS, "its results")
+    before = read_json(source / RESULTS, "its results")
+    episodes = int(continued["learn"]["used"].get("episodes", 0))
+    phase = {"episodes": episodes, "items_before": before["state"]["memory_items"],
+             "items_after": continued["state"]["memory_items"],
+             "digest_changed": continued["state"]["digest_before_eval"] != before["state"]["digest_before_eval"]}
+    if not phase["digest_changed"]:
+        phase["note"] = (f"{continued['method']} learned nothing in the second phase (its learned state is "
+                         "the first phase's): its learn hook resumed from its own progress, so no "
+                         "lesson was contradicted and `both` tests nothing `old` does not.")
+    return phase
 
 
 @dataclass

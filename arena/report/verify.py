@@ -32,6 +32,7 @@ from typing import Any
 
 import arena
 from arena.core import integrity, provenance
+from arena.core.continuation import LEARNED_STATE
 from arena.core.rundir import (
     CONFIG,
     EPISODES,
@@ -53,7 +54,6 @@ VERIFIED, UNVERIFIED, UNVERIFIABLE = "verified", "unverified", "unverifiable"
 #: ``arena verify``'s exit status for each outcome.
 EXIT_CODES = {VERIFIED: 0, UNVERIFIED: 1, UNVERIFIABLE: 3}
 #: What a replay copies of the run: the learned state (the harness's, the store, the method's).
-LEARNED_STATE = ("store", "method")
 #: state.json keys that evaluation added (or a repair): the replay starts without them.
 EVALUATION_STATE_KEYS = ("digest_after_eval", "cost_evaluate", "record_breaks", "record_damaged",
                          "resumed_by")

@@ -1,0 +1,65 @@
+"""``run.continue_from``: a second learning phase that starts from a finished run's learned state.
+
+A run learns from nothing. A continued run starts its learning from what another run of the same
+method learned (its ``store/`` and ``method/``, copied before the method is built), with a budget
+of its own, possibly on a changed world: the second learning phase of ``arena experiment conflict``,
+where a rule learned first is contradicted by what the world teaches later. Its results record
+the run and the learned-state digest it continued from (``learn.continued_from``), and a board
+ranks it apart: it learned twice.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from arena.core.rundir import CONFIG, RESULTS, STATE, RunDirError, read_json
+
+#: What a run learned, in its folder: the experience store and the method's own state.
+LEARNED_STATE = ("store", "method")
+
+
+def source_of(cfg: DictConfig) -> Path | None:
+    """``run.continue_from`` as a path, or None for a run that learns from nothing."""
+    value = cfg.run.get("continue_from")
+    return Path(str(value)) if value else None
+
+
+def check_source(source: Path, cfg: DictConfig) -> dict[str, Any]:
+    """What the continued run starts from, checked: a finished, valid, frozen run of the same
+    method whose learning ended with a recorded digest."""
+    where = f"run.continue_from={source}"
+    if not (source / RESULTS).is_file() or not (source / CONFIG).is_file():
+        raise RunDirError(f"{where} is not a finished run (no {RESULTS}): continue from a run "
+                          "whose learning and evaluation ended (finish it with `arena run --resume`).")
+    results = read_json(source / RESULTS, "its results")
+    state = read_json(source / STATE, "its state")
+    method = str(cfg.method.name)
+    if results.get("method") != method:
+        raise RunDirError(f"{where} is a run of method '{results.get('method')}', not '{method}': a "
+                          "method continues from what it learned itself.")
+    if results.get("track") != "frozen":
+        raise RunDirError(f"{where} ran the {results.get('track')} track: its state kept learning on "
+                          "the test splits. Continue from a frozen run.")
+    if not results.get("valid", False):
+        raise RunDirError(f"{where} is invalid ({'; '.join(results.get('violations', []))[:300]}): "
+                          "continue from a valid run.")
+    digest = state.get("digest_before_eval")
+    if not state.get("learn_done") or not digest or digest != state.get("digest_after_eval"):
+        raise RunDirError(f"{where} does not record a learned state its evaluation kept unchanged "
+                          "(digest_before_eval = digest_after_eval): there is nothing to continue from.")
+    return {"run": str(source.resolve()), "digest": digest, "env": results.get("env"),
+            "learn_used": results.get("learn", {}).get("used", {})}
+
+
+def seed_learned_state(source: Path, target: Path) -> None:
+    """Copy ``source``'s learned state into the new run folder ``target`` (replacing a copy an
+    interrupted start left there)."""
+    target.mkdir(parents=True, exist_ok=True)
+    for name in LEARNED_STATE:
+        shutil.rmtree(target / name, ignore_errors=True)
+        if (source / name).is_dir():
+            shutil.copytree(source / name, target / name)
