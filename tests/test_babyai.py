@@ -297,3 +297,30 @@ def test_a_bot_that_replans_forever_leaves_the_expert_without_a_command() -> Non
     assert not observation.done and 100 < steps < int(task.payload["max_steps"])
     assert episode.expert_action() is None
     assert episode.step("turn left").admissible_actions  # the game itself is unharmed
+
+
+def test_a_recoloured_world_renames_every_colour_the_agent_reads_and_nothing_else() -> None:
+    """``env.recolour``: the same tasks (ids, seeds, layouts, expert), their colours swapped in
+    the mission and in every reply: a changed world for experience learned under the old names."""
+    plain, swapped = (BabyAIEnvironment(n_train=8, n_valid=0, n_test=8, recolour=flag) for flag in (False, True))
+    assert swapped.protocol_fields() == {**plain.protocol_fields(), "recolour": True}
+    assert "recolour" not in plain.protocol_fields()  # earlier runs keep their fields
+    words = r"\b(red|green|blue|purple|yellow|grey)\b"
+    swap = {"red": "green", "green": "red", "blue": "purple", "purple": "blue", "yellow": "grey", "grey": "yellow"}
+    renamed = 0
+    for before, after in zip(plain.tasks(TEST_SPLITS[1]) + plain.tasks(TRAIN_SPLIT),
+                             swapped.tasks(TEST_SPLITS[1]) + swapped.tasks(TRAIN_SPLIT)):
+        assert (before.task_id, before.task_type, before.payload) == (after.task_id, after.task_type, after.payload)
+        assert re.sub(words, lambda m: swap[m.group(1)], before.goal) == after.goal
+        renamed += before.goal != after.goal
+        one, other = plain.open(before), swapped.open(after)
+        seen, read = one.reset(), other.reset()
+        for _ in range(12):
+            assert re.sub(words, lambda m: swap[m.group(1)], seen.text) == read.text
+            assert seen.admissible_actions == read.admissible_actions
+            if seen.done or one.expert_action() is None:
+                break
+            action = one.expert_action()
+            seen, read = one.step(action), other.step(action)
+        assert play_expert(swapped, after)[0]  # the world itself is unchanged
+    assert renamed  # the missions do name colours

@@ -4,6 +4,7 @@ by the harness; arms pair with their control per split and task type."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from click.testing import CliRunner
@@ -11,8 +12,8 @@ from click.testing import CliRunner
 import arena
 from arena.cli import cli
 from arena.core import protocol
-from arena.report.experiments import ExperimentError, make_plan, run_experiment
-from arena.report.runs import load_run
+from arena.report.experiments import ExperimentError, make_plan, run_experiment, summarise
+from arena.report.runs import ReportError, load_run
 from tests.test_protocol import register
 
 NOTE = "note"
@@ -194,6 +195,13 @@ def test_an_experiment_is_resumed_and_refuses_bad_requests(learned, plugins, tmp
     (out / "none" / "results.json").unlink()  # an arm interrupted before its end
     again = run_experiment(plan, out, plugins=plugins)
     assert again["comparisons"] == first["comparisons"]
+    assert {tuple(r["other_differences"]) for r in again["comparisons"]} == {()}
+    fewer = make_plan("relevance", source, board=("run.seeds=[1]", "eval.limit=2"))
+    run_experiment(fewer, tmp_path / "fewer", plugins=plugins)
+    shutil.rmtree(out / "none")
+    shutil.copytree(tmp_path / "fewer" / "none", out / "none")  # an arm that played fewer tasks
+    with pytest.raises(ReportError, match="not played on the same"):
+        summarise(plan, out)
     with pytest.raises(ExperimentError, match="another experiment"):
         run_experiment(make_plan("poison", source), out, plugins=plugins)
 
@@ -310,3 +318,18 @@ def test_a_run_continues_only_from_a_finished_valid_run_of_its_method(placing, p
     with pytest.raises(RunDirError, match="not a finished run"):
         protocol.run("placing_rule", overrides=fast + [f"run.continue_from={tmp_path}"],
                      out=tmp_path / "nothing", plugins=plugins)
+
+
+def test_stale_on_a_recoloured_babyai(plugins, fast, tmp_path):
+    """BabyAI's changed world: the same tasks, every colour renamed (env.recolour)."""
+    register(plugins, type_notes=TypeNotes)
+    babyai = ["llm.backend=fake", "embedder.name=hashing", "env.n_train=8", "env.n_valid=4", "env.n_test=4",
+              "eval.limit=2", "eval.max_steps=3"]
+    source, _ = protocol.run("type_notes", env="babyai", overrides=babyai, out=tmp_path / "notes", plugins=plugins)
+    summary = run_experiment(make_plan("stale", source, change=("env.recolour=true",)), tmp_path / "stale",
+                             plugins=plugins)
+    changed = load_run(tmp_path / "stale" / "changed_world")
+    learned = load_run(tmp_path / "stale" / "learned_world")
+    assert changed.results["protocol"]["env"]["recolour"] is True
+    assert sorted(r.task_id for r in changed.evaluated()) == sorted(r.task_id for r in learned.evaluated())
+    assert {tuple(r["other_differences"]) for r in summary["comparisons"]} == {()}, summary["comparisons"]

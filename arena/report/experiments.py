@@ -62,6 +62,10 @@ DEFAULT_FRACTIONS = (0.0, 0.1, 0.3)
 #: run learned does not depend on how many test tasks it was evaluated on, so a source evaluated
 #: on a few tasks can have full-split arms).
 SHARED_SETTINGS = (*BOARD_SETTINGS, "eval.limit")
+#: A changed world may reword its tasks (BabyAI's recolour renames the colours of its missions),
+#: so their split hashes change with it; the arms must still play the same (task id, seed) pairs,
+#: or the paired comparison refuses them.
+RENAMED_TASKS = "split_hashes.*"
 
 
 class ExperimentError(ValueError):
@@ -116,7 +120,7 @@ def make_plan(name: str, source: Path, *, fractions: tuple[float, ...] = DEFAULT
         arms = [Arm("both", {**shared, **changed}, learns=CONTINUE), Arm("new", {**shared, **changed}, learns=SCRATCH),
                 Arm("old", {**shared, **changed, **own}), Arm("none", {**shared, **changed, **none})]
         return Plan(name, str(source), arms, [("both", "new"), ("both", "old"), ("new", "none")],
-                    [*changed, CONTINUED, f"{EXPERIENCE}source"], {"change": changed})
+                    [*changed, RENAMED_TASKS, CONTINUED, f"{EXPERIENCE}source"], {"change": changed})
     if name == "stale":
         arms = [Arm("learned_world", {**shared, **own}), Arm("learned_world_none", {**shared, **none}),
                 Arm("changed_world", {**shared, **changed, **own}),
@@ -124,7 +128,7 @@ def make_plan(name: str, source: Path, *, fractions: tuple[float, ...] = DEFAULT
         return Plan(name, str(source), arms,
                     [("changed_world", "learned_world"), ("learned_world", "learned_world_none"),
                      ("changed_world", "changed_world_none")],
-                    [*changed, f"{EXPERIENCE}source"], {"change": changed})
+                    [*changed, RENAMED_TASKS, f"{EXPERIENCE}source"], {"change": changed})
     target = _settings(model, allowed=("llm.",), what="--model")
     if not target:
         raise ExperimentError("transfer needs the model to transfer to: --model llm.KEY=VALUE (e.g. "
@@ -259,7 +263,7 @@ def summarise(plan: Plan, out: Path) -> list[dict[str, Any]]:
     for name, control_name in plan.pairs:
         run, control = runs[name], runs[control_name]
         overall = compare_runs(run, control, allow_mixed=True)
-        others = [f for f in overall["mixed_fields"] if f not in plan.factor]
+        others = [f for f in overall["mixed_fields"] if not _in_factor(f, plan.factor)]
         pairs = paired_outcomes(run, control, PRIMARY_VARIANT, PRIMARY_VARIANT)
         types = _task_types(run)
         for split, split_pairs in pairs.items():
@@ -274,6 +278,10 @@ def summarise(plan: Plan, out: Path) -> list[dict[str, Any]]:
                     success_control=compared.success_b, difference=compared.difference,
                     ci95=compared.ci95, p_value=compared.p_value, other_differences=others)))
     return rows
+
+
+def _in_factor(field_name: str, factor: list[str]) -> bool:
+    return any(field_name == f or (f.endswith(".*") and field_name.startswith(f[:-1])) for f in factor)
 
 
 def _task_types(run: Run) -> dict[str, str]:

@@ -164,8 +164,10 @@ class BabyAIEpisode(Episode):
     count does not move, as an invalid command in ALFWorld changes nothing.
     """
 
-    def __init__(self, task: Task) -> None:
+    def __init__(self, task: Task, recolour: bool = False) -> None:
         self.task = task
+        #: What the agent reads: the world's words, or (``env.recolour``) its colours renamed.
+        self._words = text.recolour if recolour else str
         self._env = _new_level_env(str(task.payload["level"]))
         self._bot: Any = None
         self._suggestion: int | None = None
@@ -177,7 +179,7 @@ class BabyAIEpisode(Episode):
     def _view(self, minigrid_obs: dict[str, Any]) -> str:
         """The view's sentence; the state's admissible commands are kept beside it."""
         self._admissible = text.admissible_commands(self._env)
-        return text.describe_view(minigrid_obs["image"], self._env.carrying)
+        return self._words(text.describe_view(minigrid_obs["image"], self._env.carrying))
 
     def reset(self) -> Observation:
         minigrid_obs = _reset(self._env, int(self.task.payload["seed"]))
@@ -189,7 +191,7 @@ class BabyAIEpisode(Episode):
         command = action.strip().lower()
         if command not in self._admissible:
             return Observation(text=text.NOTHING_HAPPENS, admissible_actions=self._admissible)
-        said = text.before_command(self._env, command)
+        said = self._words(text.before_command(self._env, command))
         minigrid_obs, reward, terminated, truncated, _ = self._env.step(text.ACTION_OF[command])
         self._won = bool(terminated and reward > 0)
         self._advise(text.ACTION_OF[command])
@@ -250,6 +252,7 @@ class BabyAIEnvironment(SaltedTestDraws, Environment):
         n_test: int = 100,
         seen_levels: tuple[str, ...] | list[str] = DEFAULT_SEEN,
         unseen_levels: tuple[str, ...] | list[str] = DEFAULT_UNSEEN,
+        recolour: bool = False,
     ) -> None:
         sizes = {TRAIN_SPLIT: n_train, VALID_SPLIT: n_valid, TEST_SPLITS[0]: n_test, TEST_SPLITS[1]: n_test}
         for split, size in sizes.items():
@@ -261,6 +264,7 @@ class BabyAIEnvironment(SaltedTestDraws, Environment):
         self.seen_levels, self.unseen_levels = tuple(seen_levels), tuple(unseen_levels)
         check_held_out(self.seen_levels, self.unseen_levels)
         self.seed = int(seed)
+        self.recolour = bool(recolour)
         self.sizes = sizes
         self._tasks: dict[str, list[Task]] = {}
 
@@ -280,7 +284,7 @@ class BabyAIEnvironment(SaltedTestDraws, Environment):
             env=self.name,
             split=split,
             task_type=level,
-            goal=mission,
+            goal=text.recolour(mission) if self.recolour else mission,
             payload={"level": level, "seed": seed, "max_steps": limit},
         )
 
@@ -311,9 +315,11 @@ class BabyAIEnvironment(SaltedTestDraws, Environment):
         return INSTRUCTIONS
 
     def protocol_fields(self) -> dict[str, object]:
-        return {"seen_levels": list(self.seen_levels), "unseen_levels": list(self.unseen_levels)}
+        # The recolouring only where it is on, so earlier runs keep their fields.
+        return {"seen_levels": list(self.seen_levels), "unseen_levels": list(self.unseen_levels),
+                **({"recolour": True} if self.recolour else {})}
 
     def open(self, task: Task) -> BabyAIEpisode:
         if task.env != self.name:
             raise ValueError(f"task {task.task_id} belongs to env {task.env!r}, not {self.name!r}")
-        return BabyAIEpisode(task)
+        return BabyAIEpisode(task, self.recolour)

@@ -22,6 +22,7 @@ def make_babyai(cfg: Mapping[str, Any]) -> Any:
         n_test=int(cfg.get("n_test", 100)),
         seen_levels=tuple(str(name) for name in cfg.get("seen_levels", DEFAULT_SEEN)),
         unseen_levels=tuple(str(name) for name in cfg.get("unseen_levels", DEFAULT_UNSEEN)),
+        recolour=bool(cfg.get("recolour", False)),
     )
 
 

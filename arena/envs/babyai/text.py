@@ -10,6 +10,7 @@ which is all a player needs to know where the room ends.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from minigrid.core.constants import IDX_TO_COLOR, IDX_TO_OBJECT, OBJECT_TO_IDX
@@ -32,6 +33,17 @@ COMMAND_HELP = (
     "door in front of you (a locked door opens with the key of its colour) or opens a box."
 )
 NOTHING_HAPPENS = "Nothing happens."
+#: ``env.recolour``: every colour the agent reads renamed by one fixed swap of minigrid's six, in
+#: the mission and every reply, the world otherwise unchanged (the same layouts, the same expert):
+#: a changed world for experience learned under the old names (``arena experiment stale``).
+RECOLOURED: dict[str, str] = {"red": "green", "green": "red", "blue": "purple", "purple": "blue",
+                              "yellow": "grey", "grey": "yellow"}
+_COLOUR_WORD = re.compile(r"\b(" + "|".join(RECOLOURED) + r")\b")
+
+
+def recolour(text: str) -> str:
+    """``text`` with every colour name swapped as :data:`RECOLOURED` says."""
+    return _COLOUR_WORD.sub(lambda match: RECOLOURED[match.group(1)], text)
 
 _WALL = OBJECT_TO_IDX["wall"]
 _DOOR = OBJECT_TO_IDX["door"]
