@@ -218,12 +218,18 @@ def show(run_dir: str, as_json: bool) -> None:
               type=click.Choice(["success", "test_seen", "test_unseen", "progress", "learn_cost", "method"]),
               help="Row order (invalid runs always last).")
 def leaderboard(run_dirs: tuple[str, ...], out: str | None, allow_mixed: bool, sort: str) -> None:
-    """Build a leaderboard (README.md, index.html, leaderboard.json, plots) from finished runs."""
+    """Build a leaderboard (README.md, index.html, leaderboard.json, plots) from finished runs.
+    A folder of `arena experiment` among them is shown in the board's section of experiments."""
     from arena.report import ReportError, build_tables, load_runs, write_board
+    from arena.report.experiments import ExperimentError, is_experiment, load_experiment
 
+    runs: list[Path | str] = [path for path in run_dirs if not is_experiment(path)]
+    if not runs:
+        raise click.UsageError("Give at least one run: an experiment is shown beside the runs of a board.")
     try:
-        tables = build_tables(load_runs(list(run_dirs)), allow_mixed=allow_mixed, sort=sort)
-    except ReportError as exc:
+        tables = build_tables(load_runs(runs), allow_mixed=allow_mixed, sort=sort)
+        experiments = [load_experiment(path) for path in run_dirs if is_experiment(path)]
+    except (ReportError, ExperimentError) as exc:
         raise click.ClickException(str(exc)) from exc
     envs = [table.env for table in tables]
     if out is None:
@@ -232,12 +238,14 @@ def leaderboard(run_dirs: tuple[str, ...], out: str | None, allow_mixed: bool, s
                                    "choose a folder with --out.")
         out = str(Path("leaderboards") / envs[0])
     try:
-        written = write_board(tables, out)
+        written = write_board(tables, out, experiments)
     except OSError as exc:
         raise click.ClickException(f"Cannot write the leaderboard to {out}: {exc.strerror or exc}. "
                                    "Choose a folder you can write with --out.") from exc
     for table in tables:
         console.print(escape(f"{table.env}: {len(table.rows)} rows ({', '.join(row.name for row in table.rows)})"))
+    for report in experiments:
+        console.print(escape(f"experiment {report.name} over {report.source}: {len(report.arms)} arms"))
     console.print(f"Wrote {len(written)} files to {out}: README.md, index.html, leaderboard.json, plots/")
 
 

@@ -2,7 +2,8 @@
 
 A board is only worth what can be checked: this rebuilds each ``leaderboards/<name>/`` from its
 runs' small files (results.json, episodes.jsonl, config.yaml, state.json, and verification.json
-where ``arena verify`` checked the run before it was committed) exactly as
+where ``arena verify`` checked the run before it was committed), and its experiments
+(``<board>/experiments/*/``: experiment.json and each arm's small files), exactly as
 ``arena leaderboard`` does, and compares the result with the committed ``leaderboard.json``.
 """
 
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 
 from arena.report import build_tables, load_runs
+from arena.report.experiments import load_experiment
 from arena.report.render import board_json
 
 BOARDS = Path(__file__).resolve().parents[1] / "leaderboards"
@@ -32,6 +34,10 @@ def without_clocks(value: Any) -> Any:
     return value
 
 
+#: What a committed run (or an experiment's arm) keeps: its small files.
+SMALL_FILES = {"results.json", "episodes.jsonl", "config.yaml", "state.json", "metrics.jsonl", "verification.json"}
+
+
 def board_runs(board: Path) -> list[Path]:
     return sorted(path.parent for path in (board / "runs").glob("*/results.json"))
 
@@ -46,10 +52,13 @@ def test_committed_board_rebuilds_from_its_committed_runs(board: str) -> None:
     assert runs, f"{folder} has no runs/*/results.json: commit the runs it was built from"
     for run in runs:
         kept = {path.name for path in run.iterdir()}
-        assert kept <= {"results.json", "episodes.jsonl", "config.yaml", "state.json", "metrics.jsonl",
-                        "verification.json"}, (run, kept)
+        assert kept <= SMALL_FILES, (run, kept)
+    experiments = sorted(path.parent for path in (folder / "experiments").glob("*/experiment.json"))
+    for experiment in experiments:  # each arm's small files, as a run's
+        for arm in (p for p in experiment.iterdir() if p.is_dir()):
+            assert {path.name for path in arm.iterdir()} <= SMALL_FILES, arm
     committed = json.loads((folder / "leaderboard.json").read_text())
-    rebuilt = board_json(build_tables(load_runs(runs)))
+    rebuilt = board_json(build_tables(load_runs(runs)), [load_experiment(path) for path in experiments])
     assert without_clocks(json.loads(json.dumps(rebuilt))) == without_clocks(committed)
 
 

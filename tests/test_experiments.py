@@ -218,6 +218,21 @@ def test_the_command_prints_each_arm_against_its_control(learned, tmp_path, monk
     assert "other_type" in result.output and "p = " in result.output
     refused = CliRunner().invoke(cli, ["experiment", "conflict", str(run.path), "--out", str(tmp_path / "c")])
     assert refused.exit_code != 0 and "--change env.KEY=VALUE" in refused.output
+    board = CliRunner().invoke(cli, ["leaderboard", str(run.path), str(tmp_path / "exp"), "--out",
+                                     str(tmp_path / "board")])
+    assert board.exit_code == 0, board.output
+    shown = json.loads((tmp_path / "board" / "leaderboard.json").read_text())
+    assert [row["method"] for table in shown["tables"] for row in table["rows"]] == ["rag"]  # arms unranked
+    summary = json.loads((tmp_path / "exp" / "experiment.json").read_text())
+    (experiment,) = shown["experiments"]
+    assert experiment["comparisons"] == summary["comparisons"]  # rebuilt from the arms' files
+    page = (tmp_path / "board" / "README.md").read_text()
+    assert "## Experiments" in page and "| other_type | own | test_seen |" in page
+    assert "Experiments</h2>" in (tmp_path / "board" / "index.html").read_text()
+    (tmp_path / "exp" / "none" / "results.json").unlink()
+    unfinished = CliRunner().invoke(cli, ["leaderboard", str(run.path), str(tmp_path / "exp"), "--out",
+                                          str(tmp_path / "board2")])
+    assert unfinished.exit_code != 0 and "the arms none have not finished" in unfinished.output
 
 
 RULE = "rule"

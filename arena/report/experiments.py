@@ -286,3 +286,45 @@ def _in_factor(field_name: str, factor: list[str]) -> bool:
 
 def _task_types(run: Run) -> dict[str, str]:
     return {record.task_id: record.task_type for record in run.evaluated()}
+
+
+@dataclass
+class ExperimentReport:
+    """A finished experiment as a board shows it, rebuilt from its arms' small files."""
+
+    name: str
+    folder: str
+    source: str  # the source run's folder name
+    method: str
+    env: str
+    factor: list[str]
+    options: dict[str, Any]
+    arms: list[str]
+    comparisons: list[dict[str, Any]]
+    second_phase: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def is_experiment(path: Path | str) -> bool:
+    return (Path(path) / EXPERIMENT_FILE).is_file()
+
+
+def load_experiment(path: Path | str) -> ExperimentReport:
+    """The experiment in ``path``, its comparisons computed again from its arms."""
+    path = Path(path)
+    data = read_json(path / EXPERIMENT_FILE, "its experiment file")
+    learns = data.get("learning_arms", {})
+    plan = Plan(data["experiment"], data["source"],
+                [Arm(name, settings, learns.get(name)) for name, settings in data["arms"].items()],
+                [(arm, control) for arm, control in data["pairs"]], list(data["factor"]), data.get("options", {}))
+    unfinished = [arm.name for arm in plan.arms if not (path / arm.name / RESULTS).is_file()]
+    if unfinished:
+        raise ExperimentError(f"{path}: the arms {', '.join(unfinished)} have not finished. Run the "
+                              "experiment's command again with the same --out to finish them.")
+    first = load_run(path / plan.arms[0].name, verification=False)
+    return ExperimentReport(name=plan.name, folder=path.name, source=Path(plan.source).name,
+                            method=first.method, env=first.env, factor=plan.factor, options=plan.options,
+                            arms=[arm.name for arm in plan.arms], comparisons=summarise(plan, path),
+                            second_phase=data.get("second_phase"))

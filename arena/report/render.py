@@ -14,6 +14,7 @@ from typing import Any
 
 import arena
 from arena.report.aggregate import WARMSTART_FIELD, Row, Table
+from arena.report.experiments import ExperimentReport
 from arena.report.plots import Plot, table_plots
 
 BOARD_SCHEMA_VERSION = 1
@@ -155,6 +156,13 @@ def main_cells(table: Table, rank: int, row: Row) -> list[str]:
             + ["; ".join(row.flags) or "-"])
 
 
+EXPERIMENTS_NOTE = (
+    "Each experiment (arena experiment, docs/experiments.md) evaluates one run's learned state "
+    "again per arm, each arm changing one factor the harness applies; every arm is paired with its "
+    "control task by task: the difference in success with its paired bootstrap interval and the "
+    "exact sign-flip p-value. Arms are never ranked in the tables above.")
+
+
 def notes(tables: list[Table]) -> list[str]:
     """The board's notes; the one on verification only where a table shows it."""
     return NOTES + ([VERIFY_NOTE] if any(shows_verification(table) for table in tables) else [])
@@ -192,7 +200,41 @@ def _md_table(columns: list[str], rows: list[list[str]]) -> list[str]:
     return lines
 
 
-def markdown(tables: list[Table], plots: dict[str, list[Plot]]) -> str:
+# -- experiments (arena experiment) -------------------------------------------------------------
+
+EXPERIMENT_COLUMNS = ["Arm", "Control", "Split", "Arm success", "Control success",
+                      "Difference [95 % CI]", "p (exact paired)", "Pairs", "Also differs in"]
+
+
+def experiment_title(report: ExperimentReport) -> str:
+    return f"{report.name}: {report.method} on {report.env}, run {report.source} ({report.folder})"
+
+
+def experiment_line(report: ExperimentReport) -> str:
+    options = "; ".join(f"{key} {value}" for key, value in sorted(report.options.items()))
+    phase = report.second_phase
+    learned = (f"; second learning phase: {phase['episodes']} episodes, store {phase['items_before']} -> "
+               f"{phase['items_after']} items" + (f" ({phase['note']})" if phase.get("note") else "")
+               if phase else "")
+    return (f"Factor: {', '.join(report.factor)}; arms {', '.join(report.arms)}"
+            + (f"; {options}" if options else "") + learned)
+
+
+def experiment_cells(row: dict[str, Any], with_type: bool = False) -> list[str]:
+    low, high = row["ci95"]
+    return ([row["task_type"]] if with_type else []) + [
+        row["arm"], row["control"], row["split"], pct(row["success_arm"]), pct(row["success_control"]),
+        f"{row['difference'] * 100:+.1f} [{low * 100:+.1f}, {high * 100:+.1f}]", f"{row['p_value']:.3g}",
+        str(row["pairs"]), ", ".join(row["other_differences"]) or "-"]
+
+
+def experiment_rows(report: ExperimentReport, overall: bool) -> list[list[str]]:
+    return [experiment_cells(row, with_type=not overall) for row in report.comparisons
+            if (row["task_type"] == "all") == overall]
+
+
+def markdown(tables: list[Table], plots: dict[str, list[Plot]],
+             experiments: list[ExperimentReport] | None = None) -> str:
     lines = ["# Arena leaderboard", ""]
     for table in tables:
         lines += [f"## {table.env}", "", f"Protocol: {protocol_line(table)}. Sorted by {table.sort}.", ""]
@@ -213,6 +255,14 @@ def markdown(tables: list[Table], plots: dict[str, list[Plot]]) -> str:
         lines.append("")
         for plot in plots.get(table.env, []):
             lines += [f"![{plot.title}](plots/{plot.name}.png)", ""]
+    if experiments:
+        lines += ["## Experiments", "", EXPERIMENTS_NOTE, ""]
+    for report in experiments or []:
+        lines += [f"### {experiment_title(report)}", "", experiment_line(report) + ".", ""]
+        lines += _md_table(EXPERIMENT_COLUMNS, experiment_rows(report, overall=True))
+        lines += ["", "<details>", "<summary>per task type</summary>", ""]
+        lines += _md_table(["Task type", *EXPERIMENT_COLUMNS], experiment_rows(report, overall=False))
+        lines += ["", "</details>", ""]
     lines += ["Notes:", ""] + [f"- {note}" for note in notes(tables)] + [""]
     return "\n".join(lines)
 
@@ -277,7 +327,8 @@ def _html_table(columns: list[str], rows: list[list[str]], classes: list[str] | 
             f'<tbody>{"".join(body)}</tbody></table></div>')
 
 
-def html_page(tables: list[Table], plots: dict[str, list[Plot]]) -> str:
+def html_page(tables: list[Table], plots: dict[str, list[Plot]],
+              experiments: list[ExperimentReport] | None = None) -> str:
     parts = [
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
         f'<meta http-equiv="Content-Security-Policy" content="{_h(CSP)}">',
@@ -310,6 +361,17 @@ def html_page(tables: list[Table], plots: dict[str, list[Plot]]) -> str:
             parts.append(f'<figure><img class="plot" alt="{_h(plot.title)}" src="data:image/png;base64,{encoded}">'
                          f"<figcaption>{_h(plot.title)}</figcaption></figure>")
         parts.append("</section>")
+    if experiments:
+        parts.append(f'<section class="experiments" id="experiments"><h2>Experiments</h2>'
+                     f'<p class="note">{_h(EXPERIMENTS_NOTE)}</p>')
+        for report in experiments:
+            parts.append(f"<h3>{_h(experiment_title(report))}</h3>"
+                         f'<p class="protocol">{_h(experiment_line(report))}.</p>')
+            parts.append(_html_table(EXPERIMENT_COLUMNS, experiment_rows(report, overall=True)))
+            parts.append('<details class="task-types"><summary>per task type</summary>')
+            parts.append(_html_table(["Task type", *EXPERIMENT_COLUMNS], experiment_rows(report, overall=False)))
+            parts.append("</details>")
+        parts.append("</section>")
     parts.append('<ul class="note">' + "".join(f"<li>{_h(n)}</li>" for n in notes(tables)) + "</ul>")
     parts.append(f"<script>{JS}</script></body></html>")
     return "\n".join(parts) + "\n"
@@ -318,12 +380,16 @@ def html_page(tables: list[Table], plots: dict[str, list[Plot]]) -> str:
 # -- leaderboard.json and writing -------------------------------------------------------------
 
 
-def board_json(tables: list[Table]) -> dict[str, Any]:
-    return {"schema_version": BOARD_SCHEMA_VERSION, "arena_version": arena.__version__,
-            "notes": notes(tables), "tables": [table.to_json() for table in tables]}
+def board_json(tables: list[Table], experiments: list[ExperimentReport] | None = None) -> dict[str, Any]:
+    board = {"schema_version": BOARD_SCHEMA_VERSION, "arena_version": arena.__version__,
+             "notes": notes(tables), "tables": [table.to_json() for table in tables]}
+    if experiments:  # absent otherwise, so boards made before keep their files
+        board["experiments"] = [report.to_json() for report in experiments]
+    return board
 
 
-def write_board(tables: list[Table], out: Path | str) -> list[Path]:
+def write_board(tables: list[Table], out: Path | str,
+                experiments: list[ExperimentReport] | None = None) -> list[Path]:
     """Write README.md, index.html, leaderboard.json and plots/*.png into ``out``.
 
     Everything is rendered before anything is written, and each file is replaced whole (written
@@ -333,8 +399,9 @@ def write_board(tables: list[Table], out: Path | str) -> list[Path]:
     plots = {table.env: table_plots(table) for table in tables}
     files: list[tuple[Path, bytes]] = [
         (out / "plots" / f"{plot.name}.png", plot.png) for env_plots in plots.values() for plot in env_plots]
-    for name, text in (("README.md", markdown(tables, plots)), ("index.html", html_page(tables, plots)),
-                       ("leaderboard.json", json.dumps(board_json(tables), indent=2) + "\n")):
+    for name, text in (("README.md", markdown(tables, plots, experiments)),
+                       ("index.html", html_page(tables, plots, experiments)),
+                       ("leaderboard.json", json.dumps(board_json(tables, experiments), indent=2) + "\n")):
         files.append((out / name, text.encode()))
     (out / "plots").mkdir(parents=True, exist_ok=True)
     for path, data in files:
