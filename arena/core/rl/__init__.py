@@ -29,6 +29,7 @@ from arena.core.rl.data import (
     step_anchors,
     terminal_rewards,
 )
+from arena.core.rl.ledger import StepLedger
 
 if TYPE_CHECKING:
     from arena.core.rl.checkpointed import CheckpointedTrainer
@@ -71,6 +72,7 @@ __all__ = [
     "PolicyTrainer",
     "RoleStats",
     "Sample",
+    "StepLedger",
     "TrainerConfig",
     "Turn",
     "assign_advantages",

@@ -184,10 +184,18 @@ class EvolvingRL:
         run.keep_rollouts()  # a kill mid-iteration must not lose the rollouts played
         self._trainer: rl.CheckpointedTrainer | None = None
         self.iterations_done = 0
-        recorded = int(self._state(run)["iterations_done"])
+        state = self._state(run)
+        recorded = int(state["iterations_done"])
         if recorded or run.method_state.checkpoints().latest():
             # A resumed run: serve the learned weights before anything is played or digested.
             self.iterations_done = self.trainer(run).resume(recorded, "iterations")
+            counted = rl.StepLedger(run, state).recover(self.iterations_done)
+            if counted is not None:  # killed between a checkpoint and the state that counts it
+                state["iterations_done"] = self.iterations_done
+                run.method_state.save(state)
+                run.discard_rollouts()
+                self._candidates_file(self.iterations_done - 1).unlink(missing_ok=True)
+                run.log_metrics(self.iterations_done, counted)  # its held-out point is lost
         if run.learning_finished():
             self.trainer(run).serve()  # the very state the pre-evaluation digest covers
 
@@ -211,8 +219,10 @@ class EvolvingRL:
         train = run.tasks("train")
         iterations = run.progress("evolving_rl iterations", total=self.cfg.iterations)
         iterations.update(self.iterations_done)
+        ledger = rl.StepLedger(run, state)
+        ledger.charge_owed()
         with iterations:
-            self._iterate(run, trainer, state, train, iterations)
+            self._iterate(run, trainer, state, train, iterations, ledger)
         trainer.serve()
         return True
 
@@ -233,7 +243,7 @@ class EvolvingRL:
         return every > 0 and (iterations_done % every == 0 or last)
 
     def _iterate(self, run: Run, trainer: rl.CheckpointedTrainer, state: dict[str, Any],
-                 train: list[Task], iterations: Any) -> None:
+                 train: list[Task], iterations: Any, ledger: rl.StepLedger) -> None:
         if self.iterations_done == 0 and self._held_out_due(0) and "valid_before" not in state:
             state["valid_before"] = self._held_out_success(run, 0)
             run.method_state.save(state)
@@ -262,14 +272,18 @@ class EvolvingRL:
             if samples:
                 metrics.update(trainer.update(samples, mini_batch_size=self.cfg.mini_batch_size,
                                               rng=rng, progress=run.progress, label=tag))
-                run.charge(gradient_steps=int(metrics["updates"]))
+            # Charged once the checkpoint and the state that counts it are saved (rl.StepLedger).
+            ledger.pending(iteration + 1, int(metrics.get("updates", 0)), metrics)
+            run.method_state.save(state)
             trainer.save(iteration + 1)
             if self._held_out_due(iteration + 1):
                 metrics["valid_success"] = self._held_out_success(run, iteration + 1)
             run.discard_rollouts()
             self._candidates_file(iteration).unlink(missing_ok=True)
             self.iterations_done = state["iterations_done"] = iteration + 1
+            ledger.saved()
             run.method_state.save(state)
+            ledger.charge_owed()
             run.log_metrics(iteration + 1, metrics)  # step: iterations done
             iterations.update(iteration + 1, note=_progress_note(metrics))
 

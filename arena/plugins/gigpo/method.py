@@ -87,29 +87,18 @@ class GiGPO:
         if recorded or run.method_state.checkpoints().latest():
             # A resumed run serves its learned weights before anything is played or digested.
             self.iterations_done = self.trainer(run).resume(recorded, "iterations")
-            pending = state.get("pending")
-            if self.iterations_done > recorded and pending and int(pending["iteration"]) == recorded:
-                # Killed between a checkpoint and the state that counts it: count it now.
+            counted = rl.StepLedger(run, state).recover(self.iterations_done)
+            if counted is not None:  # killed between a checkpoint and the state that counts it
                 state["iterations_done"] = self.iterations_done
-                state["gradient_steps"] = int(state["gradient_steps"]) + int(pending["updates"])
-                state.pop("pending")
                 run.method_state.save(state)
                 run.discard_rollouts()
-                run.log_metrics(self.iterations_done, pending["metrics"])  # its held-out point is lost
+                run.log_metrics(self.iterations_done, counted)  # its held-out point is lost
         if run.learning_finished():
             self.trainer(run).serve()
 
     @staticmethod
     def _state(run: Run) -> dict[str, Any]:
         return run.method_state.load({"iterations_done": 0, "gradient_steps": 0})
-
-    @staticmethod
-    def _charge_checkpointed(run: Run, state: dict[str, Any]) -> None:
-        """Charge the optimizer steps of the checkpointed iterations not charged yet: repeatable,
-        so a run killed between its checkpoint and its charge neither loses nor doubles steps."""
-        owed = int(state["gradient_steps"]) - int(run.budget.used.get("gradient_steps", 0))
-        if owed > 0:
-            run.charge(gradient_steps=owed)
 
     def trainer(self, run: Run) -> rl.CheckpointedTrainer:
         if self._trainer is None:
@@ -121,7 +110,8 @@ class GiGPO:
         trainer = self.trainer(run)
         state = self._state(run)
         train = run.tasks(run.learn_split)
-        self._charge_checkpointed(run, state)
+        ledger = rl.StepLedger(run, state)
+        ledger.charge_owed()
         with run.progress("gigpo iterations", total=self.cfg.iterations) as shown:
             shown.update(self.iterations_done)
             if self.iterations_done == 0 and self._held_out_due(0) and "valid_before" not in state:
@@ -132,19 +122,17 @@ class GiGPO:
                 if run.budget_exhausted():
                     break
                 metrics = self._iteration(run, trainer, train, iteration)
-                # The optimizer steps are counted before the checkpoint they belong to is saved,
-                # and charged only once both are: a kill anywhere neither loses nor doubles them.
-                state["pending"] = {"iteration": iteration, "updates": int(metrics.get("updates", 0)),
-                                    "metrics": metrics}
+                # Charged once the checkpoint and the state that counts it are saved (rl.StepLedger).
+                ledger.pending(iteration + 1, int(metrics.get("updates", 0)), metrics)
                 run.method_state.save(state)
                 trainer.save(iteration + 1)
                 if self._held_out_due(iteration + 1):
                     metrics["valid_success"] = self._held_out_success(run, iteration + 1)
                 run.discard_rollouts()
                 self.iterations_done = state["iterations_done"] = iteration + 1
-                state["gradient_steps"] = int(state["gradient_steps"]) + int(state.pop("pending")["updates"])
+                ledger.saved()
                 run.method_state.save(state)
-                self._charge_checkpointed(run, state)
+                ledger.charge_owed()
                 run.log_metrics(iteration + 1, metrics)  # step: iterations done
                 shown.update(iteration + 1, note=f"train success {metrics['success']:.0%}")
         trainer.serve()

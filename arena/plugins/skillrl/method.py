@@ -167,7 +167,13 @@ class SkillRL:
             if state["sft"].get("done") and not state["sft"].get("skipped"):
                 self._restore_sft(run)  # the reference weights, before anything is digested
             if int(state["steps_done"]) or run.method_state.checkpoints().latest():
-                self.trainer(run).resume(int(state["steps_done"]), "RL steps")
+                latest = self.trainer(run).resume(int(state["steps_done"]), "RL steps")
+                counted = rl.StepLedger(run, state).recover(latest)
+                if counted is not None:  # killed between a checkpoint and the state that counts it
+                    state["steps_done"] = latest
+                    run.discard_rollouts()
+                    self._save(run, state)
+                    run.log_metrics(latest, counted)
             if run.learning_finished() and self._trainer is not None:
                 self._trainer.serve()
 
@@ -261,6 +267,8 @@ class SkillRL:
         if state["valid_used"]:
             run.tasks("valid")  # a resumed session records again that valid was learned from
         sync_store(run.store, self.bank(state))  # creates the store: digested either way
+        ledger = rl.StepLedger(run, state)  # the optimizer steps, charged once each
+        ledger.charge_owed()
         if state["stage"] == COLLECT:
             self._collect(run)
             state["stage"] = DISTILL
@@ -273,10 +281,12 @@ class SkillRL:
             state["sft"] = self._sft(run, state) if self.cfg.sft.enabled else {"skipped": "disabled"}
             state["sft"]["done"] = True
             state["stage"] = RL
+            ledger.count(int(state["sft"].get("sft/steps", 0)))
             run.discard_rollouts()
             self._save(run, state)
+            ledger.charge_owed()
         if state["stage"] == RL:
-            self._rl(run, state)
+            self._rl(run, state, ledger)
             state["stage"] = DONE
             self._save(run, state)
         if self._trainer is not None:
@@ -381,8 +391,7 @@ class SkillRL:
                                                  settings, self.work, seed, on_step=shown.update)
         backend.model = model
         backend.mark_weights_changed()
-        run.charge(gradient_steps=int(metrics["sft/steps"]))
-        return {**summary, **metrics}
+        return {**summary, **metrics}  # its sft/steps are charged once the state keeps them
 
     def _demonstration(self, run: Run, task: Task, experiences: list[Experience], seed: int,
                        mode: str) -> DemonstrationPolicy:
@@ -395,7 +404,7 @@ class SkillRL:
 
     # -- GRPO and evolution ----------------------------------------------------------------------
 
-    def _rl(self, run: Run, state: dict[str, Any]) -> None:
+    def _rl(self, run: Run, state: dict[str, Any], ledger: rl.StepLedger) -> None:
         cfg = self.cfg.rl
         steps = cfg.steps
         every = self.cfg.evolution.every
@@ -403,12 +412,12 @@ class SkillRL:
         trainer = self.trainer(run) if steps > 0 else None
         with run.progress("skillrl: RL steps", total=steps) as shown:
             shown.update(int(state["steps_done"]))
-            self._rl_steps(run, state, train, trainer, shown)
+            self._rl_steps(run, state, train, trainer, shown, ledger)
         if evolution_due(int(state["steps_done"]), every, state["evolved_at"]):
             self._evolve(run, state, int(state["steps_done"]))
 
     def _rl_steps(self, run: Run, state: dict[str, Any], train: list[Task],
-                  trainer: rl.CheckpointedTrainer | None, shown: Any) -> None:
+                  trainer: rl.CheckpointedTrainer | None, shown: Any, ledger: rl.StepLedger) -> None:
         cfg = self.cfg.rl
         steps = cfg.steps
         every = self.cfg.evolution.every
@@ -441,11 +450,15 @@ class SkillRL:
                 # ``rl.mini_batch_size``, one optimizer step each (null: one step).
                 metrics.update(trainer.update(samples, mini_batch_size=cfg.mini_batch_size,
                                               progress=run.progress, label=f"step{step}"))
-                run.charge(gradient_steps=int(metrics["updates"]))
+            # Charged once the checkpoint and the state that counts it are saved (rl.StepLedger).
+            ledger.pending(step + 1, int(metrics.get("updates", 0)), metrics)
+            self._save(run, state)
             trainer.save(step + 1)
             run.discard_rollouts()
             state["steps_done"] = step + 1
+            ledger.saved()
             self._save(run, state)
+            ledger.charge_owed()
             run.log_metrics(step + 1, metrics)  # step: RL steps done
             shown.update(step + 1, note=f"success {metrics['success']:.0%}")
 

@@ -1,0 +1,71 @@
+"""Optimizer steps charged to the learning budget exactly once per checkpoint, whatever kills a run.
+
+An RL method's update and the checkpoint that keeps it are two writes; the budget's charge is a
+third. Charged before the checkpoint, a kill between the two charges the rerun update twice;
+charged after, a kill between them loses the charge. The ledger keeps, in the method's own state
+(``run.method_state``), the steps of the saved checkpoints (``gradient_steps``) and the update
+waiting for its checkpoint (``pending``), and charges the budget from that count: repeatable, so
+a resumed run neither loses nor doubles a step. Evolving-RL, GiGPO and SkillRL share it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+
+class _Run(Protocol):
+    """What the ledger needs of ``arena.Run``: the budget's use and its charge."""
+
+    @property
+    def budget(self) -> Any: ...
+
+    def charge(self, **amounts: int) -> None: ...
+
+
+COUNTED, PENDING = "gradient_steps", "pending"
+
+
+class StepLedger:
+    """The optimizer steps of ``state``'s saved checkpoints, charged once (module docstring).
+
+    The caller saves ``state`` (its method state) after :meth:`pending` and :meth:`saved`."""
+
+    def __init__(self, run: _Run, state: dict[str, Any]) -> None:
+        self.run = run
+        self.state = state
+        # A state from before the ledger (a run resumed by a newer Arena): what was charged.
+        state.setdefault(COUNTED, int(run.budget.used.get("gradient_steps", 0)))
+
+    @property
+    def counted(self) -> int:
+        return int(self.state[COUNTED])
+
+    def recover(self, latest_checkpoint: int) -> dict[str, Any] | None:
+        """On resume, with the newest checkpoint's number: an update whose checkpoint was saved
+        before the kill is counted now; its metrics are returned (else None). One whose
+        checkpoint was not saved stays pending: its iteration runs again and replaces it."""
+        pending = self.state.get(PENDING)
+        if pending is None or latest_checkpoint < int(pending["checkpoint"]):
+            return None
+        self.saved()
+        return dict(pending.get("metrics") or {})
+
+    def pending(self, checkpoint: int, updates: int, metrics: dict[str, Any] | None = None) -> None:
+        """The update of ``updates`` optimizer steps that checkpoint ``checkpoint`` will keep."""
+        self.state[PENDING] = {"checkpoint": int(checkpoint), "updates": int(updates),
+                               "metrics": dict(metrics or {})}
+
+    def saved(self) -> None:
+        """Its checkpoint is saved: count its steps."""
+        self.count(int(self.state.pop(PENDING)["updates"]))
+
+    def count(self, steps: int) -> None:
+        """Count ``steps`` whose result the method's state keeps itself (charged once the state
+        is saved and :meth:`charge_owed` runs)."""
+        self.state[COUNTED] = self.counted + int(steps)
+
+    def charge_owed(self) -> None:
+        """Charge the counted steps the budget has not been charged yet (repeatable)."""
+        owed = self.counted - int(self.run.budget.used.get("gradient_steps", 0))
+        if owed > 0:
+            self.run.charge(gradient_steps=owed)
