@@ -348,3 +348,21 @@ def test_stale_on_a_recoloured_babyai(plugins, fast, tmp_path):
     assert changed.results["protocol"]["env"]["recolour"] is True
     assert sorted(r.task_id for r in changed.evaluated()) == sorted(r.task_id for r in learned.evaluated())
     assert {tuple(r["other_differences"]) for r in summary["comparisons"]} == {()}, summary["comparisons"]
+
+
+def test_reflexion_learns_again_on_the_changed_world_beside_its_old_reflections(plugins, fast, tmp_path):
+    """A continued Reflexion tries every train task again and keeps both phases' reflections."""
+    from arena.core.store import stored_experiences
+
+    settings = fast + ["llm.reply=Open the fridge before taking the apple.", "method.train_tasks=2",
+                       "method.trials=2", "eval.limit=2", "eval.max_steps=3", "learn.max_steps=3"]
+    source, results = protocol.run("reflexion", overrides=settings, out=tmp_path / "reflexion", plugins=plugins)
+    first = results["state"]["memory_items"]
+    assert first > 0
+    summary = run_experiment(make_plan("conflict", source, change=("env.dialect=put",)), tmp_path / "conflict",
+                             plugins=plugins)
+    phase = summary["second_phase"]
+    assert phase["episodes"] == results["learn"]["used"]["episodes"] and "note" not in phase
+    assert phase["items_after"] == 2 * first  # the fake model fails alike in both worlds
+    trials = sorted({e.metadata["trial"] for e in stored_experiences(tmp_path / "conflict" / "both" / "store")})
+    assert trials == ["0", "1", "1.0", "1.1"]  # phase 1's trials, then phase 2's

@@ -15,6 +15,8 @@ Inside Arena's protocol:
 * **frozen evaluation** plays each test task once (the protocol's rule), so no reflection of
   its own exists: the prompt shows the ``test_memory`` reflections of the most similar train
   tasks (of the same task type by default). A named deviation (``docs/fidelity.md``).
+* **a second learning phase** (``run.continue_from``, ``arena experiment conflict``) tries every
+  train task again and stores its reflections beside the first phase's (trials ``1.0``, ``1.1``).
 * **the online track** also reflects on each failed test episode (``extract`` / ``update``), so
   later test tasks can retrieve reflections written on earlier ones: test-time learning,
   labelled ``online`` on every result.
@@ -75,6 +77,22 @@ class Reflexion:
     def _state(run: Run) -> dict[str, Any]:
         return run.method_state.load({"outcomes": {}})
 
+    @staticmethod
+    def _phase(run: Run, state: dict[str, Any]) -> int:
+        """Which learning phase this run is: 0, or one more than the run it continues from
+        (``run.continue_from``), which tries every train task again and keeps the reflections of
+        the earlier phases beside its own."""
+        source = run.cfg.run.get("continue_from")
+        if source and state.get("continued_from") != str(source):
+            state.update(continued_from=str(source), phase=int(state.get("phase", 0)) + 1, outcomes={})
+            run.method_state.save(state)
+        return int(state.get("phase", 0))
+
+    @staticmethod
+    def _trial_label(phase: int, trial: int) -> int | str:
+        """A trial's name in reflection ids: its number, prefixed by the phase after the first."""
+        return trial if phase == 0 else f"{phase}.{trial}"
+
     # -- learning ---------------------------------------------------------------------------
 
     def train_tasks(self, run: Run) -> list[Task]:
@@ -89,6 +107,7 @@ class Reflexion:
         """Rounds of trials: round ``r`` plays trial ``r`` of every task not yet solved, side by
         side, then reflects on the failures that will be tried again."""
         state = self._state(run)
+        phase = self._phase(run, state)
         outcomes: dict[str, list[bool]] = state["outcomes"]
         tasks = self.train_tasks(run)
         if not run.store_exists():
@@ -101,11 +120,11 @@ class Reflexion:
                 if not due:
                     shown.update(trial + 1)
                     continue
-                played, stopped = self._play_round(run, due, trial, seed)
+                played, stopped = self._play_round(run, due, trial, seed, phase)
                 # As the authors, every failure is reflected on, the last trial's too: those
                 # reflections are what similar test tasks are shown.
                 failures = [t for t in played if not t.success and t.status is not Termination.ERROR]
-                self._reflect(run, failures, trial, seed * 1_000 + trial)
+                self._reflect(run, failures, trial, seed * 1_000 + trial, phase)
                 for trajectory in played:
                     outcomes.setdefault(trajectory.task.task_id, []).append(bool(trajectory.success))
                 run.method_state.save(state)
@@ -119,14 +138,15 @@ class Reflexion:
                     break
         return True
 
-    def _memory(self, run: Run, task: Task, trial: int) -> list[Experience]:
-        """The task's reflections on its trials before ``trial``, the last ``memory_size``."""
-        ids = [reflection_id(task, earlier) for earlier in range(trial)]
+    def _memory(self, run: Run, task: Task, trial: int, phase: int) -> list[Experience]:
+        """The task's reflections on its trials of this phase before ``trial``, the last
+        ``memory_size``."""
+        ids = [reflection_id(task, self._trial_label(phase, earlier)) for earlier in range(trial)]
         found = {e.experience_id: e for e in run.store.get(ids)}
         kept = [found[i] for i in ids if i in found]
         return kept[-self.cfg.memory_size:] if self.cfg.memory_size else []
 
-    def _play_round(self, run: Run, due: list[Task], trial: int, seed: int
+    def _play_round(self, run: Run, due: list[Task], trial: int, seed: int, phase: int
                     ) -> tuple[list[Trajectory], bool]:
         """Trial ``trial`` of each due task within the episode budget: recorded ones are read
         back. Returns the trajectories (task order) and whether a budget ended the round."""
@@ -136,7 +156,7 @@ class Reflexion:
         stopped = left is not None and left < len(to_play)
         if left is not None:
             to_play = to_play[:left]
-        requests = [EpisodeRequest(task, self._memory(run, task, trial), seed, variant) for task in to_play]
+        requests = [EpisodeRequest(task, self._memory(run, task, trial, phase), seed, variant) for task in to_play]
         played: dict[str, Trajectory] = {}
         try:
             for request, trajectory in zip(requests, run.play_many(requests)):
@@ -152,20 +172,24 @@ class Reflexion:
                 result.append(found)
         return result, stopped
 
-    def _reflect(self, run: Run, failures: list[Trajectory], trial: int | str, seed: int) -> list[Experience]:
+    def _reflect(self, run: Run, failures: list[Trajectory], trial: int, seed: int, phase: int) -> list[Experience]:
         """One reflection per failure (one batched generate call), stored unless already there."""
-        failures = [t for t in failures if not run.store.get([reflection_id(t.task, trial)])]
+        label = self._trial_label(phase, trial)
+        failures = [t for t in failures if not run.store.get([reflection_id(t.task, label)])]
         if not failures:
             return []
-        experiences = self._write(run, failures, trial, seed)
+        memory = {t.task.task_id: self._memory(run, t.task, trial, phase) for t in failures}
+        experiences = self._write(run, failures, label, seed, memory)
         run.store.add(experiences, index_texts=[str(e.metadata["goal"]) for e in experiences])
         return experiences
 
-    def _write(self, run: Run, failures: list[Trajectory], trial: int | str, seed: int) -> list[Experience]:
+    def _write(self, run: Run, failures: list[Trajectory], trial: int | str, seed: int,
+               memory: dict[str, list[Experience]] | None = None) -> list[Experience]:
+        """Reflections on ``failures``, each shown the task's earlier reflections in ``memory``."""
         params = SamplingParams(temperature=self.cfg.reflection_temperature,
                                 max_new_tokens=self.cfg.reflection_max_tokens, seed=seed)
-        prompts = [reflection_prompt(t, self._memory(run, t.task, trial) if isinstance(trial, int) else [],
-                                     self.cfg.transcript_chars, run.env.instructions) for t in failures]
+        prompts = [reflection_prompt(t, (memory or {}).get(t.task.task_id, []), self.cfg.transcript_chars,
+                                     run.env.instructions) for t in failures]
         generations = run.llm.generate(prompts, params)
         return [reflection_experience(t, parse_reflection(g.text) or "(the model wrote nothing)", trial)
                 for t, g in zip(failures, generations)]
