@@ -225,11 +225,11 @@ def test_reflexion_indexes_reflections_by_their_tasks_goal(plugins) -> None:
     failures = [Trajectory(Task(f"household/train/{i}", "household", "train", "t", goal), "start",
                            [Step("look", "Nothing happens.", True)], Termination.STEP_LIMIT)
                 for i, goal in enumerate(goals)]
-    added = method._reflect(run, failures, 0, seed=0)
+    added = method._reflect(run, failures, 0, seed=0, phase=0)
     assert [e.experience_id for e in added] == [reflection_id(t.task, 0) for t in failures]
     (best, _), *_ = run.store.query("clean some cup and put it in shelf.", k=2)
     assert best.metadata["task_id"] == "household/train/1"
-    assert method._reflect(run, failures, 0, seed=0) == []  # a replayed round adds nothing twice
+    assert method._reflect(run, failures, 0, seed=0, phase=0) == []  # a replayed round adds nothing twice
     assert reflection_id(Task("t", "household", "train", "x", "g"), 2) == "reflexion:train:t:2"
 
 
