@@ -366,3 +366,21 @@ def test_reflexion_learns_again_on_the_changed_world_beside_its_old_reflections(
     assert phase["items_after"] == 2 * first  # the fake model fails alike in both worlds
     trials = sorted({e.metadata["trial"] for e in stored_experiences(tmp_path / "conflict" / "both" / "store")})
     assert trials == ["0", "1", "1.0", "1.1"]  # phase 1's trials, then phase 2's
+
+
+def test_expel_gathers_again_on_the_changed_world_beside_its_old_trials(plugins, fast, tmp_path):
+    """A continued ExpeL gathers every train task again (its trials stored beside the first
+    phase's) and critiques them against the insights the first phase left."""
+    from arena.core.store import stored_experiences
+
+    settings = fast + ["method.max_reflections=1", "method.train_tasks=2", "eval.limit=2", "eval.max_steps=3",
+                       "learn.max_steps=3"]
+    source, results = protocol.run("expel", overrides=settings, out=tmp_path / "expel", plugins=plugins)
+    summary = run_experiment(make_plan("conflict", source, change=("env.dialect=put",)), tmp_path / "conflict",
+                             plugins=plugins)
+    assert summary["second_phase"]["episodes"] == results["learn"]["used"]["episodes"] > 0
+    trials = [e for e in stored_experiences(tmp_path / "conflict" / "both" / "store") if e.kind == "trajectory"]
+    phases = sorted(int(e.metadata.get("phase", 0)) for e in trials)
+    assert phases == [0] * (len(trials) // 2) + [1] * (len(trials) // 2)
+    state = json.loads((tmp_path / "conflict" / "both" / "method" / "state.json").read_text())
+    assert state["phase"] == 1 and state["stage"] == "done" and state["gather"]["trials"] == len(trials) // 2

@@ -70,12 +70,12 @@ def trials_needed(outcomes: list[bool], max_reflections: int) -> bool:
     return not any(outcomes) and len(outcomes) < 1 + max_reflections
 
 
-def trajectory_id(task_id: str, trial: int) -> str:
-    return f"expel-trajectory:{task_id}:trial{trial}"
+def trajectory_id(task_id: str, trial: int, phase: int = 0) -> str:
+    return f"expel-trajectory:{task_id}:trial{trial}" + (f":phase{phase}" if phase else "")
 
 
 def trajectory_experience(trajectory: Trajectory, trial: int, reflections_shown: list[str],
-                          reflection: str, instructions: Instructions) -> Experience:
+                          reflection: str, instructions: Instructions, phase: int = 0) -> Experience:
     """One gathered trial as stored: the goal is the retrieval key, the transcript metadata."""
     task = trajectory.task
     return Experience(
@@ -91,8 +91,9 @@ def trajectory_experience(trajectory: Trajectory, trial: int, reflections_shown:
             "transcript": instructions.render(trajectory),
             "reflections_shown": list(reflections_shown),
             "reflection": reflection,
+            **({"phase": phase} if phase else {}),  # a later learning phase (run.continue_from)
         },
-        experience_id=trajectory_id(task.task_id, trial),
+        experience_id=trajectory_id(task.task_id, trial, phase),
     )
 
 
@@ -168,6 +169,7 @@ class ExpeL:
     def __init__(self, run: Run) -> None:
         self.cfg: ExpeLSettings = typed_config(run.cfg.method, ExpeLSettings)
         self.weights = self.cfg.weights
+        self.phase = 0  # the learning phase (set by learn)
 
     def _book(self, state: dict[str, Any]) -> InsightBook:
         book = InsightBook(self.cfg.max_insights, weights=self.weights,
@@ -183,6 +185,19 @@ class ExpeL:
     def _save(run: Run, state: dict[str, Any]) -> None:
         run.method_state.save(state)
 
+    @staticmethod
+    def _phase(run: Run, state: dict[str, Any]) -> int:
+        """Which learning phase this run is: 0, or one more than the run it continues from
+        (``run.continue_from``), which gathers every train task again and critiques its own trials
+        against the insights the earlier phases left (its trials are stored beside theirs)."""
+        source = run.cfg.run.get("continue_from")
+        if source and state.get("continued_from") != str(source):
+            fresh = fresh_state()
+            state.update(continued_from=str(source), phase=int(state.get("phase", 0)) + 1, stage=GATHER,
+                         jobs=fresh["jobs"], jobs_done=fresh["jobs_done"], gather=fresh["gather"])
+            run.method_state.save(state)
+        return int(state.get("phase", 0))
+
     def _sampling(self, run: Run, max_new_tokens: int, seed: int) -> SamplingParams:
         sampling = run.cfg.learn.sampling
         return SamplingParams(temperature=float(sampling.temperature), top_p=float(sampling.top_p),
@@ -193,6 +208,7 @@ class ExpeL:
     @arena.hookimpl
     def learn(self, run: Run) -> bool:
         state = self._state(run)
+        self.phase = self._phase(run, state)
         self._sync_insights(run, self._book(state))  # also creates the store: digested either way
         if state["stage"] == GATHER:
             tasks = self.train_tasks(run)
@@ -220,6 +236,8 @@ class ExpeL:
     def _stored_trials(self, run: Run) -> dict[str, dict[int, Experience]]:
         trials: dict[str, dict[int, Experience]] = {}
         for experience in run.store.all(kind=TRAJECTORY):
+            if int(experience.metadata.get("phase", 0)) != self.phase:
+                continue  # an earlier learning phase's trial
             trials.setdefault(str(experience.metadata["task_id"]), {})[int(experience.metadata["trial"])] = experience
         return trials
 
@@ -248,7 +266,7 @@ class ExpeL:
             reflections = self._reflect(run, failures, seed=seed * 1_000 + trial)
             experiences = [
                 trajectory_experience(t, trial, shown[t.task.task_id], reflections.get(t.task.task_id, ""),
-                                      run.env.instructions)
+                                      run.env.instructions, self.phase)
                 for t in played
             ]
             if experiences:
@@ -298,7 +316,8 @@ class ExpeL:
         return {t.task.task_id: parse_reflection(g.text) for t, g in zip(failures, generations)}
 
     def _gather_summary(self, run: Run) -> dict[str, Any]:
-        trials = [e.metadata for e in run.store.all(kind=TRAJECTORY)]
+        trials = [e.metadata for e in run.store.all(kind=TRAJECTORY)
+                  if int(e.metadata.get("phase", 0)) == self.phase]
         by_trial: dict[str, list[int]] = {}
         for meta in trials:
             entry = by_trial.setdefault(str(meta["trial"]), [0, 0])
