@@ -18,6 +18,10 @@ back, never replayed); reflections sit in the stored trajectories; the insight l
 number of finished critiques are written to the method's state in one atomic write after each
 critique, and the store's insights are re-synced from it, so no critique is applied twice.
 
+A second learning phase (``run.continue_from``, ``arena experiment conflict``) gathers and
+critiques again, starting from the insight list the first phase left; its trials are stored
+beside the first phase's (marked with their phase), and both serve as few-shots at test.
+
 Stored trajectories carry the task's goal as their text (what the authors embed to retrieve
 few-shots by task similarity) and the transcript in their metadata.
 """
