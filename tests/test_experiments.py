@@ -193,6 +193,8 @@ def test_an_experiment_is_resumed_and_refuses_bad_requests(learned, plugins, tmp
     assert load_run(out / "none").seeds == [1]
     assert load_run(out / "none").config["eval"]["limit"] == 4  # the source evaluated 6 tasks
     (out / "none" / "results.json").unlink()  # an arm interrupted before its end
+    shutil.rmtree(out / "other_type")
+    (out / "other_type" / "store").mkdir(parents=True)  # one killed while it was being made
     again = run_experiment(plan, out, plugins=plugins)
     assert again["comparisons"] == first["comparisons"]
     assert {tuple(r["other_differences"]) for r in again["comparisons"]} == {()}

@@ -30,6 +30,7 @@ or they are named). Running the command again on the same ``--out`` resumes unfi
 from __future__ import annotations
 
 import json
+import shutil
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -37,7 +38,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from arena.core.rundir import CONFIG, RESULTS, read_json, write_json_atomic
+from arena.core.rundir import CONFIG, RESULTS, STATE, RunDir, read_json, write_json_atomic
 from arena.report.aggregate import CONTINUED_FIELD as CONTINUED
 from arena.report.compare import compare_runs, compare_split, paired_outcomes
 from arena.report.evaluate_state import (
@@ -51,7 +52,7 @@ from arena.report.runs import PRIMARY_VARIANT, Run, load_run
 
 EXPERIMENT_FILE = "experiment.json"
 EXPERIENCE = "eval.experience."
-#: Experiments that are built, and those the issue names that are not yet (said when asked for).
+#: The experiments (docs/experiments.md).
 NAMES = ("relevance", "poison", "transfer", "stale", "conflict")
 #: How a learning arm learns: from nothing, or from the source run's learned state.
 SCRATCH, CONTINUE = "scratch", "continue"
@@ -183,9 +184,13 @@ def run_experiment(plan: Plan, out: Path | str, *, plugins: Any = None) -> dict[
         folder = out / arm.name
         if (folder / RESULTS).is_file():
             continue
+        mark = {"name": plan.name, "arm": arm.name, "source_run": str(source.resolve()),
+                "settings": arm.settings, **({"learns": arm.learns} if arm.learns else {})}
+        if folder.exists() and not ((folder / CONFIG).is_file() and (folder / STATE).is_file()):
+            shutil.rmtree(folder)  # killed while it was being made: nothing of it was played
+        elif folder.exists() and not read_json(folder / STATE, "its state").get("experiment"):
+            RunDir(folder).update_state(experiment=mark)  # killed between its start and its mark
         if not folder.exists():
-            mark = {"name": plan.name, "arm": arm.name, "source_run": str(source.resolve()),
-                    "settings": arm.settings, **({"learns": arm.learns} if arm.learns else {})}
             try:
                 if arm.learns:
                     _prepare_learning(source, folder, arm, mark, plugins)
