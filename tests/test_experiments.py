@@ -332,8 +332,16 @@ def test_a_run_continues_only_from_a_finished_valid_run_of_its_method(placing, p
     with pytest.raises(RunDirError, match="not 'placing_rule'"):
         protocol.run("placing_rule", overrides=fast + [f"run.continue_from={placing['learns_once']}"],
                      out=tmp_path / "other", plugins=plugins)
+    with pytest.raises(RunDirError, match="own folder"):
+        protocol.run("placing_rule", overrides=fast + [f"run.continue_from={placing['placing_rule']}"],
+                     out=placing["placing_rule"], plugins=plugins)
+    with pytest.raises(RunDirError, match="already holds a run"):
+        protocol.run("learns_once", overrides=fast + [f"run.continue_from={placing['learns_once']}"],
+                     out=placing["placing_rule"], plugins=plugins)
+    assert load_run(placing["placing_rule"]).results["valid"]  # neither folder was touched
     with pytest.raises(RunDirError, match="not a finished run"):
-        protocol.run("placing_rule", overrides=fast + [f"run.continue_from={tmp_path}"],
+        (tmp_path / "empty").mkdir()
+        protocol.run("placing_rule", overrides=fast + [f"run.continue_from={tmp_path / 'empty'}"],
                      out=tmp_path / "nothing", plugins=plugins)
 
 

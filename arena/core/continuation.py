@@ -16,7 +16,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from arena.core.rundir import CONFIG, RESULTS, STATE, RunDirError, read_json
+from arena.core.rundir import CONFIG, RESULTS, STATE, RunDir, RunDirError, read_json
 
 #: What a run learned, in its folder: the experience store and the method's own state.
 LEARNED_STATE = ("store", "method")
@@ -28,10 +28,15 @@ def source_of(cfg: DictConfig) -> Path | None:
     return Path(str(value)) if value else None
 
 
-def check_source(source: Path, cfg: DictConfig) -> dict[str, Any]:
+def check_source(source: Path, cfg: DictConfig, target: RunDir) -> dict[str, Any]:
     """What the continued run starts from, checked: a finished, valid, frozen run of the same
-    method whose learning ended with a recorded digest."""
+    method whose learning ended with a recorded digest, and not the new run's own folder (nor
+    one holding a run already: its state would be replaced before the folder is refused)."""
     where = f"run.continue_from={source}"
+    if target.path.resolve() == source.resolve() or source.resolve() in target.path.resolve().parents:
+        raise RunDirError(f"{where} is the new run's own folder (--out): give the continued run a new one.")
+    if any((target.path / name).exists() for name in (CONFIG, STATE, RESULTS)):
+        raise RunDirError(f"{target.path} already holds a run: give the continued run a new --out.")
     if not (source / RESULTS).is_file() or not (source / CONFIG).is_file():
         raise RunDirError(f"{where} is not a finished run (no {RESULTS}): continue from a run "
                           "whose learning and evaluation ended (finish it with `arena run --resume`).")

@@ -125,7 +125,7 @@ def prepare(
     try:
         continued = continuation.source_of(cfg)
         if continued is not None:  # its learned state first: a run folder without it is no run yet
-            started_from = continuation.check_source(continued, cfg)
+            started_from = continuation.check_source(continued, cfg, run_dir)
             continuation.seed_learned_state(continued, run_dir.path)
         run_dir.create(cfg)
         if continued is not None:

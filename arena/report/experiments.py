@@ -38,7 +38,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from arena.core.rundir import CONFIG, RESULTS, STATE, RunDir, read_json, write_json_atomic
+from arena.core.rundir import CONFIG, RESULTS, STATE, RunDir, RunDirError, read_json, write_json_atomic
 from arena.report.aggregate import CONTINUED_FIELD as CONTINUED
 from arena.report.compare import compare_runs, compare_split, paired_outcomes
 from arena.report.evaluate_state import (
@@ -214,13 +214,13 @@ def _prepare_learning(source: Path, folder: Path, arm: Arm, mark: dict[str, Any]
 
     config = OmegaConf.load(source / CONFIG)
     settings = dict(arm.settings)
-    if arm.learns == CONTINUE:
-        settings["run.continue_from"] = str(source.resolve())
+    # From the source's state, or from nothing even when the source itself was continued.
+    settings["run.continue_from"] = str(source.resolve()) if arm.learns == CONTINUE else None
     try:
         prepared = protocol.prepare(str(config.method.name), str(config.env.name), config_file=source / CONFIG,
                                     overrides=[f"{key}={json.dumps(value)}" for key, value in settings.items()],
                                     out=folder, plugins=plugins, preset=config.method.get("preset"))
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, RunDirError) as exc:
         raise ExperimentError(f"arm {arm.name} cannot learn from {source}'s config: {exc}") from exc
     try:
         prepared.run_dir.update_state(experiment=mark)

@@ -276,14 +276,15 @@ class EvolvingRL:
             ledger.pending(iteration + 1, int(metrics.get("updates", 0)), metrics)
             run.method_state.save(state)
             trainer.save(iteration + 1)
-            if self._held_out_due(iteration + 1):
-                metrics["valid_success"] = self._held_out_success(run, iteration + 1)
             run.discard_rollouts()
             self._candidates_file(iteration).unlink(missing_ok=True)
             self.iterations_done = state["iterations_done"] = iteration + 1
             ledger.saved()
             run.method_state.save(state)
             ledger.charge_owed()
+            # After the charge: a budget that runs out in these episodes ends learning here.
+            if self._held_out_due(iteration + 1):
+                metrics["valid_success"] = self._held_out_success(run, iteration + 1)
             run.log_metrics(iteration + 1, metrics)  # step: iterations done
             iterations.update(iteration + 1, note=_progress_note(metrics))
 

@@ -126,13 +126,14 @@ class GiGPO:
                 ledger.pending(iteration + 1, int(metrics.get("updates", 0)), metrics)
                 run.method_state.save(state)
                 trainer.save(iteration + 1)
-                if self._held_out_due(iteration + 1):
-                    metrics["valid_success"] = self._held_out_success(run, iteration + 1)
                 run.discard_rollouts()
                 self.iterations_done = state["iterations_done"] = iteration + 1
                 ledger.saved()
                 run.method_state.save(state)
                 ledger.charge_owed()
+                # After the charge: a budget that runs out in these episodes ends learning here.
+                if self._held_out_due(iteration + 1):
+                    metrics["valid_success"] = self._held_out_success(run, iteration + 1)
                 run.log_metrics(iteration + 1, metrics)  # step: iterations done
                 shown.update(iteration + 1, note=f"train success {metrics['success']:.0%}")
         trainer.serve()
