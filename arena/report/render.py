@@ -158,7 +158,8 @@ def main_cells(table: Table, rank: int, row: Row) -> list[str]:
 
 EXPERIMENTS_NOTE = (
     "Each experiment (arena experiment, docs/experiments.md) evaluates one run's learned state "
-    "again per arm, each arm changing one factor the harness applies; every arm is paired with its "
+    "again per arm (conflict's first two arms learn again first), each arm changing one factor the "
+    "harness applies; every arm is paired with its "
     "control task by task: the difference in success with its paired bootstrap interval and the "
     "exact sign-flip p-value. Arms are never ranked in the tables above.")
 

@@ -53,7 +53,6 @@ VERIFICATION = "verification.json"
 VERIFIED, UNVERIFIED, UNVERIFIABLE = "verified", "unverified", "unverifiable"
 #: ``arena verify``'s exit status for each outcome.
 EXIT_CODES = {VERIFIED: 0, UNVERIFIED: 1, UNVERIFIABLE: 3}
-#: What a replay copies of the run: the learned state (the harness's, the store, the method's).
 #: state.json keys that evaluation added (or a repair): the replay starts without them.
 EVALUATION_STATE_KEYS = ("digest_after_eval", "cost_evaluate", "record_breaks", "record_damaged",
                          "resumed_by")

@@ -45,6 +45,8 @@ class StepLedger:
         before the kill is counted now; its metrics are returned (else None). One whose
         checkpoint was not saved stays pending: its iteration runs again and replaces it."""
         pending = self.state.get(PENDING)
+        if pending is not None and "checkpoint" not in pending:  # GiGPO's before the ledger
+            pending["checkpoint"] = int(pending["iteration"]) + 1
         if pending is None or latest_checkpoint < int(pending["checkpoint"]):
             return None
         self.saved()
