@@ -12,6 +12,7 @@ classes load torch on first use.
 from __future__ import annotations
 
 from arena.core import rl
+from arena.core.continuation import begin_learning_phase
 from arena.core.embedder import Embedder
 from arena.core.env import TEST_SPLITS, Environment, Episode, Instructions
 from arena.core.episodes import run_in_threads
@@ -83,6 +84,7 @@ __all__ = [
     "Termination",
     "TrainableBackend",
     "Trajectory",
+    "begin_learning_phase",
     "build_prompt",
     "episode_seed",
     "hookimpl",

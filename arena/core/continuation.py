@@ -10,13 +10,18 @@ ranks it apart: it learned twice.
 
 from __future__ import annotations
 
+import copy
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig
 
 from arena.core.rundir import CONFIG, RESULTS, STATE, RunDir, RunDirError, read_json
+
+if TYPE_CHECKING:
+    from arena.core.run_api import Run
 
 #: What a run learned, in its folder: the experience store and the method's own state.
 LEARNED_STATE = ("store", "method")
@@ -68,3 +73,15 @@ def seed_learned_state(source: Path, target: Path) -> None:
         shutil.rmtree(target / name, ignore_errors=True)
         if (source / name).is_dir():
             shutil.copytree(source / name, target / name)
+
+
+def begin_learning_phase(run: Run, state: dict[str, Any], reset: Mapping[str, Any]) -> int:
+    """The learning phase of this run, for a method that keeps its progress in ``state`` (its
+    ``run.method_state``): 0 for a run that learns from nothing; on a continued run, one more than
+    the phase of the run it continues from, whose state was copied. The first time, ``reset`` is
+    laid over ``state`` (the method's progress starts again, what it learned stays) and saved."""
+    source = run.cfg.run.get("continue_from")
+    if source and state.get("continued_from") != str(source):
+        state.update(copy.deepcopy(dict(reset)), continued_from=str(source), phase=int(state.get("phase", 0)) + 1)
+        run.method_state.save(state)
+    return int(state.get("phase", 0))

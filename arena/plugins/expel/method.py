@@ -45,6 +45,7 @@ from arena import (
     StandardSolver,
     Task,
     Trajectory,
+    begin_learning_phase,
     select_tasks,
     typed_config,
 )
@@ -189,19 +190,6 @@ class ExpeL:
     def _save(run: Run, state: dict[str, Any]) -> None:
         run.method_state.save(state)
 
-    @staticmethod
-    def _phase(run: Run, state: dict[str, Any]) -> int:
-        """Which learning phase this run is: 0, or one more than the run it continues from
-        (``run.continue_from``), which gathers every train task again and critiques its own trials
-        against the insights the earlier phases left (its trials are stored beside theirs)."""
-        source = run.cfg.run.get("continue_from")
-        if source and state.get("continued_from") != str(source):
-            fresh = fresh_state()
-            state.update(continued_from=str(source), phase=int(state.get("phase", 0)) + 1, stage=GATHER,
-                         jobs=fresh["jobs"], jobs_done=fresh["jobs_done"], gather=fresh["gather"])
-            run.method_state.save(state)
-        return int(state.get("phase", 0))
-
     def _sampling(self, run: Run, max_new_tokens: int, seed: int) -> SamplingParams:
         sampling = run.cfg.learn.sampling
         return SamplingParams(temperature=float(sampling.temperature), top_p=float(sampling.top_p),
@@ -212,7 +200,10 @@ class ExpeL:
     @arena.hookimpl
     def learn(self, run: Run) -> bool:
         state = self._state(run)
-        self.phase = self._phase(run, state)
+        # A continued run gathers and critiques again, from the insights the first phase left.
+        fresh = fresh_state()
+        self.phase = begin_learning_phase(run, state, {key: fresh[key] for key in ("stage", "jobs", "jobs_done",
+                                                                               "gather")})
         self._sync_insights(run, self._book(state))  # also creates the store: digested either way
         if state["stage"] == GATHER:
             tasks = self.train_tasks(run)

@@ -39,6 +39,7 @@ from arena import (
     Task,
     Termination,
     Trajectory,
+    begin_learning_phase,
     episode_seed,
     select_tasks,
     typed_config,
@@ -78,17 +79,6 @@ class Reflexion:
         return run.method_state.load({"outcomes": {}})
 
     @staticmethod
-    def _phase(run: Run, state: dict[str, Any]) -> int:
-        """Which learning phase this run is: 0, or one more than the run it continues from
-        (``run.continue_from``), which tries every train task again and keeps the reflections of
-        the earlier phases beside its own."""
-        source = run.cfg.run.get("continue_from")
-        if source and state.get("continued_from") != str(source):
-            state.update(continued_from=str(source), phase=int(state.get("phase", 0)) + 1, outcomes={})
-            run.method_state.save(state)
-        return int(state.get("phase", 0))
-
-    @staticmethod
     def _trial_label(phase: int, trial: int) -> int | str:
         """A trial's name in reflection ids: its number, prefixed by the phase after the first."""
         return trial if phase == 0 else f"{phase}.{trial}"
@@ -107,7 +97,7 @@ class Reflexion:
         """Rounds of trials: round ``r`` plays trial ``r`` of every task not yet solved, side by
         side, then reflects on the failures that will be tried again."""
         state = self._state(run)
-        phase = self._phase(run, state)
+        phase = begin_learning_phase(run, state, {"outcomes": {}})  # a continued run tries every task again
         outcomes: dict[str, list[bool]] = state["outcomes"]
         tasks = self.train_tasks(run)
         if not run.store_exists():
