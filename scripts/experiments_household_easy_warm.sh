@@ -5,7 +5,9 @@
 # its learning must be the committed row's, episode by episode. Each experiment runs in WORK/<name> (its
 # arms are whole run directories); an arm that finished is copied, small files only, into
 # BOARD/experiments/<name>/, and copied back before the next session resumes the rest.
-# Usage: bash scripts/experiments_household_easy_warm.sh [NAME ... | source] (default: all five).
+# Usage: [LIMIT=N] bash scripts/experiments_household_easy_warm.sh [NAME ... | source] (default: all
+# five). LIMIT=N evaluates every arm on the first N tasks of each split, round-robin over task
+# types, into NAME-firstN (a smaller, separate experiment); unset: the full splits, into NAME.
 # One at a time: two share 2 cores badly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +15,8 @@ BOARD=leaderboards/household-easy-warm
 WORK="${WORK:-/work/exp/household-easy-warm}"
 SOURCE="$BOARD/experiments/sources/rag-seed0"  # committed whole: store/, trajectories, state
 SMALL=(results.json episodes.jsonl config.yaml state.json metrics.jsonl)
+LIMIT="${LIMIT:-null}"
+SUFFIX=""; [[ $LIMIT != null ]] && SUFFIX="-first$LIMIT"
 mkdir -p "$WORK"
 
 if [[ ! -f "$SOURCE/results.json" ]]; then
@@ -38,7 +42,7 @@ print(f"[experiments] the source learned what the board's rag row learned ({len(
 EOF
 
 run_experiment() {  # run_experiment NAME ARGS...
-    local name=$1; shift
+    local name=$1$SUFFIX; shift
     local work="$WORK/$name" kept="$BOARD/experiments/$name"
     mkdir -p "$work"
     if [[ -f "$kept/experiment.json" ]]; then  # what an earlier session finished
@@ -47,9 +51,9 @@ run_experiment() {  # run_experiment NAME ARGS...
             [[ -f "$arm/results.json" && ! -d "$work/$(basename "$arm")" ]] && cp -r "$arm" "$work/"
         done
     fi
-    echo "[experiments] arena experiment $* --out $work --set eval.limit=null" >&2
+    echo "[experiments] arena experiment $* --out $work --set eval.limit=$LIMIT" >&2
     local status=0
-    arena experiment "$@" --out "$work" --set eval.limit=null || status=$?
+    arena experiment "$@" --out "$work" --set "eval.limit=$LIMIT" || status=$?
     mkdir -p "$kept"
     cp "$work/experiment.json" "$kept/"
     for arm in "$work"/*/; do
