@@ -54,10 +54,10 @@ run_experiment() {  # run_experiment NAME ARGS...
     echo "[experiments] arena experiment $* --out $work --set eval.limit=$LIMIT" >&2
     local status=0
     arena experiment "$@" --out "$work" --set "eval.limit=$LIMIT" || status=$?
-    mkdir -p "$kept"
-    cp "$work/experiment.json" "$kept/"
     for arm in "$work"/*/; do
         [[ -f "$arm/results.json" ]] || continue
+        mkdir -p "$kept"
+        cp "$work/experiment.json" "$kept/"  # the plan (with its comparisons once every arm ended)
         mkdir -p "$kept/$(basename "$arm")"
         for file in "${SMALL[@]}"; do
             [[ -f "$arm/$file" ]] && cp "$arm/$file" "$kept/$(basename "$arm")/"

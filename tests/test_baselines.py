@@ -160,6 +160,21 @@ def test_a_trainer_killed_around_its_checkpoint_charges_each_step_once(plugins, 
     assert results["valid"] is True
 
 
+@pytest.mark.slow
+def test_a_continued_trainer_is_charged_its_own_steps_only(plugins, tmp_path) -> None:
+    """A run that continues from a trained one (run.continue_from) copies its state, ledger
+    included; its budget is charged the steps it takes, not the source's again."""
+    source, first = protocol.run("gigpo", overrides=TWO_CHECKPOINTS["gigpo"], out=tmp_path / "first", plugins=plugins)
+    assert first["learn"]["used"]["gradient_steps"] > 0
+    path, results = protocol.run("gigpo", overrides=[*TWO_CHECKPOINTS["gigpo"], f"run.continue_from={source}"],
+                                 out=tmp_path / "second", plugins=plugins)
+    metrics = path / "metrics.jsonl"  # none: its iterations were done already (docs/experiments.md)
+    logged = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
+    own = sum(m["metrics"].get("updates", 0) for m in logged if m["phase"] == "learn" and "success" in m["metrics"])
+    assert results["learn"]["used"].get("gradient_steps", 0) == own
+    assert results["learn"]["continued_from"]["run"] == str(source.resolve())
+
+
 # -- Reflexion -------------------------------------------------------------------------------
 
 

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 import arena
 from arena.cli import cli
 from arena.core import protocol
+from arena.report import evaluate_state
 from arena.report.experiments import ExperimentError, make_plan, run_experiment, summarise
 from arena.report.runs import ReportError, load_run
 from tests.test_protocol import register
@@ -175,7 +176,7 @@ def test_transfer_refuses_a_method_that_exports_nothing(plugins, fast, tmp_path)
         make_plan("transfer", path, model=("llm.reply=x",))
 
 
-def test_an_experiment_is_resumed_and_refuses_bad_requests(learned, plugins, tmp_path):
+def test_an_experiment_is_resumed_and_refuses_bad_requests(learned, plugins, tmp_path, monkeypatch):
     source = learned["type_notes"]
     with pytest.raises(ExperimentError, match="conflict needs a change of the world"):
         make_plan("conflict", source)
@@ -195,7 +196,14 @@ def test_an_experiment_is_resumed_and_refuses_bad_requests(learned, plugins, tmp
     (out / "none" / "results.json").unlink()  # an arm interrupted before its end
     shutil.rmtree(out / "other_type")
     (out / "other_type" / "store").mkdir(parents=True)  # one killed while it was being made
+    shutil.rmtree(out / "own")
+    with monkeypatch.context() as patched:  # and one killed after its config and state, before its settings
+        patched.setattr(evaluate_state.OmegaConf, "save", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
+        with pytest.raises(KeyboardInterrupt):
+            run_experiment(plan, out, plugins=plugins)
+    assert not (out / "own").exists()
     again = run_experiment(plan, out, plugins=plugins)
+    assert load_run(out / "own").config["eval"]["experience"]["source"] == "own"
     assert again["comparisons"] == first["comparisons"]
     assert {tuple(r["other_differences"]) for r in again["comparisons"]} == {()}
     fewer = make_plan("relevance", source, board=("run.seeds=[1]", "eval.limit=2"))
@@ -343,6 +351,21 @@ def test_a_run_continues_only_from_a_finished_valid_run_of_its_method(placing, p
         (tmp_path / "empty").mkdir()
         protocol.run("placing_rule", overrides=fast + [f"run.continue_from={tmp_path / 'empty'}"],
                      out=tmp_path / "nothing", plugins=plugins)
+    source = placing["placing_rule"]
+    with pytest.raises(RunDirError, match=r"learned with embedder.name=hashing.*Pass the same embedder.name"):
+        protocol.run("placing_rule", overrides=[*fast, "embedder.name=minilm", f"run.continue_from={source}"],
+                     out=tmp_path / "other_embedder", plugins=plugins)
+    run_experiment(make_plan("relevance", source), tmp_path / "relevance", plugins=plugins)
+    with pytest.raises(RunDirError, match="an arm of `arena experiment`"):
+        protocol.run("placing_rule", overrides=fast + [f"run.continue_from={tmp_path / 'relevance' / 'none'}"],
+                     out=tmp_path / "from_arm", plugins=plugins)
+    linked = tmp_path / "linked"
+    shutil.copytree(source, linked)
+    (linked / "store" / "outside").symlink_to(tmp_path / "empty")
+    with pytest.raises(RunDirError, match="symbolic links"):
+        protocol.run("placing_rule", overrides=fast + [f"run.continue_from={linked}"],
+                     out=tmp_path / "from_links", plugins=plugins)
+    assert not any((tmp_path / name / "config.yaml").exists() for name in ("other_embedder", "from_arm", "from_links"))
 
 
 def test_stale_on_a_recoloured_babyai(plugins, fast, tmp_path):

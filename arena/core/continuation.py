@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from arena.core.rundir import CONFIG, RESULTS, STATE, RunDir, RunDirError, read_json
 
@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 
 #: What a run learned, in its folder: the experience store and the method's own state.
 LEARNED_STATE = ("store", "method")
+#: What the learned state was learned with and is read by: a continued run keeps them (the
+#: store's vectors are this embedder's; the method's adapters, this model's).
+SAME_LEARNER = ("llm.model", "llm.warmstart", "embedder.name")
 
 
 def source_of(cfg: DictConfig) -> Path | None:
@@ -57,12 +60,36 @@ def check_source(source: Path, cfg: DictConfig, target: RunDir) -> dict[str, Any
     if not results.get("valid", False):
         raise RunDirError(f"{where} is invalid ({'; '.join(results.get('violations', []))[:300]}): "
                           "continue from a valid run.")
+    if results.get("experiment") or state.get("experiment"):
+        raise RunDirError(f"{where} is an arm of `arena experiment` (its experience was replaced, "
+                          "poisoned or evaluated on a changed world): continue from the run it "
+                          "was made from.")
+    source_cfg = OmegaConf.load(source / CONFIG)
+    changed = [key for key in SAME_LEARNER
+               if _learner_value(OmegaConf.select(source_cfg, key)) != _learner_value(OmegaConf.select(cfg, key))]
+    if changed:
+        learned_with = ", ".join(f"{key}={OmegaConf.select(source_cfg, key)}" for key in changed)
+        raise RunDirError(f"{where} learned with {learned_with}; "
+                          "its learned state is read by that model and embedder only. Pass the "
+                          f"same {', '.join(changed)} (or learn from nothing).")
+    linked = [str(path) for name in LEARNED_STATE for path in [source / name, *(source / name).rglob("*")]
+              if path.is_symlink()]
+    if linked:
+        raise RunDirError(f"{where} holds symbolic links in its learned state ({', '.join(linked[:3])}): "
+                          "a learned state is the run's own files. Continue from a run that has no links.")
     digest = state.get("digest_before_eval")
     if not state.get("learn_done") or not digest or digest != state.get("digest_after_eval"):
         raise RunDirError(f"{where} does not record a learned state its evaluation kept unchanged "
                           "(digest_before_eval = digest_after_eval): there is nothing to continue from.")
     return {"run": str(source.resolve()), "digest": digest, "env": results.get("env"),
             "learn_used": results.get("learn", {}).get("used", {})}
+
+
+def _learner_value(value: Any) -> Any:
+    """A learner setting as compared: a warm-start folder as its resolved path."""
+    if isinstance(value, str) and ("/" in value or Path(value).exists()):
+        return str(Path(value).resolve())
+    return value
 
 
 def seed_learned_state(source: Path, target: Path) -> None:

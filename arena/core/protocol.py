@@ -127,9 +127,7 @@ def prepare(
         if continued is not None:  # its learned state first: a run folder without it is no run yet
             started_from = continuation.check_source(continued, cfg, run_dir)
             continuation.seed_learned_state(continued, run_dir.path)
-        run_dir.create(cfg)
-        if continued is not None:
-            run_dir.update_state(continued_from=started_from)
+        run_dir.create(cfg, **({"continued_from": started_from} if continued is not None else {}))
     except BaseException:
         lock.release()
         raise

@@ -222,7 +222,9 @@ class RunDir:
 
     # -- creation and resume ------------------------------------------------------------------
 
-    def create(self, cfg: DictConfig) -> None:
+    def create(self, cfg: DictConfig, **state: Any) -> None:
+        """Write the run's config and its first state (with ``state``'s entries: one write, so
+        a run killed while it was being made has all of them or is no run yet)."""
         if any((self.path / name).exists() for name in (CONFIG, STATE, EPISODES, RESULTS)):
             raise RunDirError(
                 f"{self.path} already holds a run. Resume it with `arena run --resume {self.path}` "
@@ -232,7 +234,7 @@ class RunDir:
         OmegaConf.save(cfg, self.path / CONFIG)
         # What --resume and the end of the run check: the config as written, the signing key.
         self.update_state(config_sha256=integrity.file_sha256(self.path / CONFIG),
-                          record_key_id=integrity.key_id(self._signing_key()))
+                          record_key_id=integrity.key_id(self._signing_key()), **state)
 
     def load_config(self) -> DictConfig:
         path = self.path / CONFIG

@@ -69,27 +69,34 @@ def prepare_evaluation(run_path: Path, out: Path, settings: dict[str, Any], *, r
     if not (run_path / RESULTS).is_file():
         raise EvaluateError(f"{run_path} has no {RESULTS}: submit a finished run (its learning, at least, "
                             "must have ended; finish it with `arena run --resume`).")
+    # Made beside ``out`` and renamed into place: a process killed while making it leaves no
+    # folder that looks like a run whose settings were laid over (its config and state written,
+    # the settings not yet).
+    partial = out.with_name(f".{out.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
     try:
         run = load_run(run_path, verification=False)
-        prepare_replay(run_path, out, run.results, run.episodes or [], trajectories_by_key(run_path),
+        prepare_replay(run_path, partial, run.results, run.episodes or [], trajectories_by_key(run_path),
                        same_test_draw=False)
     except (ReportError, VerifyError, RunDirError, FileNotFoundError) as exc:
+        shutil.rmtree(partial, ignore_errors=True)
         raise EvaluateError(f"cannot evaluate {run_path}: {exc}") from exc
-    config = OmegaConf.load(out / CONFIG)
+    config = OmegaConf.load(partial / CONFIG)
     for key, value in settings.items():
         if OmegaConf.select(config, key, default=KeyError) is KeyError \
                 and not any(key.startswith(prefix) for prefix in new_keys):
-            shutil.rmtree(out)
+            shutil.rmtree(partial)
             raise EvaluateError(f"{key} is not a setting of {run_path}'s config.")
         OmegaConf.update(config, key, value, force_add=True)
-    OmegaConf.save(config, out / CONFIG)
-    state = read_json(out / STATE, "its state")
-    state["config_sha256"] = integrity.file_sha256(out / CONFIG)
+    OmegaConf.save(config, partial / CONFIG)
+    state = read_json(partial / STATE, "its state")
+    state["config_sha256"] = integrity.file_sha256(partial / CONFIG)
     state.setdefault("provenance", {})[record_as] = {
         "run": str(run_path.resolve()), "digest_before_eval": state.get("digest_before_eval"),
         "settings": settings, "arena_version": arena.__version__, "git_sha": provenance.git_sha()}
     state.update(state_extra or {})
-    write_json_atomic(out / STATE, state)
+    write_json_atomic(partial / STATE, state)
+    partial.rename(out)
 
 
 def finish_evaluation(out: Path, plugins: Any = None) -> tuple[Path, dict[str, Any]]:

@@ -17,12 +17,15 @@ class _Run(Protocol):
     """What the ledger needs of ``arena.Run``: the budget's use and its charge."""
 
     @property
+    def cfg(self) -> Any: ...
+
+    @property
     def budget(self) -> Any: ...
 
     def charge(self, **amounts: int) -> None: ...
 
 
-COUNTED, PENDING = "gradient_steps", "pending"
+COUNTED, PENDING, CONTINUED = "gradient_steps", "pending", "ledger_continued_from"
 
 
 class StepLedger:
@@ -33,6 +36,12 @@ class StepLedger:
     def __init__(self, run: _Run, state: dict[str, Any]) -> None:
         self.run = run
         self.state = state
+        # A continued run (run.continue_from) copied the state of the run it continues from,
+        # whose steps that run's budget was charged: this run's count starts at none.
+        source = run.cfg.run.get("continue_from")
+        if source and state.get(CONTINUED) != str(source):
+            state.pop(PENDING, None)
+            state.update({COUNTED: 0, CONTINUED: str(source)})
         # A state from before the ledger (a run resumed by a newer Arena): what was charged.
         state.setdefault(COUNTED, int(run.budget.used.get("gradient_steps", 0)))
 
