@@ -417,3 +417,30 @@ def test_expel_gathers_again_on_the_changed_world_beside_its_old_trials(plugins,
     assert phases == [0] * (len(trials) // 2) + [1] * (len(trials) // 2)
     state = json.loads((tmp_path / "conflict" / "both" / "method" / "state.json").read_text())
     assert state["phase"] == 1 and state["stage"] == "done" and state["gather"]["trials"] == len(trials) // 2
+
+
+@pytest.mark.slow
+def test_transfer_to_other_weights_checks_the_learned_state_under_the_source_weights(tmp_path):
+    """Another model's weights change the state digest; the arm is valid when the learned state
+    is the source's under the source's weights digest, and invalid when it is not."""
+    from arena.core.rundir import MODEL_CHANGED
+    from arena.report.evaluate_state import finish_evaluation, prepare_evaluation
+
+    tiny = ["llm.model=tiny", "embedder.name=hashing", "env.n_train=8", "env.n_valid=2", "env.n_test=4",
+            "eval.limit=2", "eval.max_steps=3", "learn.max_steps=3", "learn.budget.episodes=3"]
+    source, learned = protocol.run("rag", overrides=tiny, out=tmp_path / "rag")
+    run_experiment(make_plan("transfer", source, model=("llm.dtype=float32",)), tmp_path / "transfer")
+    for arm in ("with", "without"):
+        run = load_run(tmp_path / "transfer" / arm)
+        assert run.results["valid"], run.results["violations"]
+        assert run.results["provenance"]["model"]["weights_sha256"] != learned["provenance"]["model"]["weights_sha256"]
+        change = json.loads((run.path / "state.json").read_text())[MODEL_CHANGED]
+        assert change["rebased"] and change["digest_learned"] == learned["state"]["digest_before_eval"]
+    lying = tmp_path / "lying"
+    prepare_evaluation(source, lying, {"llm.dtype": "float32"}, record_as="experiment_of", new_keys=("llm.",))
+    state = json.loads((lying / "state.json").read_text())
+    state[MODEL_CHANGED]["from_weights_sha256"] = "0" * 64  # not the weights the state was learned with
+    (lying / "state.json").write_text(json.dumps(state))
+    _, results = finish_evaluation(lying)
+    assert not results["valid"]
+    assert any("differs from the one its source's learning ended with" in v for v in results["violations"])

@@ -48,7 +48,7 @@ from arena.core.plugins import Plugins, get_plugins, new_plugin_manager
 from arena.core.progress import Reporter, complete
 from arena.core.results import SCHEMA_VERSION
 from arena.core.results import validate as validate_results
-from arena.core.rundir import RunDir, RunDirError, RunLock, new_run_dir
+from arena.core.rundir import MODEL_CHANGED, RunDir, RunDirError, RunLock, new_run_dir
 from arena.core.store import ExperienceStore
 from arena.core.tasks import select_tasks
 from arena.core.trackers import Tracker, make_trackers
@@ -343,13 +343,17 @@ class Session:
                 "weights": self.llm.weights_digest(fresh=True),
                 "method_state": hashlib.sha256(text.encode()).hexdigest() if text else "empty"}
 
-    def state_digest(self) -> str:
+    def state_digest(self, weights: str | None = None) -> str:
         """Digest of everything the method could have learned: store, method state, weights.
 
         The harness hashes the store and the weights *before* any method hook runs, so a method
-        cannot put back a copy of its learned state inside its own ``state_digest``."""
+        cannot put back a copy of its learned state inside its own ``state_digest``. ``weights``:
+        another model's weights digest in place of the served one's (the state a declared change
+        of model started from, :meth:`_rebase_on_new_model`)."""
         parts: dict[str, Any] = dict(self._harness_digests())
         self._last_harness_digests = dict(parts)  # evaluation's reference, not hashed again
+        if weights is not None:
+            parts["weights"] = weights
         try:
             parts["method"] = sorted(str(d) for d in self.pm.hook.state_digest(run=self.ctx) if d)
         except Exception as exc:  # the finished work is kept; the run is invalid
@@ -461,12 +465,29 @@ class Session:
         self.run_dir.update_state(poisoned=summary, digest_before_eval=self.state_digest())
         return self.run_dir.state()
 
+    def _rebase_on_new_model(self, state: dict[str, Any]) -> dict[str, Any]:
+        """A learned state evaluated with another model (``arena experiment transfer``): with
+        the source model's weights digest in place of the served one's, the state must be the
+        one the source's learning ended with; then the new model's digest is the reference that
+        evaluation must keep."""
+        change = dict(state[MODEL_CHANGED])
+        learned = self.state_digest(weights=str(change["from_weights_sha256"]))
+        if learned != state["digest_before_eval"]:
+            self.ctx.violation(
+                "The learned state evaluated with another model differs from the one its source's "
+                f"learning ended with ({state['digest_before_eval'][:12]} -> {learned[:12]}): the "
+                "method must restore its learned state when constructed.")
+        change.update(rebased=True, digest_learned=state["digest_before_eval"])
+        return self.run_dir.update_state(**{MODEL_CHANGED: change}, digest_before_eval=self.state_digest())
+
     def _evaluate(self) -> None:
         ctx = self.ctx
         state = self.run_dir.state()
         plan = evaluation_plan(self.env, self.cfg)
         frozen = ctx.track == "frozen"
-        if self.resumed and frozen:
+        if self.resumed and frozen and (state.get(MODEL_CHANGED) or {}).get("rebased") is False:
+            state = self._rebase_on_new_model(state)
+        elif self.resumed and frozen:
             digest_now = self.state_digest()
             if state["digest_before_eval"] != digest_now:
                 ctx.violation(

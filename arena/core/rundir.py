@@ -34,6 +34,9 @@ TRAJECTORIES = "trajectories.jsonl"
 CONFIG = "config.yaml"
 STATE = "state.json"
 RESULTS = "results.json"
+#: The state entry of a learned state evaluated with another model than it learned with: the
+#: source model's weights digest, and whether evaluation has taken the new model's as its reference.
+MODEL_CHANGED = "model_changed"
 #: Where ``--repair`` puts the lines of episodes.jsonl that were not records.
 DAMAGED = "episodes.damaged.jsonl"
 ROLLOUTS = "rollouts"

@@ -19,7 +19,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 import arena
 from arena.core import integrity, provenance
-from arena.core.rundir import CONFIG, RESULTS, STATE, RunDirError, read_json, write_json_atomic
+from arena.core.rundir import CONFIG, MODEL_CHANGED, RESULTS, STATE, RunDirError, read_json, write_json_atomic
 from arena.report.runs import ReportError, load_run
 from arena.report.verify import VerifyError, prepare_replay, trajectories_by_key
 
@@ -94,6 +94,15 @@ def prepare_evaluation(run_path: Path, out: Path, settings: dict[str, Any], *, r
     state.setdefault("provenance", {})[record_as] = {
         "run": str(run_path.resolve()), "digest_before_eval": state.get("digest_before_eval"),
         "settings": settings, "arena_version": arena.__version__, "git_sha": provenance.git_sha()}
+    model_settings = {key: value for key, value in settings.items() if key.startswith("llm.")}
+    if model_settings:  # evaluated with another model: its weights digest replaces the source's
+        weights = ((run.results.get("provenance") or {}).get("model") or {}).get("weights_sha256")
+        if not weights:
+            shutil.rmtree(partial)
+            raise EvaluateError(f"{run_path}'s results do not record its model's weights digest "
+                                "(provenance.model.weights_sha256), so its learned state cannot be "
+                                "checked under another model. Run it again with this Arena.")
+        state[MODEL_CHANGED] = {"from_weights_sha256": weights, "settings": model_settings, "rebased": False}
     state.update(state_extra or {})
     write_json_atomic(partial / STATE, state)
     partial.rename(out)
