@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The experiments of docs/experiments.md on the household `easy` warm-start board, with the
 # embedded model. The source is the board's `rag` row learned again (the same settings, evaluated
-# on one task per split only: every arm is evaluated on the full splits, --set eval.limit=null);
+# on one task per split only: every arm is evaluated on the full splits, or on LIMIT tasks each);
 # its learning must be the committed row's, episode by episode. Each experiment runs in WORK/<name> (its
 # arms are whole run directories); an arm that finished is copied, small files only, into
 # BOARD/experiments/<name>/, and copied back before the next session resumes the rest.

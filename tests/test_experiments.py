@@ -444,3 +444,46 @@ def test_transfer_to_other_weights_checks_the_learned_state_under_the_source_wei
     _, results = finish_evaluation(lying)
     assert not results["valid"]
     assert any("differs from the one its source's learning ended with" in v for v in results["violations"])
+    tampered = tmp_path / "tampered"  # a file of the method's own folder changed before evaluation
+    prepare_evaluation(source, tampered, {"llm.dtype": "float32"}, record_as="experiment_of", new_keys=("llm.",))
+    (tampered / "method").mkdir(exist_ok=True)
+    (tampered / "method" / "adapter.bin").write_bytes(b"not what it learned")
+    _, results = finish_evaluation(tampered)
+    assert any("differs from the one its source's learning ended with" in v for v in results["violations"])
+
+
+def test_a_learned_state_with_links_is_neither_evaluated_nor_continued(placing, plugins, fast, tmp_path):
+    """A link in a submitted run's store would bring what it points to (the signing key, say)
+    into the copy the method reads."""
+    from arena.core.rundir import RunDirError
+    from arena.report.evaluate_state import EvaluateError, prepare_evaluation
+
+    secret = tmp_path / "secret"
+    secret.write_text("the board's key")
+    linked = tmp_path / "linked"
+    shutil.copytree(placing["placing_rule"], linked)
+    (linked / "store" / "key").symlink_to(secret)
+    with pytest.raises(EvaluateError, match="symbolic links"):
+        prepare_evaluation(linked, tmp_path / "evaluated", {}, record_as="evaluated_from")
+    assert not (tmp_path / "evaluated").exists()
+    with pytest.raises(RunDirError, match="symbolic links"):
+        protocol.run("placing_rule", overrides=fast + [f"run.continue_from={linked}"],
+                     out=tmp_path / "continued", plugins=plugins)
+
+
+def test_a_continued_run_killed_before_its_first_state_is_made_again_on_resume(placing, plugins, fast,
+                                                                             tmp_path, monkeypatch):
+    from arena.core.rundir import RunDir
+
+    real = RunDir.write_first_state
+    with monkeypatch.context() as patched:
+        patched.setattr(RunDir, "write_first_state", lambda self, **state: (_ for _ in ()).throw(KeyboardInterrupt()))
+        with pytest.raises(KeyboardInterrupt):
+            protocol.run("placing_rule", overrides=fast + ["eval.limit=4", "eval.max_steps=2", "learn.budget.episodes=1",
+                                                           f"run.continue_from={placing['placing_rule']}"],
+                         out=tmp_path / "continued", plugins=plugins)
+    assert (tmp_path / "continued" / "config.yaml").is_file() and not (tmp_path / "continued" / "state.json").exists()
+    assert RunDir.write_first_state is real
+    _, results = protocol.run(None, resume=tmp_path / "continued", plugins=plugins)
+    assert results["valid"], results["violations"]
+    assert results["learn"]["continued_from"]["run"] == str(placing["placing_rule"].resolve())

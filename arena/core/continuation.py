@@ -36,14 +36,22 @@ def source_of(cfg: DictConfig) -> Path | None:
     return Path(str(value)) if value else None
 
 
-def check_source(source: Path, cfg: DictConfig, target: RunDir) -> dict[str, Any]:
+def links_in_learned_state(run_path: Path) -> list[str]:
+    """The symbolic links in a run's learned state (none in a run's own files): a copy would
+    bring in what they point to, the board's signing key say, where the method can read it."""
+    return [str(path) for name in LEARNED_STATE for path in [run_path / name, *(run_path / name).rglob("*")]
+            if path.is_symlink()]
+
+
+def check_source(source: Path, cfg: DictConfig, target: RunDir, remaking: bool = False) -> dict[str, Any]:
     """What the continued run starts from, checked: a finished, valid, frozen run of the same
-    method whose learning ended with a recorded digest, and not the new run's own folder (nor
-    one holding a run already: its state would be replaced before the folder is refused)."""
+    method and learner whose learning ended with a recorded digest, and not the new run's own
+    folder (nor one holding a run already: its state would be replaced before the folder is
+    refused; ``remaking``: the run was killed between its config and its first state)."""
     where = f"run.continue_from={source}"
     if target.path.resolve() == source.resolve() or source.resolve() in target.path.resolve().parents:
         raise RunDirError(f"{where} is the new run's own folder (--out): give the continued run a new one.")
-    if any((target.path / name).exists() for name in (CONFIG, STATE, RESULTS)):
+    if not remaking and any((target.path / name).exists() for name in (CONFIG, STATE, RESULTS)):
         raise RunDirError(f"{target.path} already holds a run: give the continued run a new --out.")
     if not (source / RESULTS).is_file() or not (source / CONFIG).is_file():
         raise RunDirError(f"{where} is not a finished run (no {RESULTS}): continue from a run "
@@ -72,8 +80,7 @@ def check_source(source: Path, cfg: DictConfig, target: RunDir) -> dict[str, Any
         raise RunDirError(f"{where} learned with {learned_with}; "
                           "its learned state is read by that model and embedder only. Pass the "
                           f"same {', '.join(changed)} (or learn from nothing).")
-    linked = [str(path) for name in LEARNED_STATE for path in [source / name, *(source / name).rglob("*")]
-              if path.is_symlink()]
+    linked = links_in_learned_state(source)
     if linked:
         raise RunDirError(f"{where} holds symbolic links in its learned state ({', '.join(linked[:3])}): "
                           "a learned state is the run's own files. Continue from a run that has no links.")

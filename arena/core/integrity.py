@@ -139,3 +139,16 @@ def file_sha256(path: Path | str) -> str | None:
     """SHA-256 of a file's bytes; None if it does not exist."""
     path = Path(path)
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+
+
+def tree_sha256(folder: Path | str) -> str:
+    """SHA-256 over a folder's files (relative path and bytes, in path order); "empty" for none."""
+    folder = Path(folder)
+    files = sorted(p for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else []
+    if not files:
+        return "empty"
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(f"{path.relative_to(folder).as_posix()}\0{path.stat().st_size}\0".encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()

@@ -28,7 +28,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 import arena
-from arena.core import continuation, provenance, stats
+from arena.core import continuation, integrity, provenance, stats
 from arena.core import salt as eval_salt
 from arena.core.batching import BatchingBackend
 from arena.core.config import compose, load_yaml, to_plain
@@ -123,15 +123,22 @@ def prepare(
                           "Choose another --out.") from exc
     lock = run_dir.lock().acquire()
     try:
-        continued = continuation.source_of(cfg)
-        if continued is not None:  # its learned state first: a run folder without it is no run yet
-            started_from = continuation.check_source(continued, cfg, run_dir)
-            continuation.seed_learned_state(continued, run_dir.path)
-        run_dir.create(cfg, **({"continued_from": started_from} if continued is not None else {}))
+        run_dir.create(cfg, **_learned_state_to_start_from(cfg, run_dir))
     except BaseException:
         lock.release()
         raise
     return PreparedRun(cfg, run_dir, resumed=False, lock=lock, created=not existed)
+
+
+def _learned_state_to_start_from(cfg: DictConfig, run_dir: RunDir, remaking: bool = False) -> dict[str, Any]:
+    """A continued run's learned state, copied into its folder first (a folder without it is no
+    run yet), and the first-state entry that records it; nothing for a run that learns from nothing."""
+    continued = continuation.source_of(cfg)
+    if continued is None:
+        return {}
+    started_from = continuation.check_source(continued, cfg, run_dir, remaking=remaking)
+    continuation.seed_learned_state(continued, run_dir.path)
+    return {"continued_from": started_from}
 
 
 def _resumed(run_dir: RunDir, lock: RunLock, method: str | None, env: str | None,
@@ -140,6 +147,8 @@ def _resumed(run_dir: RunDir, lock: RunLock, method: str | None, env: str | None
     """The checks of ``--resume`` (made while holding the run's lock)."""
     resume = run_dir.path
     cfg = run_dir.load_config()
+    if not run_dir.was_made():  # killed between its config and its first state: nothing was played
+        run_dir.write_first_state(**_learned_state_to_start_from(cfg, run_dir, remaking=True))
     if method is not None and method != cfg.method.name:
         raise RunDirError(
             f"{resume} is a run of method '{cfg.method.name}', not '{method}'. "
@@ -472,7 +481,8 @@ class Session:
         evaluation must keep."""
         change = dict(state[MODEL_CHANGED])
         learned = self.state_digest(weights=str(change["from_weights_sha256"]))
-        if learned != state["digest_before_eval"]:
+        method_files = integrity.tree_sha256(self.ctx.method_state.folder)
+        if learned != state["digest_before_eval"] or method_files != change.get("method_files_sha256"):
             self.ctx.violation(
                 "The learned state evaluated with another model differs from the one its source's "
                 f"learning ended with ({state['digest_before_eval'][:12]} -> {learned[:12]}): the "

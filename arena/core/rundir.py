@@ -235,9 +235,18 @@ class RunDir:
             )
         self.path.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(cfg, self.path / CONFIG)
-        # What --resume and the end of the run check: the config as written, the signing key.
+        self.write_first_state(**state)
+
+    def write_first_state(self, **state: Any) -> None:
+        """The run's first state: what --resume and the end of the run check (the config as
+        written, the signing key) and ``state``'s entries. Written after the config; a run killed
+        between the two has a config and no state, and ``--resume`` writes it then."""
         self.update_state(config_sha256=integrity.file_sha256(self.path / CONFIG),
                           record_key_id=integrity.key_id(self._signing_key()), **state)
+
+    def was_made(self) -> bool:
+        """Its first state was written (see :meth:`write_first_state`)."""
+        return (self.path / STATE).is_file()
 
     def load_config(self) -> DictConfig:
         path = self.path / CONFIG

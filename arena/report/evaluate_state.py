@@ -73,6 +73,8 @@ def prepare_evaluation(run_path: Path, out: Path, settings: dict[str, Any], *, r
     # folder that looks like a run whose settings were laid over (its config and state written,
     # the settings not yet).
     partial = out.with_name(f".{out.name}.partial")
+    if partial.is_symlink():
+        partial.unlink()
     shutil.rmtree(partial, ignore_errors=True)
     try:
         run = load_run(run_path, verification=False)
@@ -97,12 +99,15 @@ def prepare_evaluation(run_path: Path, out: Path, settings: dict[str, Any], *, r
     model_settings = {key: value for key, value in settings.items() if key.startswith("llm.")}
     if model_settings:  # evaluated with another model: its weights digest replaces the source's
         weights = ((run.results.get("provenance") or {}).get("model") or {}).get("weights_sha256")
-        if not weights:
+        if weights is None:  # "" (a served API's, the fake's): no weights to tell apart
             shutil.rmtree(partial)
             raise EvaluateError(f"{run_path}'s results do not record its model's weights digest "
                                 "(provenance.model.weights_sha256), so its learned state cannot be "
                                 "checked under another model. Run it again with this Arena.")
-        state[MODEL_CHANGED] = {"from_weights_sha256": weights, "settings": model_settings, "rebased": False}
+        # The method's own files (checkpoints, adapters) were covered by the weights' digest;
+        # the rebase compares them with the source's instead.
+        state[MODEL_CHANGED] = {"from_weights_sha256": weights, "settings": model_settings, "rebased": False,
+                                "method_files_sha256": integrity.tree_sha256(partial / "method")}
     state.update(state_extra or {})
     write_json_atomic(partial / STATE, state)
     partial.rename(out)

@@ -32,7 +32,7 @@ from typing import Any
 
 import arena
 from arena.core import integrity, provenance
-from arena.core.continuation import LEARNED_STATE
+from arena.core.continuation import LEARNED_STATE, links_in_learned_state
 from arena.core.rundir import (
     CONFIG,
     EPISODES,
@@ -170,6 +170,11 @@ def prepare_replay(run_path: Path, replay: Path, results: dict[str, Any],
         raise VerifyError(f"{run_path} ran the {results.get('track')} track: its method updated after "
                           "each test episode, so its evaluation cannot be replayed from the state "
                           "learning ended with. Only frozen evaluations are verified.")
+    linked = links_in_learned_state(run_path)
+    if linked:
+        raise VerifyError(f"{run_path}'s learned state holds symbolic links ({', '.join(linked[:3])}): a "
+                          "learned state is the run's own files, and a copy would bring in what they "
+                          "point to. Submit the run without links.")
     replay.mkdir(parents=True, exist_ok=True)
     shutil.copy2(run_path / CONFIG, replay / CONFIG)
     if same_test_draw and (run_path / SALT_FILE).is_file():  # the same secret test draw
