@@ -238,6 +238,7 @@ def test_the_command_prints_each_arm_against_its_control(learned, tmp_path, monk
     assert experiment["comparisons"] == summary["comparisons"]  # rebuilt from the arms' files
     page = (tmp_path / "board" / "README.md").read_text()
     assert "## Experiments" in page and "| other_type | own | test_seen |" in page
+    assert experiment["limit"] == 4 and "every arm on the first 4 tasks of each split" in page
     assert "Experiments</h2>" in (tmp_path / "board" / "index.html").read_text()
     (tmp_path / "exp" / "none" / "results.json").unlink()
     unfinished = CliRunner().invoke(cli, ["leaderboard", str(run.path), str(tmp_path / "exp"), "--out",

@@ -307,6 +307,8 @@ class ExperimentReport:
     arms: list[str]
     comparisons: list[dict[str, Any]]
     second_phase: dict[str, Any] | None = None
+    #: Tasks of each split every arm played (``eval.limit``); None: the full splits.
+    limit: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -332,4 +334,5 @@ def load_experiment(path: Path | str) -> ExperimentReport:
     return ExperimentReport(name=plan.name, folder=path.name, source=Path(plan.source).name,
                             method=first.method, env=first.env, factor=plan.factor, options=plan.options,
                             arms=[arm.name for arm in plan.arms], comparisons=summarise(plan, path),
-                            second_phase=data.get("second_phase"))
+                            second_phase=data.get("second_phase"),
+                            limit=(first.config.get("eval") or {}).get("limit"))

@@ -217,7 +217,9 @@ def experiment_line(report: ExperimentReport) -> str:
     learned = (f"; second learning phase: {phase['episodes']} episodes, store {phase['items_before']} -> "
                f"{phase['items_after']} items" + (f" ({phase['note']})" if phase.get("note") else "")
                if phase else "")
-    return (f"Factor: {', '.join(report.factor)}; arms {', '.join(report.arms)}"
+    played = ("every arm on the full test splits" if report.limit is None else
+              f"every arm on the first {report.limit} tasks of each split (eval.limit, round-robin over task types)")
+    return (f"Factor: {', '.join(report.factor)}; arms {', '.join(report.arms)}; {played}"
             + (f"; {options}" if options else "") + learned)
 
 
