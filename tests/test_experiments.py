@@ -111,6 +111,12 @@ def test_relevance_gives_own_another_types_or_no_experience(learned, plugins, tm
     rows = summary["comparisons"]
     assert {(r["arm"], r["control"]) for r in rows} == {("other_type", "own"), ("none", "own")}
     assert all(r["other_differences"] == [] for r in rows)  # the factor is the only difference
+    own_records = load_run(arms["own"]).evaluated()
+    for row in rows:  # `none` shows nothing: the same items as `own` exactly where `own` showed none
+        if row["arm"] == "none" and row["task_type"] == "all":
+            played = [r for r in own_records if r.split == row["split"]]
+            assert row["same_experience"] == round(sum(not r.experience_ids for r in played) / len(played), 4)
+    assert any(r["same_experience"] < 1 for r in rows if r["arm"] == "other_type")
     splits = {r["split"] for r in rows}
     types = {r["task_type"] for r in rows} - {"all"}
     assert splits == {"test_seen", "test_unseen"} and len(types) >= 2
@@ -133,6 +139,11 @@ def test_poison_adds_a_share_of_other_types_notes_under_learned_keys(learned, pl
     assert record["from_another_type"] == record["poison_items"]
     assert poisoned.results["state"]["memory_items"] == 2 * items
     assert record["digest_clean"] == clean.results["state"]["digest_before_eval"]
+    from arena.report.experiments import load_experiment
+    from arena.report.render import experiment_line
+    shown = load_experiment(tmp_path / "poison")
+    assert shown.poisoned == {"poison-0.5": {k: v for k, v in record.items() if k != "digest_clean"}}
+    assert f"poison-0.5: {items} poison items beside {items} learned, {items} of another task type" in experiment_line(shown)
     assert poisoned.results["state"]["digest_before_eval"] != record["digest_clean"]
     # Found where the learned note would be: episodes are shown their own type's note and poison.
     misled = [t for played, t in shown_types(tmp_path / "poison" / "poison-0.5") if any(x != played for x in t)]
@@ -239,6 +250,7 @@ def test_the_command_prints_each_arm_against_its_control(learned, tmp_path, monk
     page = (tmp_path / "board" / "README.md").read_text()
     assert "## Experiments" in page and "| other_type | own | test_seen |" in page
     assert experiment["limit"] == 4 and "every arm on the first 4 tasks of each split" in page
+    assert "Same items shown" in page
     assert "Experiments</h2>" in (tmp_path / "board" / "index.html").read_text()
     (tmp_path / "exp" / "none" / "results.json").unlink()
     unfinished = CliRunner().invoke(cli, ["leaderboard", str(run.path), str(tmp_path / "exp"), "--out",

@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -259,6 +260,11 @@ class ArmComparison:
     p_value: float
     #: Protocol fields the arm differs in from its control besides the factor (should be none).
     other_differences: list[str]
+    #: Share of the pairs in which the arm was shown the same experience items as its control
+    #: (as a set; and in the same order): a factor on experience that changes nothing shown
+    #: (a store of one task type has no other type's items to give) tests nothing.
+    same_experience: float = 0.0
+    same_experience_order: float = 0.0
 
 
 def summarise(plan: Plan, out: Path) -> list[dict[str, Any]]:
@@ -271,18 +277,34 @@ def summarise(plan: Plan, out: Path) -> list[dict[str, Any]]:
         others = [f for f in overall["mixed_fields"] if not _in_factor(f, plan.factor)]
         pairs = paired_outcomes(run, control, PRIMARY_VARIANT, PRIMARY_VARIANT)
         types = _task_types(run)
+        shown, shown_control = _experience_shown(run), _experience_shown(control)
         for split, split_pairs in pairs.items():
             by_type: dict[str, list[tuple[str, int, bool, bool]]] = defaultdict(list)
             for pair in split_pairs:
                 by_type[types[pair[0]]].append(pair)
             for task_type, chosen in [("all", split_pairs), *sorted(by_type.items())]:
                 compared = compare_split(split, chosen)
+                lists = [(shown.get((split, t, s), ()), shown_control.get((split, t, s), ())) for t, s, _, _ in chosen]
                 rows.append(asdict(ArmComparison(
                     arm=name, control=control_name, split=split, task_type=task_type,
                     pairs=compared.pairs, success_arm=compared.success_a,
                     success_control=compared.success_b, difference=compared.difference,
-                    ci95=compared.ci95, p_value=compared.p_value, other_differences=others)))
+                    ci95=compared.ci95, p_value=compared.p_value, other_differences=others,
+                    same_experience=_share(set(a) == set(b) for a, b in lists),
+                    same_experience_order=_share(a == b for a, b in lists))))
     return rows
+
+
+def _experience_shown(run: Run) -> dict[tuple[str, str, int], tuple[str, ...]]:
+    """(split, task, seed) -> the experience items the harness recorded as shown in that test
+    episode (ids, in order)."""
+    return {(record.split, record.task_id, record.seed): tuple(record.experience_ids)
+            for record in run.evaluated()}
+
+
+def _share(flags: Iterable[bool]) -> float:
+    values = list(flags)
+    return round(sum(values) / len(values), 4) if values else 0.0
 
 
 def _in_factor(field_name: str, factor: list[str]) -> bool:
@@ -309,6 +331,8 @@ class ExperimentReport:
     second_phase: dict[str, Any] | None = None
     #: Tasks of each split every arm played (``eval.limit``); None: the full splits.
     limit: int | None = None
+    #: poison's arms: what the harness added (poison items, how many from another task type).
+    poisoned: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -335,4 +359,7 @@ def load_experiment(path: Path | str) -> ExperimentReport:
                             method=first.method, env=first.env, factor=plan.factor, options=plan.options,
                             arms=[arm.name for arm in plan.arms], comparisons=summarise(plan, path),
                             second_phase=data.get("second_phase"),
-                            limit=(first.config.get("eval") or {}).get("limit"))
+                            limit=(first.config.get("eval") or {}).get("limit"),
+                            poisoned={arm.name: {k: v for k, v in poisoned.items() if k != "digest_clean"}
+                                      for arm in plan.arms
+                                      if (poisoned := read_json(path / arm.name / STATE, "its state").get("poisoned"))})

@@ -161,7 +161,10 @@ EXPERIMENTS_NOTE = (
     "again per arm (conflict's first two arms learn again first), each arm changing one factor the "
     "harness applies; every arm is paired with its "
     "control task by task: the difference in success with its paired bootstrap interval and the "
-    "exact sign-flip p-value. Arms are never ranked in the tables above.")
+    "exact sign-flip p-value. Same items shown: the share of pairs in which the arm was shown the "
+    "experience items its control was shown; near 100 % for a factor on experience, the arm tests "
+    "nothing (a store with one task type's items has no other type's to give). Arms are never "
+    "ranked in the tables above.")
 
 
 def notes(tables: list[Table]) -> list[str]:
@@ -204,7 +207,7 @@ def _md_table(columns: list[str], rows: list[list[str]]) -> list[str]:
 # -- experiments (arena experiment) -------------------------------------------------------------
 
 EXPERIMENT_COLUMNS = ["Arm", "Control", "Split", "Arm success", "Control success",
-                      "Difference [95 % CI]", "p (exact paired)", "Pairs", "Also differs in"]
+                      "Difference [95 % CI]", "p (exact paired)", "Pairs", "Same items shown", "Also differs in"]
 
 
 def experiment_title(report: ExperimentReport) -> str:
@@ -217,10 +220,12 @@ def experiment_line(report: ExperimentReport) -> str:
     learned = (f"; second learning phase: {phase['episodes']} episodes, store {phase['items_before']} -> "
                f"{phase['items_after']} items" + (f" ({phase['note']})" if phase.get("note") else "")
                if phase else "")
+    poison = "; ".join(f"{arm}: {p['poison_items']} poison items beside {p['clean_items']} learned, "
+                       f"{p['from_another_type']} of another task type" for arm, p in report.poisoned.items())
     played = ("every arm on the full test splits" if report.limit is None else
               f"every arm on the first {report.limit} tasks of each split (eval.limit, round-robin over task types)")
     return (f"Factor: {', '.join(report.factor)}; arms {', '.join(report.arms)}; {played}"
-            + (f"; {options}" if options else "") + learned)
+            + (f"; {options}" if options else "") + (f"; {poison}" if poison else "") + learned)
 
 
 def experiment_cells(row: dict[str, Any], with_type: bool = False) -> list[str]:
@@ -228,7 +233,13 @@ def experiment_cells(row: dict[str, Any], with_type: bool = False) -> list[str]:
     return ([row["task_type"]] if with_type else []) + [
         row["arm"], row["control"], row["split"], pct(row["success_arm"]), pct(row["success_control"]),
         f"{row['difference'] * 100:+.1f} [{low * 100:+.1f}, {high * 100:+.1f}]", f"{row['p_value']:.3g}",
-        str(row["pairs"]), ", ".join(row["other_differences"]) or "-"]
+        str(row["pairs"]), _same_items(row), ", ".join(row["other_differences"]) or "-"]
+
+
+def _same_items(row: dict[str, Any]) -> str:
+    """The share of pairs shown the same experience items (and, if fewer, in the same order)."""
+    same, ordered = row.get("same_experience", 0.0), row.get("same_experience_order", 0.0)
+    return pct(same) + (f" ({pct(ordered)} in order)" if ordered != same else "")
 
 
 def experiment_rows(report: ExperimentReport, overall: bool) -> list[list[str]]:
