@@ -8,23 +8,32 @@
 # Usage: [LIMIT=N] bash scripts/experiments_household_easy_warm.sh [NAME ... | source] (default: all
 # five). LIMIT=N evaluates every arm on the first N tasks of each split, round-robin over task
 # types, into NAME-firstN (a smaller, separate experiment); unset: the full splits, into NAME.
+# LEARN=N: the source is rag learned on N episodes instead of the row's 12 (a store with more
+# items than rag's k = 3 and more than one task type: with the row's 3 trajectories, all of one
+# type, every arm is shown the same 3 items), into NAME[-firstN]-learnN.
 # One at a time: two share 2 cores badly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BOARD=leaderboards/household-easy-warm
 WORK="${WORK:-/work/exp/household-easy-warm}"
-SOURCE="$BOARD/experiments/sources/rag-seed0"  # committed whole: store/, trajectories, state
 SMALL=(results.json episodes.jsonl config.yaml state.json metrics.jsonl)
 LIMIT="${LIMIT:-null}"
+LEARN="${LEARN:-}"
 SUFFIX=""; [[ $LIMIT != null ]] && SUFFIX="-first$LIMIT"
+SOURCE="$BOARD/experiments/sources/rag-seed0"  # committed whole: store/, trajectories, state
+BUDGET=()
+if [[ -n $LEARN ]]; then
+    SOURCE="$BOARD/experiments/sources/rag-learn$LEARN-seed0"; SUFFIX="$SUFFIX-learn$LEARN"
+    BUDGET=("learn.budget.episodes=$LEARN")
+fi
 mkdir -p "$WORK"
 
 if [[ ! -f "$SOURCE/results.json" ]]; then
     rm -rf "$SOURCE"
     arena run --method rag --env household env.level=easy eval.limit=1 llm.dtype=float32 \
-        "llm.warmstart=$BOARD/base" run.isolation=process eval.salt=public --out "$SOURCE"
+        "llm.warmstart=$BOARD/base" run.isolation=process eval.salt=public "${BUDGET[@]}" --out "$SOURCE"
 fi
-python - "$SOURCE" "$BOARD/runs/rag-seed0" <<'EOF'
+[[ -n $LEARN ]] || python - "$SOURCE" "$BOARD/runs/rag-seed0" <<'EOF'
 # The same learning as the board's row, episode by episode (the state digest's definition has
 # changed since the row ran, so the two digests differ and are not compared).
 import json, sys
