@@ -304,7 +304,7 @@ def experiment(name: str, run_dir: str, out: str, fractions: tuple[float, ...], 
         console.print(escape(
             f"{row['split']}: {row['arm']} {row['success_arm']:.1%} vs {row['control']} "
             f"{row['success_control']:.1%}: {row['difference']:+.1%} [{low:+.1%}, {high:+.1%}], "
-            f"p = {row['p_value']:.3g}, {row['pairs']} pairs"
+            f"p = {row['p_value']:.3g}, {row['pairs']} pairs, same items shown in {row['same_experience']:.0%}"
             + (f"; also differs in {', '.join(row['other_differences'])}" if row['other_differences'] else "")))
     phase = summary.get("second_phase")
     if phase:

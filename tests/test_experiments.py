@@ -236,7 +236,7 @@ def test_the_command_prints_each_arm_against_its_control(learned, tmp_path, monk
     result = CliRunner().invoke(cli, ["experiment", "relevance", str(run.path), "--out",
                                       str(tmp_path / "exp")])
     assert result.exit_code == 0, result.output
-    assert "other_type" in result.output and "p = " in result.output
+    assert "other_type" in result.output and "p = " in result.output and "same items shown in" in result.output
     refused = CliRunner().invoke(cli, ["experiment", "conflict", str(run.path), "--out", str(tmp_path / "c")])
     assert refused.exit_code != 0 and "--change env.KEY=VALUE" in refused.output
     board = CliRunner().invoke(cli, ["leaderboard", str(run.path), str(tmp_path / "exp"), "--out",
