@@ -161,18 +161,24 @@ def test_a_trainer_killed_around_its_checkpoint_charges_each_step_once(plugins, 
 
 
 @pytest.mark.slow
-def test_a_continued_trainer_is_charged_its_own_steps_only(plugins, tmp_path) -> None:
-    """A run that continues from a trained one (run.continue_from) copies its state, ledger
-    included; its budget is charged the steps it takes, not the source's again."""
-    source, first = protocol.run("gigpo", overrides=TWO_CHECKPOINTS["gigpo"], out=tmp_path / "first", plugins=plugins)
+@pytest.mark.parametrize("method", ["gigpo", "grpo"])
+def test_a_continued_trainer_trains_a_second_phase_charged_its_own_steps(plugins, tmp_path, method) -> None:
+    """A run that continues from a trained one (run.continue_from) starts from its weights and
+    trains its iterations again after the source's (arena.begin_learning_phase); it copies the
+    source's state, ledger included, and its budget is charged the steps it takes only."""
+    source, first = protocol.run(method, overrides=TWO_CHECKPOINTS[method], out=tmp_path / "first", plugins=plugins)
     assert first["learn"]["used"]["gradient_steps"] > 0
-    path, results = protocol.run("gigpo", overrides=[*TWO_CHECKPOINTS["gigpo"], f"run.continue_from={source}"],
+    path, results = protocol.run(method, overrides=[*TWO_CHECKPOINTS[method], f"run.continue_from={source}"],
                                  out=tmp_path / "second", plugins=plugins)
-    metrics = path / "metrics.jsonl"  # none: its iterations were done already (docs/experiments.md)
-    logged = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
-    own = sum(m["metrics"].get("updates", 0) for m in logged if m["phase"] == "learn" and "success" in m["metrics"])
-    assert results["learn"]["used"].get("gradient_steps", 0) == own
+    logged = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+    trained = {m["step"]: m["metrics"].get("updates", 0) for m in logged
+               if m["phase"] == "learn" and isinstance(m["step"], int) and "success" in m["metrics"]}
+    assert sorted(trained) == [3, 4]  # the source's iterations were 1 and 2
+    assert results["learn"]["used"]["gradient_steps"] == sum(trained.values()) > 0
+    state = json.loads((path / "method" / "state.json").read_text())
+    assert state["iterations_done"] == 4 and state["phase"] == 1 and state["phase_start"] == 2
     assert results["learn"]["continued_from"]["run"] == str(source.resolve())
+    assert results["valid"], results["violations"]
 
 
 # -- Reflexion -------------------------------------------------------------------------------

@@ -184,6 +184,8 @@ class EvolvingRL:
         run.keep_rollouts()  # a kill mid-iteration must not lose the rollouts played
         self._trainer: rl.CheckpointedTrainer | None = None
         self.iterations_done = 0
+        #: The iteration this learning phase ends at (one more phase on a continued run).
+        self.last_iteration = self.cfg.iterations
         state = self._state(run)
         recorded = int(state["iterations_done"])
         if recorded or run.method_state.checkpoints().latest():
@@ -216,9 +218,13 @@ class EvolvingRL:
         trainer = self.trainer(run)
         state = self._state(run)
         state["iterations_done"] = self.iterations_done
+        # A continued run (run.continue_from) trains cfg.iterations more from the copied weights.
+        arena.begin_learning_phase(run, state, {"phase_start": self.iterations_done})
+        phase_start = int(state.get("phase_start", 0))
+        self.last_iteration = phase_start + self.cfg.iterations
         train = run.tasks("train")
         iterations = run.progress("evolving_rl iterations", total=self.cfg.iterations)
-        iterations.update(self.iterations_done)
+        iterations.update(self.iterations_done - phase_start)
         ledger = rl.StepLedger(run, state)
         ledger.charge_owed()
         with iterations:
@@ -239,7 +245,7 @@ class EvolvingRL:
 
     def _held_out_due(self, iterations_done: int) -> bool:
         every = self.cfg.valid_every
-        last = iterations_done == self.cfg.iterations
+        last = iterations_done == self.last_iteration
         return every > 0 and (iterations_done % every == 0 or last)
 
     def _iterate(self, run: Run, trainer: rl.CheckpointedTrainer, state: dict[str, Any],
@@ -248,7 +254,7 @@ class EvolvingRL:
             state["valid_before"] = self._held_out_success(run, 0)
             run.method_state.save(state)
             run.log_metrics(0, {"valid_success": state["valid_before"]})
-        for iteration in range(self.iterations_done, self.cfg.iterations):
+        for iteration in range(self.iterations_done, self.last_iteration):
             if run.budget_exhausted():
                 break
             attempt = int(state["attempts"].get(str(iteration), 0))

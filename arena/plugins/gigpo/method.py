@@ -82,6 +82,8 @@ class GiGPO:
         run.keep_rollouts()  # a kill mid-iteration must not lose the rollouts played
         self._trainer: rl.CheckpointedTrainer | None = None
         self.iterations_done = 0
+        #: The iteration this learning phase ends at (one more phase on a continued run).
+        self.last_iteration = self.cfg.iterations
         state = self._state(run)
         recorded = int(state["iterations_done"])
         if recorded or run.method_state.checkpoints().latest():
@@ -112,13 +114,17 @@ class GiGPO:
         train = run.tasks(run.learn_split)
         ledger = rl.StepLedger(run, state)
         ledger.charge_owed()
+        # A continued run (run.continue_from) trains cfg.iterations more from the copied weights.
+        arena.begin_learning_phase(run, state, {"phase_start": self.iterations_done})
+        phase_start = int(state.get("phase_start", 0))
+        self.last_iteration = phase_start + self.cfg.iterations
         with run.progress("gigpo iterations", total=self.cfg.iterations) as shown:
-            shown.update(self.iterations_done)
+            shown.update(self.iterations_done - phase_start)
             if self.iterations_done == 0 and self._held_out_due(0) and "valid_before" not in state:
                 state["valid_before"] = self._held_out_success(run, 0)
                 run.method_state.save(state)
                 run.log_metrics(0, {"valid_success": state["valid_before"]})
-            for iteration in range(self.iterations_done, self.cfg.iterations):
+            for iteration in range(self.iterations_done, self.last_iteration):
                 if run.budget_exhausted():
                     break
                 metrics = self._iteration(run, trainer, train, iteration)
@@ -172,7 +178,7 @@ class GiGPO:
 
     def _held_out_due(self, iterations_done: int) -> bool:
         every = self.cfg.valid_every
-        return every > 0 and (iterations_done % every == 0 or iterations_done == self.cfg.iterations)
+        return every > 0 and (iterations_done % every == 0 or iterations_done == self.last_iteration)
 
     def _held_out_success(self, run: Run, after: int) -> float:
         """Greedy success on the first ``valid_tasks`` valid tasks: the learning curve's held-out
