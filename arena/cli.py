@@ -77,7 +77,7 @@ def run(method: str | None, env_name: str | None, preset: str | None, config_fil
 
         if ranks.join().rank != 0:
             ranks.follow()
-            return
+            _leave_as_a_following_rank()
         ranks.stop_cleanly_on_sigterm()
     started = time.perf_counter()
     try:
@@ -103,6 +103,17 @@ def run(method: str | None, env_name: str | None, preset: str | None, config_fil
 def launched_by_torchrun() -> bool:
     """Started by torchrun (its env names this process's rank), without importing torch."""
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def _leave_as_a_following_rank() -> None:
+    """A rank other than 0 whose work ended (rank 0 said stop; the group is left): exit 0 now.
+    It holds nothing to save (rank 0 writes the run), and the interpreter's teardown could still
+    abort it ("terminate called without an active exception": a process-group thread destroyed
+    while joinable, seen on gloo after a resumed run had written its results), which torchrun
+    reports as a failed run."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def print_next_steps(path: Path) -> None:

@@ -69,3 +69,30 @@ def test_a_killed_rank_ends_the_run_clearly_and_resume_finishes_it(tmp_path) -> 
     assert results["valid"] is True, results["violations"]
     assert results["learn"]["used"]["gradient_steps"] == 4
     assert json.loads((run_dir / "method" / "state.json").read_text())["iterations_done"] == 4
+
+
+def test_a_following_rank_exits_0_once_rank_0_says_stop(monkeypatch) -> None:
+    """A rank other than 0 leaves through os._exit(0) once it has followed to the end: the
+    interpreter's teardown once aborted such a rank after the run had written its results."""
+    from click.testing import CliRunner
+
+    from arena import cli as cli_module
+    from arena.core.rl import ranks
+
+    calls: list[str] = []
+
+    class Exited(Exception):
+        pass
+
+    def exit_now(code: int) -> None:
+        calls.append(f"exit {code}")
+        raise Exited()
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(ranks, "join", lambda: type("World", (), {"rank": 1})())
+    monkeypatch.setattr(ranks, "follow", lambda: calls.append("follow"))
+    monkeypatch.setattr(cli_module.os, "_exit", exit_now)
+    result = CliRunner().invoke(cli_module.cli, ["run", "--method", "base"])
+    assert isinstance(result.exception, Exited)
+    assert calls == ["follow", "exit 0"]
