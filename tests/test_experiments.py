@@ -218,7 +218,15 @@ def test_an_experiment_is_resumed_and_refuses_bad_requests(learned, plugins, tmp
     assert again["comparisons"] == first["comparisons"]
     assert {tuple(r["other_differences"]) for r in again["comparisons"]} == {()}
     fewer = make_plan("relevance", source, board=("run.seeds=[1]", "eval.limit=2"))
-    run_experiment(fewer, tmp_path / "fewer", plugins=plugins)
+    done = run_experiment(fewer, tmp_path / "fewer", plugins=plugins)
+    moved = tmp_path / "moved"  # a checkout moved to another folder: the source's path changed
+    shutil.copytree(source, moved / source.name)
+    shutil.copytree(tmp_path / "fewer", moved / "fewer")
+    assert run_experiment(make_plan("relevance", moved / source.name, board=("run.seeds=[1]", "eval.limit=2")),
+                          moved / "fewer", plugins=plugins)["comparisons"] == done["comparisons"]
+    with pytest.raises(ExperimentError, match="another experiment"):  # the same plan over another source
+        run_experiment(make_plan("relevance", learned["notes_in_solve"], board=("run.seeds=[1]", "eval.limit=2")),
+                       moved / "fewer", plugins=plugins)
     shutil.rmtree(out / "none")
     shutil.copytree(tmp_path / "fewer" / "none", out / "none")  # an arm that played fewer tasks
     with pytest.raises(ReportError, match="not played on the same"):

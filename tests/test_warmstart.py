@@ -139,6 +139,24 @@ def test_a_run_serves_the_merged_weights_and_records_the_base(built: tuple[Path,
     assert tables[0].mixed_fields == ["llm.warmstart"]
 
 
+@pytest.mark.slow
+def test_a_continued_run_serves_the_warm_start_its_source_learned_on(built: tuple[Path, Path, build.WarmStart],
+                                                                    tmp_path: Path) -> None:
+    from arena.core.rundir import RunDirError
+
+    _, _, warm = built
+    source = run_method("base", [*TINY, f"llm.warmstart={warm.folder}"], out=tmp_path / "source", fast=False)
+    moved = tmp_path / "elsewhere" / warm.folder.name  # the same build at another path: the same base
+    shutil.copytree(warm.folder, moved)
+    continued = run_method("base", [*TINY, f"llm.warmstart={moved}", f"run.continue_from={source.path}"],
+                           out=tmp_path / "continued", fast=False)
+    assert continued.results["valid"]
+    assert continued.results["learn"]["continued_from"]["warmstart_adapter_sha256"] == warm.manifest["adapter_sha256"]
+    with pytest.raises(RunDirError, match=r"learned on the warm start with adapter .*this run serves no warm start"):
+        run_method("base", [*TINY, f"run.continue_from={source.path}"], out=tmp_path / "plain", fast=False)
+    assert not (tmp_path / "plain").exists()  # nothing was played: no folder is left behind
+
+
 def test_a_method_may_not_choose_the_base(tmp_path: Path) -> None:
     config = tmp_path / "method.yaml"
     config.write_text("llm: {warmstart: household-easy}\n")

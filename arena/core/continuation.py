@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 LEARNED_STATE = ("store", "method")
 #: What the learned state was learned with and is read by: a continued run keeps them (the
 #: store's vectors are this embedder's; the method's adapters, this model's).
-SAME_LEARNER = ("llm.model", "llm.warmstart", "embedder.name")
+WARM_START = "llm.warmstart"
+SAME_LEARNER = ("llm.model", WARM_START, "embedder.name")
 
 
 def source_of(cfg: DictConfig) -> Path | None:
@@ -73,8 +74,13 @@ def check_source(source: Path, cfg: DictConfig, target: RunDir, remaking: bool =
                           "poisoned or evaluated on a changed world): continue from the run it "
                           "was made from.")
     source_cfg = OmegaConf.load(source / CONFIG)
-    changed = [key for key in SAME_LEARNER
-               if _learner_value(OmegaConf.select(source_cfg, key)) != _learner_value(OmegaConf.select(cfg, key))]
+    model = (results.get("provenance") or {}).get("model") or {}
+    # A backend that records its weights records its warm start too (none: no warm start): the
+    # served one is compared with it once the model is loaded (check_same_warm_start), by its
+    # adapter's digest rather than by a path that depends on the folder the run was started in.
+    warm_start_known = bool(model.get("weights_sha256"))
+    changed = [key for key in SAME_LEARNER if not (key == WARM_START and warm_start_known)
+               and _learner_value(OmegaConf.select(source_cfg, key)) != _learner_value(OmegaConf.select(cfg, key))]
     if changed:
         learned_with = ", ".join(f"{key}={OmegaConf.select(source_cfg, key)}" for key in changed)
         raise RunDirError(f"{where} learned with {learned_with}; "
@@ -89,11 +95,29 @@ def check_source(source: Path, cfg: DictConfig, target: RunDir, remaking: bool =
         raise RunDirError(f"{where} does not record a learned state its evaluation kept unchanged "
                           "(digest_before_eval = digest_after_eval): there is nothing to continue from.")
     return {"run": str(source.resolve()), "digest": digest, "env": results.get("env"),
-            "learn_used": results.get("learn", {}).get("used", {})}
+            "learn_used": results.get("learn", {}).get("used", {}),
+            **({"warmstart_adapter_sha256": (model.get("warmstart") or {}).get("adapter_sha256")}
+               if warm_start_known else {})}
+
+
+def check_same_warm_start(started_from: Mapping[str, Any], served_model: Mapping[str, Any]) -> None:
+    """A continued run's served warm start (``LLMBackend.describe()``) must be the one its source
+    learned on: the learned state is read by that model only."""
+    if "warmstart_adapter_sha256" not in started_from:
+        return  # the source's backend recorded no weights: its config's llm.warmstart was compared
+    learned_on = started_from["warmstart_adapter_sha256"]
+    served = (served_model.get("warmstart") or {}).get("adapter_sha256")
+    if served != learned_on:
+        def named(digest: Any) -> str:
+            return f"the warm start with adapter {str(digest)[:12]}" if digest else "no warm start"
+        raise RunDirError(f"run.continue_from={started_from['run']} learned on {named(learned_on)}; this "
+                          f"run serves {named(served)}. Pass the source's llm.warmstart (the same "
+                          "built folder or recipe), or learn from nothing.")
 
 
 def _learner_value(value: Any) -> Any:
-    """A learner setting as compared: a warm-start folder as its resolved path."""
+    """A learner setting as compared: a folder as its resolved path (relative to the working
+    folder: a source whose backend records no weights has nothing better to go by)."""
     if isinstance(value, str) and ("/" in value or Path(value).exists()):
         return str(Path(value).resolve())
     return value

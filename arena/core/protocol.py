@@ -242,6 +242,9 @@ class Session:
     def _build(self, prepared: PreparedRun, cfg: DictConfig, store_path: Path, embedder_cfg: DictConfig,
                trackers: list[Tracker]) -> None:
         """The run context, then (resuming) the record and the journal, then the method."""
+        state = self.run_dir.state()
+        if state.get("continued_from") and not state.get("learn_done"):
+            continuation.check_same_warm_start(state["continued_from"], self.llm.describe())
         self.ctx = RunContext(
             cfg, self.run_dir, self.env, self.llm,
             hooks=self.pm.hook,

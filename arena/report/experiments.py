@@ -171,10 +171,11 @@ def run_experiment(plan: Plan, out: Path | str, *, plugins: Any = None) -> dict[
                "arms": {arm.name: arm.settings for arm in plan.arms}}
     if any(arm.learns for arm in plan.arms):
         planned["learning_arms"] = {arm.name: arm.learns for arm in plan.arms if arm.learns}
+    planned["source_learned"] = _learned(source)
     summary_file = out / EXPERIMENT_FILE
     if summary_file.is_file():
         before = read_json(summary_file, "its experiment file")
-        if {k: before.get(k) for k in planned} != json.loads(json.dumps(planned)):
+        if not _same_experiment(before, json.loads(json.dumps(planned))):
             raise ExperimentError(f"{out} holds another experiment ({before.get('experiment')} over "
                                   f"{before.get('source')}): give a new --out.")
     elif out.exists() and any(out.iterdir()):
@@ -206,6 +207,26 @@ def run_experiment(plan: Plan, out: Path | str, *, plugins: Any = None) -> dict[
         summary["second_phase"] = second_phase(out / "both", source)
     write_json_atomic(summary_file, summary)
     return summary
+
+
+def _learned(source: Path) -> dict[str, Any]:
+    """What tells a source apart: its method and the digest of the state its learning ended with."""
+    if not (source / RESULTS).is_file():
+        raise ExperimentError(f"{source} is not a finished run (no {RESULTS}): give the folder of a run "
+                              "that finished, or finish it first with `arena run --resume`.")
+    results = read_json(source / RESULTS, "its results")
+    return {"method": results.get("method"), "digest": (results.get("state") or {}).get("digest_before_eval")}
+
+
+def _same_experiment(before: dict[str, Any], planned: dict[str, Any]) -> bool:
+    """Whether ``before`` (an experiment file found in --out) plans what ``planned`` does. The
+    source is told by its method and learned state, not by its path: a checkout moved to
+    another folder or machine resumes its experiments (a file from before the digest was
+    recorded: by the source's folder name)."""
+    same_source = (before["source_learned"] == planned["source_learned"] if "source_learned" in before
+                   else Path(str(before.get("source"))).name == Path(planned["source"]).name)
+    return same_source and all(before.get(key) == value for key, value in planned.items()
+                               if key not in ("source", "source_learned"))
 
 
 def _prepare_learning(source: Path, folder: Path, arm: Arm, mark: dict[str, Any], plugins: Any) -> None:
