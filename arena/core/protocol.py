@@ -355,24 +355,28 @@ class Session:
                 "weights": self.llm.weights_digest(fresh=True),
                 "method_state": hashlib.sha256(text.encode()).hexdigest() if text else "empty"}
 
-    def state_digest(self, weights: str | None = None) -> str:
+    def state_digest(self) -> str:
         """Digest of everything the method could have learned: store, method state, weights.
 
         The harness hashes the store and the weights *before* any method hook runs, so a method
-        cannot put back a copy of its learned state inside its own ``state_digest``. ``weights``:
-        another model's weights digest in place of the served one's (the state a declared change
-        of model started from, :meth:`_rebase_on_new_model`)."""
+        cannot put back a copy of its learned state inside its own ``state_digest``."""
+        return self._state_digests()[0]
+
+    def _state_digests(self, *other_weights: str) -> list[str]:
+        """The state digest, then the same state with each of ``other_weights`` (another model's
+        weights digest) in place of the served one's (the state a declared change of model
+        started from, :meth:`_rebase_on_new_model`): the store, weights and method are hashed once."""
         parts: dict[str, Any] = dict(self._harness_digests())
         self._last_harness_digests = dict(parts)  # evaluation's reference, not hashed again
-        if weights is not None:
-            parts["weights"] = weights
         try:
             parts["method"] = sorted(str(d) for d in self.pm.hook.state_digest(run=self.ctx) if d)
         except Exception as exc:  # the finished work is kept; the run is invalid
             self.ctx.violation(f"state_digest of method '{self.cfg.method.name}' raised "
                                f"{type(exc).__name__}: {exc}; its state cannot be verified.")
             parts["method"] = ["<state_digest failed>"]
-        return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+        return [hashlib.sha256(json.dumps({**parts, **({} if weights is None else {"weights": weights})},
+                                          sort_keys=True).encode()).hexdigest()
+                for weights in (None, *other_weights)]
 
     def _spot_check(self) -> None:
         """At a random moment of a frozen evaluation: are the store and weights still those
@@ -483,7 +487,7 @@ class Session:
         one the source's learning ended with; then the new model's digest is the reference that
         evaluation must keep."""
         change = dict(state[MODEL_CHANGED])
-        learned = self.state_digest(weights=str(change["from_weights_sha256"]))
+        served, learned = self._state_digests(str(change["from_weights_sha256"]))
         method_files = integrity.tree_sha256(self.ctx.method_state.folder)
         if learned != state["digest_before_eval"] or method_files != change.get("method_files_sha256"):
             self.ctx.violation(
@@ -491,7 +495,7 @@ class Session:
                 f"learning ended with ({state['digest_before_eval'][:12]} -> {learned[:12]}): the "
                 "method must restore its learned state when constructed.")
         change.update(rebased=True, digest_learned=state["digest_before_eval"])
-        return self.run_dir.update_state(**{MODEL_CHANGED: change}, digest_before_eval=self.state_digest())
+        return self.run_dir.update_state(**{MODEL_CHANGED: change}, digest_before_eval=served)
 
     def _evaluate(self) -> None:
         ctx = self.ctx

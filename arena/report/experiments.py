@@ -291,6 +291,7 @@ class ArmComparison:
 def summarise(plan: Plan, out: Path) -> list[dict[str, Any]]:
     """Each (arm, control) pair of the plan, per split and per task type."""
     runs = {arm.name: load_run(out / arm.name, verification=False) for arm in plan.arms}
+    shown_by_arm = {name: _experience_shown(run) for name, run in runs.items()}
     rows = []
     for name, control_name in plan.pairs:
         run, control = runs[name], runs[control_name]
@@ -298,7 +299,7 @@ def summarise(plan: Plan, out: Path) -> list[dict[str, Any]]:
         others = [f for f in overall["mixed_fields"] if not _in_factor(f, plan.factor)]
         pairs = paired_outcomes(run, control, PRIMARY_VARIANT, PRIMARY_VARIANT)
         types = _task_types(run)
-        shown, shown_control = _experience_shown(run), _experience_shown(control)
+        shown, shown_control = shown_by_arm[name], shown_by_arm[control_name]
         for split, split_pairs in pairs.items():
             by_type: dict[str, list[tuple[str, int, bool, bool]]] = defaultdict(list)
             for pair in split_pairs:
