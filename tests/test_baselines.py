@@ -161,7 +161,7 @@ def test_a_trainer_killed_around_its_checkpoint_charges_each_step_once(plugins, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["gigpo", "grpo"])
+@pytest.mark.parametrize("method", ["gigpo", "grpo", "skillrl"])
 def test_a_continued_trainer_trains_a_second_phase_charged_its_own_steps(plugins, tmp_path, method) -> None:
     """A run that continues from a trained one (run.continue_from) starts from its weights and
     trains its iterations again after the source's (arena.begin_learning_phase); it copies the
@@ -176,7 +176,8 @@ def test_a_continued_trainer_trains_a_second_phase_charged_its_own_steps(plugins
     assert sorted(trained) == [3, 4]  # the source's iterations were 1 and 2
     assert results["learn"]["used"]["gradient_steps"] == sum(trained.values()) > 0
     state = json.loads((path / "method" / "state.json").read_text())
-    assert state["iterations_done"] == 4 and state["phase"] == 1 and state["phase_start"] == 2
+    progress = "steps_done" if method == "skillrl" else "iterations_done"  # SkillRL: its RL steps
+    assert state[progress] == 4 and state["phase"] == 1 and state["phase_start"] == 2
     assert results["learn"]["continued_from"]["run"] == str(source.resolve())
     assert results["valid"], results["violations"]
 

@@ -269,6 +269,9 @@ class SkillRL:
         sync_store(run.store, self.bank(state))  # creates the store: digested either way
         ledger = rl.StepLedger(run, state)  # the optimizer steps, charged once each
         ledger.charge_owed()
+        # A continued run (run.continue_from) plays cfg.rl.steps more RL steps, evolving its
+        # copied bank, from its copied weights; collection, distillation and SFT are not redone.
+        arena.begin_learning_phase(run, state, {"stage": RL, "phase_start": int(state["steps_done"])})
         if state["stage"] == COLLECT:
             self._collect(run)
             state["stage"] = DISTILL
@@ -410,19 +413,22 @@ class SkillRL:
         every = self.cfg.evolution.every
         train = list(run.tasks(run.learn_split))
         trainer = self.trainer(run) if steps > 0 else None
+        phase_start = int(state.get("phase_start", 0))
         with run.progress("skillrl: RL steps", total=steps) as shown:
-            shown.update(int(state["steps_done"]))
-            self._rl_steps(run, state, train, trainer, shown, ledger)
+            shown.update(int(state["steps_done"]) - phase_start)
+            self._rl_steps(run, state, train, trainer, shown, ledger, phase_start)
         if evolution_due(int(state["steps_done"]), every, state["evolved_at"]):
             self._evolve(run, state, int(state["steps_done"]))
 
     def _rl_steps(self, run: Run, state: dict[str, Any], train: list[Task],
-                  trainer: rl.CheckpointedTrainer | None, shown: Any, ledger: rl.StepLedger) -> None:
+                  trainer: rl.CheckpointedTrainer | None, shown: Any, ledger: rl.StepLedger,
+                  phase_start: int) -> None:
+        """RL steps ``phase_start + 1`` to ``phase_start + rl.steps`` (numbered across phases:
+        a second phase draws new tasks and writes new checkpoints)."""
         cfg = self.cfg.rl
-        steps = cfg.steps
         every = self.cfg.evolution.every
         seed = run.learn_seed
-        for step in range(int(state["steps_done"]), steps):
+        for step in range(int(state["steps_done"]), phase_start + cfg.steps):
             if evolution_due(int(state["steps_done"]), every, state["evolved_at"]):
                 self._evolve(run, state, int(state["steps_done"]))
             if run.budget_exhausted():
@@ -460,7 +466,7 @@ class SkillRL:
             self._save(run, state)
             ledger.charge_owed()
             run.log_metrics(step + 1, metrics)  # step: RL steps done
-            shown.update(step + 1, note=f"success {metrics['success']:.0%}")
+            shown.update(step + 1 - phase_start, note=f"success {metrics['success']:.0%}")
 
     def _evolve(self, run: Run, state: dict[str, Any], step: int) -> None:
         """Validate on the valid split; the teacher grows the bank when a task type is weak."""
