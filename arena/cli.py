@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shlex
 import signal
 import sys
 import time
@@ -306,8 +307,15 @@ def experiment(name: str, run_dir: str, out: str, fractions: tuple[float, ...], 
         plan = make_plan(name, Path(run_dir), fractions=fractions or DEFAULT_FRACTIONS, model=model,
                          change=change, board=board)
         summary = run_experiment(plan, out)
-    except (ExperimentError, ReportError) as exc:
+    except (ExperimentError, ReportError, *USER_ERRORS) as exc:
         raise click.ClickException(str(exc)) from exc
+    except (KeyboardInterrupt, Terminated) as exc:
+        again = " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["experiment"] else \
+            f"experiment {name} {run_dir} --out {out} ..."
+        console.print(escape(f"{'Interrupted' if isinstance(exc, KeyboardInterrupt) else 'Terminated'}. The "
+                             f"finished arms and episodes are saved; run `arena {again}` again (the same "
+                             "options and --out) to finish the rest."))
+        sys.exit(130 if isinstance(exc, KeyboardInterrupt) else 143)
     for row in summary["comparisons"]:
         if row["task_type"] != "all":
             continue
@@ -316,7 +324,9 @@ def experiment(name: str, run_dir: str, out: str, fractions: tuple[float, ...], 
             f"{row['split']}: {row['arm']} {row['success_arm']:.1%} vs {row['control']} "
             f"{row['success_control']:.1%}: {row['difference']:+.1%} [{low:+.1%}, {high:+.1%}], "
             f"p = {row['p_value']:.3g}, {row['pairs']} pairs, same items shown in {row['same_experience']:.0%}"
-            + (f"; also differs in {', '.join(row['other_differences'])}" if row['other_differences'] else "")))
+            + (f"; also differs in {', '.join(row['other_differences'])}" if row['other_differences'] else "")
+            + (f"; INVALID: {', '.join(row['invalid'])} (arena show {out}/ARM says why)"
+               if row.get("invalid") else "")))
     phase = summary.get("second_phase")
     if phase:
         console.print(escape(f"second learning phase: {phase['episodes']} episodes, store "

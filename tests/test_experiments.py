@@ -153,6 +153,35 @@ def test_poison_adds_a_share_of_other_types_notes_under_learned_keys(learned, pl
     assert not any("poison" in e.experience_id for e in stored_experiences(tmp_path / "poison" / "poison-0.5" / "store"))
 
 
+def test_poison_killed_while_poisoning_is_poisoned_once_and_a_share_that_adds_nothing_is_refused(
+        learned, plugins, tmp_path, monkeypatch):
+    from arena.core.rundir import RunDir
+
+    source = learned["type_notes"]
+    items = load_run(source).results["state"]["memory_items"]
+    plan = make_plan("poison", source, fractions=(0.5,))
+    real_update = RunDir.update_state
+
+    def killed_after_adding(self, **changes):
+        if "poisoned" in changes:
+            raise KeyboardInterrupt  # the poison items are in the store; the state does not say so
+        return real_update(self, **changes)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(RunDir, "update_state", killed_after_adding)
+        with pytest.raises(KeyboardInterrupt):
+            run_experiment(plan, tmp_path / "poison", plugins=plugins)
+    run_experiment(plan, tmp_path / "poison", plugins=plugins)
+    poisoned = load_run(tmp_path / "poison" / "poison-0.5")
+    assert poisoned.results["valid"], poisoned.results["violations"]
+    record = poisoned.results["protocol"]["experience"]["poisoned"]
+    assert record["clean_items"] == items and record["poison_items"] == items
+    assert poisoned.results["state"]["memory_items"] == 2 * items  # not poisoned twice
+    smallest_empty = 0.4 / items  # rounds to no item in a store of `items`
+    with pytest.raises(ExperimentError, match=r"adds no item to .* store of \d+ items: give fractions of at least"):
+        make_plan("poison", source, fractions=(smallest_empty,))
+
+
 def test_transfer_evaluates_another_model_with_and_without_the_experience(learned, plugins, tmp_path):
     plan = make_plan("transfer", learned["type_notes"], model=("llm.reply=Another model.",))
     summary = run_experiment(plan, tmp_path / "transfer", plugins=plugins)
@@ -199,6 +228,10 @@ def test_an_experiment_is_resumed_and_refuses_bad_requests(learned, plugins, tmp
         make_plan("relevance", source, board=("learn.budget.episodes=5",))
     with pytest.raises(ExperimentError, match="needs the model"):
         make_plan("transfer", source)
+    with pytest.raises(ExperimentError, match="Unknown env setting 'dialekt'. Did you mean 'dialect'"):
+        make_plan("stale", source, change=("env.dialekt=put",))  # would change nothing
+    with pytest.raises(ExperimentError, match="Unknown llm setting 'repyl'. Did you mean 'reply'"):
+        make_plan("transfer", source, model=("llm.repyl=tiny",))
     out = tmp_path / "relevance"
     plan = make_plan("relevance", source, board=("run.seeds=[1]", "eval.limit=4"))
     first = run_experiment(plan, out, plugins=plugins)
@@ -224,7 +257,7 @@ def test_an_experiment_is_resumed_and_refuses_bad_requests(learned, plugins, tmp
     shutil.copytree(tmp_path / "fewer", moved / "fewer")
     assert run_experiment(make_plan("relevance", moved / source.name, board=("run.seeds=[1]", "eval.limit=2")),
                           moved / "fewer", plugins=plugins)["comparisons"] == done["comparisons"]
-    with pytest.raises(ExperimentError, match="another experiment"):  # the same plan over another source
+    with pytest.raises(ExperimentError, match="another experiment .*differs in source"):  # another source
         run_experiment(make_plan("relevance", learned["notes_in_solve"], board=("run.seeds=[1]", "eval.limit=2")),
                        moved / "fewer", plugins=plugins)
     shutil.rmtree(out / "none")
@@ -232,7 +265,7 @@ def test_an_experiment_is_resumed_and_refuses_bad_requests(learned, plugins, tmp
     with pytest.raises(ReportError, match="not played on the same"):
         summarise(plan, out)
     with pytest.raises(ExperimentError, match="another experiment"):
-        run_experiment(make_plan("poison", source), out, plugins=plugins)
+        run_experiment(make_plan("poison", source, fractions=(0.5,)), out, plugins=plugins)
 
 
 def test_the_command_prints_each_arm_against_its_control(learned, tmp_path, monkeypatch):
@@ -245,6 +278,12 @@ def test_the_command_prints_each_arm_against_its_control(learned, tmp_path, monk
                                       str(tmp_path / "exp")])
     assert result.exit_code == 0, result.output
     assert "other_type" in result.output and "p = " in result.output and "same items shown in" in result.output
+    import arena.report.experiments as experiments
+
+    with monkeypatch.context() as patched:  # Ctrl-C: the hint resumes the experiment, not a run
+        patched.setattr(experiments, "run_experiment", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
+        stopped = CliRunner().invoke(cli, ["experiment", "relevance", str(run.path), "--out", str(tmp_path / "exp")])
+    assert stopped.exit_code == 130 and "the same options and --out" in stopped.output
     refused = CliRunner().invoke(cli, ["experiment", "conflict", str(run.path), "--out", str(tmp_path / "c")])
     assert refused.exit_code != 0 and "--change env.KEY=VALUE" in refused.output
     board = CliRunner().invoke(cli, ["leaderboard", str(run.path), str(tmp_path / "exp"), "--out",
@@ -260,6 +299,9 @@ def test_the_command_prints_each_arm_against_its_control(learned, tmp_path, monk
     assert experiment["limit"] == 4 and "every arm on the first 4 tasks of each split" in page
     assert "Same items shown" in page
     assert "Experiments</h2>" in (tmp_path / "board" / "index.html").read_text()
+    ranked = CliRunner().invoke(cli, ["leaderboard", str(run.path), str(tmp_path / "exp" / "own"), "--out",
+                                      str(tmp_path / "board3")])  # an arm among the runs
+    assert ranked.exit_code != 0 and "an arm is never ranked with runs" in ranked.output
     (tmp_path / "exp" / "none" / "results.json").unlink()
     unfinished = CliRunner().invoke(cli, ["leaderboard", str(run.path), str(tmp_path / "exp"), "--out",
                                           str(tmp_path / "board2")])
@@ -508,3 +550,90 @@ def test_a_continued_run_killed_before_its_first_state_is_made_again_on_resume(p
     _, results = protocol.run(None, resume=tmp_path / "continued", plugins=plugins)
     assert results["valid"], results["violations"]
     assert results["learn"]["continued_from"]["run"] == str(placing["placing_rule"].resolve())
+
+
+def test_every_arm_plays_the_experiments_one_secret_draw(learned, plugins, tmp_path):
+    """Under a secret salt each run draws its own test layouts; an experiment's arms share one."""
+    from arena.report.aggregate import protocol_of
+
+    out = tmp_path / "secret"
+    summary = run_experiment(make_plan("relevance", learned["type_notes"], board=("eval.salt=secret",)), out,
+                             plugins=plugins)
+    arms = [load_run(out / arm) for arm in ("own", "other_type", "none")]
+    assert {run.results["protocol"]["eval_salt"] for run in arms} == {arms[0].results["protocol"]["eval_salt"]}
+    assert arms[0].results["protocol"]["eval_salt"].startswith("secret:")
+    assert protocol_of(arms[0])["eval.salt"] == arms[0].results["protocol"]["eval_salt"]  # boards name the draw
+    assert len({json.dumps(run.results["provenance"]["split_hashes"]) for run in arms}) == 1
+    assert {tuple(row["other_differences"]) for row in summary["comparisons"]} == {()}
+    alone = evaluate_state.evaluate_state(learned["type_notes"], tmp_path / "alone", ["eval.salt=secret"],
+                                          plugins=plugins)[1]  # a run outside it draws its own
+    assert alone["protocol"]["eval_salt"] != arms[0].results["protocol"]["eval_salt"]
+
+
+def test_an_arm_is_no_source_and_a_submitted_state_plants_no_harness_keys(learned, plugins, tmp_path):
+    """What only an arm's harness writes (poison, a change of model, the arm's mark) is not taken
+    from a state handed over for evaluation or replay."""
+    from arena.core.rundir import MODEL_CHANGED
+    from arena.report.evaluate_state import EvaluateError, prepare_evaluation
+    from arena.report.verify import prepare_replay, trajectories_by_key
+
+    source = learned["type_notes"]
+    run_experiment(make_plan("relevance", source), tmp_path / "relevance", plugins=plugins)
+    with pytest.raises(ExperimentError, match="is an arm of `arena experiment`"):
+        run_experiment(make_plan("poison", tmp_path / "relevance" / "own", fractions=(0.5,)), tmp_path / "p",
+                       plugins=plugins)
+    planted = tmp_path / "planted"
+    shutil.copytree(source, planted)
+    state = json.loads((planted / "state.json").read_text())
+    state.update({MODEL_CHANGED: {"rebased": False, "from_weights_sha256": "0" * 64, "method_files_sha256": ""},
+                  "poisoned": {"fraction": 0.5}, "poisoning": ["x"]})
+    (planted / "state.json").write_text(json.dumps(state))
+    prepare_evaluation(planted, tmp_path / "evaluated", {}, record_as="evaluated_from")
+    assert not {MODEL_CHANGED, "poisoned", "poisoning"} & set(json.loads((tmp_path / "evaluated" / "state.json").read_text()))
+    run = load_run(planted, verification=False)
+    prepare_replay(planted, tmp_path / "replay", run.results, run.episodes or [], trajectories_by_key(planted))
+    assert MODEL_CHANGED not in json.loads((tmp_path / "replay" / "state.json").read_text())
+    with pytest.raises(EvaluateError, match="is an arm of `arena experiment`"):
+        prepare_evaluation(tmp_path / "relevance" / "own", tmp_path / "from_arm", {}, record_as="evaluated_from")
+
+
+def test_other_type_on_a_split_of_one_type_is_refused_before_any_episode(plugins, fast, tmp_path):
+    register(plugins, type_notes=TypeNotes)
+    with pytest.raises(ValueError, match="split test_seen has the task types .* only; it needs at least two"):
+        protocol.run("type_notes", overrides=[*fast, "env.n_test=1", "eval.experience.source=other_type"],
+                     out=tmp_path / "one_type", plugins=plugins)
+    assert not (tmp_path / "one_type").exists()
+
+
+class WritesWhenTold(TypeNotes):
+    """TypeNotes that adds a note while evaluated when ARENA_TEST_WRITE is set (one arm's run)."""
+
+    @arena.hookimpl
+    def retrieve(self, run: arena.Run, task: arena.Task) -> list[arena.Experience]:
+        import os
+
+        if os.environ.get("ARENA_TEST_WRITE"):
+            run.store.add([arena.Experience(kind=NOTE, text="learned at test time", metadata={"task_type": "x"},
+                                            provenance=arena.Provenance((task.task_id,), task.split))])
+        return super().retrieve(run, task)
+
+
+def test_an_invalid_arm_is_marked_in_every_comparison_it_is_in(plugins, fast, tmp_path, monkeypatch):
+    from arena.report.experiments import load_experiment
+    from arena.report.render import experiment_rows
+
+    register(plugins, writes_when_told=WritesWhenTold)
+    source, results = protocol.run("writes_when_told", overrides=fast + ["eval.limit=4"], out=tmp_path / "w",
+                                   plugins=plugins)
+    assert results["valid"], results["violations"]
+    plan = make_plan("relevance", source)
+    out = tmp_path / "relevance"
+    run_experiment(plan, out, plugins=plugins)
+    shutil.rmtree(out / "other_type")
+    monkeypatch.setenv("ARENA_TEST_WRITE", "1")  # other_type made again: it writes while evaluated
+    summary = run_experiment(plan, out, plugins=plugins)
+    assert not load_run(out / "other_type").results["valid"]
+    assert {(r["arm"], tuple(r["invalid"])) for r in summary["comparisons"]} == {
+        ("other_type", ("other_type",)), ("none", ())}
+    shown = {cells[0]: cells[-1] for cells in experiment_rows(load_experiment(out), overall=True)}
+    assert shown == {"other_type": "INVALID other_type", "none": "-"}

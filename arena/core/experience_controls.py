@@ -56,6 +56,19 @@ class ExperienceControl:
         self.settings = settings
         self._tasks_of = tasks_of
 
+    def check(self, splits: Mapping[str, list[Task]]) -> None:
+        """Refuse, before any episode, a control the evaluated ``splits`` (name -> tasks) cannot
+        give (``other_type`` on a split of one task type would end every episode in an error,
+        scored as a failure)."""
+        if self.settings.source != OTHER_TYPE:
+            return
+        for split, tasks in splits.items():
+            types = {t.task_type for t in tasks}
+            if len(types) < 2:
+                raise ValueError(f"eval.experience.source=other_type: split {split} has the task types "
+                                 f"{sorted(types)} only; it needs at least two (evaluate splits of "
+                                 "several types, or leave relevance out for this environment).")
+
     def task_for(self, task: Task, seed: int) -> Task | None:
         if self.settings.source == NONE:
             return None

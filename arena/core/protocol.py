@@ -258,6 +258,7 @@ class Session:
             reporter=self.reporter,
             trackers=trackers,
         )
+        self.ctx.experience_control.check({str(split): self.env.tasks(str(split)) for split in cfg.eval.splits})
         if self.resumed:
             # The record first (checked), then a step killed mid-way undone, then the method:
             # it is built from the state as the last committed step left it.
@@ -453,7 +454,8 @@ class Session:
     def _poison_store(self, state: dict[str, Any]) -> dict[str, Any]:
         """Add ``eval.experience.poison``'s share of poison items to the learned store, before
         evaluation; the state evaluation must keep is the poisoned one (the clean digest is kept
-        beside it). Deterministic, so a session killed half-way adds the same items again."""
+        beside it). Deterministic: a session killed half-way takes out what it added, and adds
+        the same items again."""
         fraction = self.ctx.experience_control.settings.poison
         if not self._store_exists():
             raise ValueError(f"eval.experience.poison={fraction}: method '{self.cfg.method.name}' "
@@ -474,6 +476,12 @@ class Session:
                                   task_type_of, fraction, seed=int(self.cfg.learn.seed))
         except ValueError as exc:
             raise ValueError(f"eval.experience.poison={fraction}: {exc}") from exc
+        if not poison:
+            raise ValueError(f"eval.experience.poison={fraction} adds no item to a store of {len(items)}: "
+                             "give a larger share (or 0 for the clean store).")
+        # Named before they are added: a session killed between the two takes them out again
+        # (_undo_unfinished_poison) rather than poisoning a poisoned store.
+        self.run_dir.update_state(poisoning=[p.experience.experience_id for p in poison])
         store.add([p.experience for p in poison], embeddings=[p.embedding for p in poison])
         summary = {"fraction": fraction, "clean_items": len(items), "poison_items": len(poison),
                    "from_another_type": sum(p.other_type for p in poison),
@@ -502,6 +510,8 @@ class Session:
         state = self.run_dir.state()
         plan = evaluation_plan(self.env, self.cfg)
         frozen = ctx.track == "frozen"
+        if self.resumed and frozen and state.get("poisoning") and "poisoned" not in state:
+            self.ctx.services.raw_store().delete(state["poisoning"])  # killed while poisoning
         if self.resumed and frozen and (state.get(MODEL_CHANGED) or {}).get("rebased") is False:
             state = self._rebase_on_new_model(state)
         elif self.resumed and frozen:

@@ -108,7 +108,7 @@ def protocol_of(run: Run) -> dict[str, Any]:
         # Which train tasks a method could consult at test time (runs before it: train).
         "eval.source_pool": evaluation.get("source_pool", "train"),
     }
-    salt = evaluation.get("eval_salt") or "public"
+    salt = results.get("protocol", {}).get("eval_salt") or "public"  # the kind and the draw's digest
     if salt != "public":  # absent otherwise, so boards made before keep their files
         fields["eval.salt"] = salt  # runs of two salts played two different test sets
     warmstart = warmstart_of(run)
@@ -543,6 +543,12 @@ def build_tables(runs: list[Run], allow_mixed: bool = False, sort: str = "succes
         raise ReportError("No runs given: pass one or more run directories.")
     if sort not in SORT_KEYS:
         raise ReportError(f"Unknown sort '{sort}'. Choose one of: {', '.join(SORT_KEYS)}.")
+    for run in runs:
+        arm = run.results.get("experiment")
+        if arm:  # its experience was replaced, poisoned or played elsewhere: not the method's row
+            raise ReportError(f"{run.path} is the arm '{arm.get('arm')}' of `arena experiment {arm.get('name')}`: "
+                              "an arm is never ranked with runs. Give the experiment's folder (the "
+                              f"board shows it as a section), {run.path.parent}, instead.")
     by_env: dict[str, list[Run]] = defaultdict(list)
     for run in runs:
         by_env[run.env].append(run)

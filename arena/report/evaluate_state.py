@@ -28,6 +28,11 @@ BOARD_SETTINGS = ("eval.salt", "eval.concurrency", "eval.splits", "run.seeds", "
                   "run.isolation_limits.")
 
 
+#: State keys the harness writes for an experiment's arm only (what it poisoned, the model it
+#: changed to, the arm's mark); a learned state handed over for evaluation carries none of them.
+HARNESS_ONLY_STATE = ("poisoning", "poisoned", MODEL_CHANGED, "experiment")
+
+
 class EvaluateError(ValueError):
     """The submitted run cannot be evaluated as asked (the message says why and what to do)."""
 
@@ -78,6 +83,10 @@ def prepare_evaluation(run_path: Path, out: Path, settings: dict[str, Any], *, r
     shutil.rmtree(partial, ignore_errors=True)
     try:
         run = load_run(run_path, verification=False)
+        if run.results.get("experiment") or read_json(run_path / STATE, "its state").get("experiment"):
+            raise EvaluateError(f"{run_path} is an arm of `arena experiment` (its experience was replaced, "
+                                "poisoned or evaluated with another model or world): evaluate the run it "
+                                "was made from.")
         prepare_replay(run_path, partial, run.results, run.episodes or [], trajectories_by_key(run_path),
                        same_test_draw=False)
     except (ReportError, VerifyError, RunDirError, FileNotFoundError) as exc:
@@ -92,6 +101,8 @@ def prepare_evaluation(run_path: Path, out: Path, settings: dict[str, Any], *, r
         OmegaConf.update(config, key, value, force_add=True)
     OmegaConf.save(config, partial / CONFIG)
     state = read_json(partial / STATE, "its state")
+    for key in HARNESS_ONLY_STATE:  # a submitted state.json may not plant what only an arm's harness writes
+        state.pop(key, None)
     state["config_sha256"] = integrity.file_sha256(partial / CONFIG)
     state.setdefault("provenance", {})[record_as] = {
         "run": str(run_path.resolve()), "digest_before_eval": state.get("digest_before_eval"),

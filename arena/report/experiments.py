@@ -39,6 +39,9 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from arena.core import salt as eval_salt
+from arena.core.experience_controls import poison_count
+from arena.core.registry import did_you_mean
 from arena.core.rundir import CONFIG, RESULTS, STATE, RunDir, RunDirError, read_json, write_json_atomic
 from arena.report.aggregate import CONTINUED_FIELD as CONTINUED
 from arena.report.compare import compare_runs, compare_split, paired_outcomes
@@ -113,11 +116,13 @@ def make_plan(name: str, source: Path, *, fractions: tuple[float, ...] = DEFAULT
             fractions = (0.0, *fractions)
         if any(not 0.0 <= f < 1.0 for f in fractions):
             raise ExperimentError(f"--fraction takes shares in [0, 1); got {', '.join(map(str, fractions))}.")
+        _check_poison_adds_items(source, fractions)
         arms = [Arm(f"poison-{f:g}", {**shared, f"{EXPERIENCE}poison": f}) for f in sorted(set(fractions))]
         return Plan(name, str(source), arms, [(arm.name, "poison-0") for arm in arms[1:]],
                     [f"{EXPERIENCE}poison"], {"fractions": sorted(set(fractions))})
     if name in ("stale", "conflict"):
         changed = _world_change(name, change)
+        _check_known_keys(source, changed, "env", "name")
     if name == "conflict":
         arms = [Arm("both", {**shared, **changed}, learns=CONTINUE), Arm("new", {**shared, **changed}, learns=SCRATCH),
                 Arm("old", {**shared, **changed, **own}), Arm("none", {**shared, **changed, **none})]
@@ -136,6 +141,7 @@ def make_plan(name: str, source: Path, *, fractions: tuple[float, ...] = DEFAULT
         raise ExperimentError("transfer needs the model to transfer to: --model llm.KEY=VALUE (e.g. "
                               "--model llm.warmstart=null for the embedded model as shipped, or "
                               "--model llm.model=PATH).")
+    _check_known_keys(source, target, "llm", "backend")
     exported = read_json(source / RESULTS, "its results").get("exported", "unknown")
     if exported is None:
         raise ExperimentError(f"{source}'s method exports nothing (its export hook returned None): what "
@@ -154,6 +160,43 @@ def _world_change(name: str, change: tuple[str, ...]) -> dict[str, Any]:
                               + (f"; {', '.join(fixed)} would change the tasks themselves" if fixed else "")
                               + ".")
     return changed
+
+
+def _check_poison_adds_items(source: Path, fractions: Iterable[float]) -> None:
+    """Each nonzero fraction must add at least one item to the source's store (a share of 10 %
+    of a store of 3 rounds to none, and would compare the clean store with itself)."""
+    if not (source / RESULTS).is_file():
+        return  # refused with its reason when the arm is made
+    clean = int((read_json(source / RESULTS, "its results").get("state") or {}).get("memory_items", 0))
+    empty = [f for f in fractions if f > 0 and poison_count(clean, f) == 0]
+    if empty:
+        smallest = next((f / 100 for f in range(1, 100) if poison_count(clean, f / 100) > 0), None)
+        raise ExperimentError(
+            f"--fraction {', '.join(f'{f:g}' for f in empty)} adds no item to {source}'s store of {clean} "
+            + (f"items: give fractions of at least {smallest:g}." if smallest else "items: it has nothing to poison."))
+
+
+def _check_known_keys(source: Path, settings: dict[str, Any], section: str, name_key: str) -> None:
+    """Each ``section.KEY`` set is a setting of the source's config or of the defaults of the
+    environment or backend the arm names (a misspelt key would change nothing and the arm would
+    be its control)."""
+    if not (source / CONFIG).is_file():
+        return  # refused with its reason when the arm is made
+    from arena.core.plugins import get_plugins
+
+    config = OmegaConf.to_container(OmegaConf.select(OmegaConf.load(source / CONFIG), section) or {})
+    assert isinstance(config, dict)
+    known = set(config)
+    component = str(settings.get(f"{section}.{name_key}", config.get(name_key)))
+    registry = get_plugins().envs if section == "env" else get_plugins().backends
+    if component in registry.names():
+        for path in registry.get(component).configs:
+            known |= set(OmegaConf.load(path).keys())
+    unknown = [key for key in settings if key.split(".")[1] not in known]
+    if unknown:
+        key = unknown[0]
+        raise ExperimentError(did_you_mean(f"{section} setting", key.split(".")[1], sorted(map(str, known)))
+                              + f" ({key} is not a setting of {component} nor of {source}'s config.)")
 
 
 def _settings(items: tuple[str, ...], *, allowed: tuple[str, ...], what: str) -> dict[str, Any]:
@@ -175,9 +218,11 @@ def run_experiment(plan: Plan, out: Path | str, *, plugins: Any = None) -> dict[
     summary_file = out / EXPERIMENT_FILE
     if summary_file.is_file():
         before = read_json(summary_file, "its experiment file")
-        if not _same_experiment(before, json.loads(json.dumps(planned))):
+        differing = _differences(before, json.loads(json.dumps(planned)))
+        if differing:
             raise ExperimentError(f"{out} holds another experiment ({before.get('experiment')} over "
-                                  f"{before.get('source')}): give a new --out.")
+                                  f"{before.get('source')}; it differs in {', '.join(differing)}): run the "
+                                  "command it was started with to resume it, or give a new --out.")
     elif out.exists() and any(out.iterdir()):
         raise ExperimentError(f"{out} exists and is not an experiment's folder: give a new --out.")
     out.mkdir(parents=True, exist_ok=True)
@@ -201,12 +246,23 @@ def run_experiment(plan: Plan, out: Path | str, *, plugins: Any = None) -> dict[
                                        new_keys=(EXPERIENCE, "llm.", "env."), state_extra={"experiment": mark})
             except EvaluateError as exc:
                 raise ExperimentError(str(exc)) from exc
+        _share_the_test_draw(out, folder)
         finish_evaluation(folder, plugins)  # resumes: an arm that learns learns first
     summary = {**planned, "comparisons": summarise(plan, out)}
     if plan.name == "conflict":
         summary["second_phase"] = second_phase(out / "both", source)
     write_json_atomic(summary_file, summary)
     return summary
+
+
+def _share_the_test_draw(out: Path, arm: Path) -> None:
+    """Every arm plays the same test layouts: under a secret salt (``eval.salt=secret``, or
+    ``auto`` with ``run.isolation=process``) one draw for the experiment, ``OUT/eval_salt``,
+    copied into each arm before it plays (each arm would otherwise draw its own)."""
+    if eval_salt.mode_of(OmegaConf.load(arm / CONFIG)) != eval_salt.SECRET or (arm / eval_salt.SALT_FILE).exists():
+        return
+    eval_salt.resolve(OmegaConf.load(arm / CONFIG), out)  # drawn once, read back after
+    shutil.copy2(out / eval_salt.SALT_FILE, arm / eval_salt.SALT_FILE)
 
 
 def _learned(source: Path) -> dict[str, Any]:
@@ -218,15 +274,16 @@ def _learned(source: Path) -> dict[str, Any]:
     return {"method": results.get("method"), "digest": (results.get("state") or {}).get("digest_before_eval")}
 
 
-def _same_experiment(before: dict[str, Any], planned: dict[str, Any]) -> bool:
-    """Whether ``before`` (an experiment file found in --out) plans what ``planned`` does. The
+def _differences(before: dict[str, Any], planned: dict[str, Any]) -> list[str]:
+    """What ``before`` (an experiment file found in --out) plans otherwise than ``planned``. The
     source is told by its method and learned state, not by its path: a checkout moved to
-    another folder or machine resumes its experiments (a file from before the digest was
-    recorded: by the source's folder name)."""
+    another folder or machine resumes its experiments (a file from before that was recorded:
+    by the source's folder name)."""
     same_source = (before["source_learned"] == planned["source_learned"] if "source_learned" in before
                    else Path(str(before.get("source"))).name == Path(planned["source"]).name)
-    return same_source and all(before.get(key) == value for key, value in planned.items()
-                               if key not in ("source", "source_learned"))
+    return (([] if same_source else ["source"])
+            + [key for key, value in planned.items() if key not in ("source", "source_learned")
+               and before.get(key) != value])
 
 
 def _prepare_learning(source: Path, folder: Path, arm: Arm, mark: dict[str, Any], plugins: Any) -> None:
@@ -286,6 +343,9 @@ class ArmComparison:
     #: (a store of one task type has no other type's items to give) tests nothing.
     same_experience: float = 0.0
     same_experience_order: float = 0.0
+    #: The runs of the pair (arm, control) whose results are invalid (a violation: the method
+    #: changed its state while evaluated, say): their figures are shown, never read as a result.
+    invalid: list[str] = field(default_factory=list)
 
 
 def summarise(plan: Plan, out: Path) -> list[dict[str, Any]]:
@@ -297,6 +357,7 @@ def summarise(plan: Plan, out: Path) -> list[dict[str, Any]]:
         run, control = runs[name], runs[control_name]
         overall = compare_runs(run, control, allow_mixed=True)
         others = [f for f in overall["mixed_fields"] if not _in_factor(f, plan.factor)]
+        invalid = [arm for arm in (name, control_name) if not runs[arm].results.get("valid", False)]
         pairs = paired_outcomes(run, control, PRIMARY_VARIANT, PRIMARY_VARIANT)
         types = _task_types(run)
         shown, shown_control = shown_by_arm[name], shown_by_arm[control_name]
@@ -313,7 +374,7 @@ def summarise(plan: Plan, out: Path) -> list[dict[str, Any]]:
                     success_control=compared.success_b, difference=compared.difference,
                     ci95=compared.ci95, p_value=compared.p_value, other_differences=others,
                     same_experience=_share(set(a) == set(b) for a, b in lists),
-                    same_experience_order=_share(a == b for a, b in lists))))
+                    same_experience_order=_share(a == b for a, b in lists), invalid=invalid)))
     return rows
 
 

@@ -233,7 +233,8 @@ def experiment_cells(row: dict[str, Any], with_type: bool = False) -> list[str]:
     return ([row["task_type"]] if with_type else []) + [
         row["arm"], row["control"], row["split"], pct(row["success_arm"]), pct(row["success_control"]),
         f"{row['difference'] * 100:+.1f} [{low * 100:+.1f}, {high * 100:+.1f}]", f"{row['p_value']:.3g}",
-        str(row["pairs"]), _same_items(row), ", ".join(row["other_differences"]) or "-"]
+        str(row["pairs"]), _same_items(row),
+        ", ".join([*row["other_differences"], *(f"INVALID {arm}" for arm in row.get("invalid", []))]) or "-"]
 
 
 def _same_items(row: dict[str, Any]) -> str:

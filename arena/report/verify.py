@@ -36,6 +36,7 @@ from arena.core.continuation import LEARNED_STATE, links_in_learned_state
 from arena.core.rundir import (
     CONFIG,
     EPISODES,
+    MODEL_CHANGED,
     RESULTS,
     STATE,
     TRAJECTORIES,
@@ -179,7 +180,12 @@ def prepare_replay(run_path: Path, replay: Path, results: dict[str, Any],
     shutil.copy2(run_path / CONFIG, replay / CONFIG)
     if same_test_draw and (run_path / SALT_FILE).is_file():  # the same secret test draw
         shutil.copy2(run_path / SALT_FILE, replay / SALT_FILE)
-    write_json_atomic(replay / STATE, {k: v for k, v in state.items() if k not in EVALUATION_STATE_KEYS})
+    kept = {k: v for k, v in state.items() if k not in EVALUATION_STATE_KEYS}
+    if (kept.get(MODEL_CHANGED) or {}).get("rebased") is not True:
+        # A finished run's change of model was rebased before it played; one still to rebase is
+        # planted, and would name its own reference weights and method files.
+        kept.pop(MODEL_CHANGED, None)
+    write_json_atomic(replay / STATE, kept)
     for name in LEARNED_STATE:
         if (run_path / name).is_dir():
             shutil.copytree(run_path / name, replay / name)
