@@ -480,7 +480,7 @@ class Session:
             raise ValueError(f"eval.experience.poison={fraction} adds no item to a store of {len(items)}: "
                              "give a larger share (or 0 for the clean store).")
         # Named before they are added: a session killed between the two takes them out again
-        # (_undo_unfinished_poison) rather than poisoning a poisoned store.
+        # (at the start of _evaluate) rather than poisoning a poisoned store.
         self.run_dir.update_state(poisoning=[p.experience.experience_id for p in poison])
         store.add([p.experience for p in poison], embeddings=[p.embedding for p in poison])
         summary = {"fraction": fraction, "clean_items": len(items), "poison_items": len(poison),
