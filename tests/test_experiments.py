@@ -480,6 +480,8 @@ def test_expel_gathers_again_on_the_changed_world_beside_its_old_trials(plugins,
     assert phases == [0] * (len(trials) // 2) + [1] * (len(trials) // 2)
     state = json.loads((tmp_path / "conflict" / "both" / "method" / "state.json").read_text())
     assert state["phase"] == 1 and state["stage"] == "done" and state["gather"]["trials"] == len(trials) // 2
+    both = load_run(tmp_path / "conflict" / "both").results["state"]["method"]
+    assert both["trajectories"] == len(trials)  # the state's size: both phases' trials
 
 
 @pytest.mark.slow

@@ -456,7 +456,8 @@ class ExpeL:
         critique = state["critique"]
         return {
             "insights": len(state["book"]["insights"]),
-            "trajectories": int(state["gather"].get("trials", 0)),
+            # What the state holds: every phase's trials (a continued run keeps the first's).
+            "trajectories": run.store.count(kind=TRAJECTORY) if run.store_exists() else 0,
             "tasks_solved_in_gathering": int(state["gather"].get("tasks_solved", 0)),
             "critiques": int(critique["critiques"]),
             "critiques_without_operations": int(critique["without_operations"]),
