@@ -295,8 +295,11 @@ def evaluate(state_dir: str, out: str, overrides: tuple[str, ...]) -> None:
               help="stale, conflict: the changed world, as env.KEY=VALUE (e.g. env.dialect=put; repeat).")
 @click.option("--set", "board", multiple=True,
               help="An evaluation setting every arm shares, KEY=VALUE (run.seeds, eval.salt, ...).")
+@click.option("--reuse", "reuse", multiple=True, type=click.Path(file_okay=False, exists=True),
+              help="Another experiment's folder over the same source: its finished arms of the same "
+                   "settings stand in for this one's (stale's learned_world is relevance's own; repeat).")
 def experiment(name: str, run_dir: str, out: str, fractions: tuple[float, ...], model: tuple[str, ...],
-               change: tuple[str, ...], board: tuple[str, ...]) -> None:
+               change: tuple[str, ...], board: tuple[str, ...], reuse: tuple[str, ...]) -> None:
     """Run experiment NAME (relevance, poison, transfer, stale, conflict) over RUN_DIR's learned
     state: one evaluation per arm (conflict's first two arms learn again on the changed world),
     each against its control, paired, per split and task type (docs/experiments.md)."""
@@ -306,7 +309,7 @@ def experiment(name: str, run_dir: str, out: str, fractions: tuple[float, ...], 
     try:
         plan = make_plan(name, Path(run_dir), fractions=fractions or DEFAULT_FRACTIONS, model=model,
                          change=change, board=board)
-        summary = run_experiment(plan, out)
+        summary = run_experiment(plan, out, reuse=reuse)
     except (ExperimentError, ReportError, *USER_ERRORS) as exc:
         raise click.ClickException(str(exc)) from exc
     except (KeyboardInterrupt, Terminated) as exc:
@@ -332,6 +335,8 @@ def experiment(name: str, run_dir: str, out: str, fractions: tuple[float, ...], 
         console.print(escape(f"second learning phase: {phase['episodes']} episodes, store "
                              f"{phase['items_before']} -> {phase['items_after']} items"
                              + (f". {phase['note']}" if "note" in phase else "")))
+    for arm, folder in summary.get("reused", {}).items():
+        console.print(escape(f"{arm}: the arm played in {Path(out) / folder} (--reuse)"))
     console.print(escape(f"Wrote {Path(out) / 'experiment.json'}; each arm: arena show {out}/ARM"))
 
 

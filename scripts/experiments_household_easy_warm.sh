@@ -11,6 +11,9 @@
 # LEARN=N: the source is rag learned on N episodes instead of the row's 12 (a store with more
 # items than rag's k = 3 and more than one task type: with the row's 3 trajectories, all of one
 # type, every arm is shown the same 3 items), into NAME[-firstN]-learnN.
+# An arm another experiment over the same source played with the same settings is reused, not
+# played again (`arena experiment --reuse`): stale's learned-world arms are relevance's, poison's
+# clean arm relevance's own, conflict's old and none stale's changed-world arms.
 # One at a time: two share 2 cores badly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,16 +53,30 @@ print(f"[experiments] the source learned what the board's rag row learned ({len(
       f"episodes, {items(source)} items)", file=sys.stderr)
 EOF
 
+restore() {  # restore NAME: the arms an earlier session finished, from the board into WORK/NAME
+    local work="$WORK/$1" kept="$BOARD/experiments/$1"
+    [[ -f "$kept/experiment.json" ]] || return 0
+    mkdir -p "$work"
+    [[ -f "$work/experiment.json" ]] || cp "$kept/experiment.json" "$work/"
+    for arm in "$kept"/*/; do
+        if [[ -f "$arm/results.json" && ! -d "$work/$(basename "$arm")" ]]; then cp -r "$arm" "$work/"; fi
+    done
+}
+
+REUSE=()
+reuse() {  # reuse NAME...: the experiments whose finished arms stand in for arms of the same settings
+    REUSE=()
+    for other in "$@"; do
+        restore "$other$SUFFIX"
+        if [[ -f "$WORK/$other$SUFFIX/experiment.json" ]]; then REUSE+=(--reuse "$WORK/$other$SUFFIX"); fi
+    done
+}
+
 run_experiment() {  # run_experiment NAME ARGS...
     local name=$1$SUFFIX; shift
     local work="$WORK/$name" kept="$BOARD/experiments/$name"
     mkdir -p "$work"
-    if [[ -f "$kept/experiment.json" ]]; then  # what an earlier session finished
-        cp "$kept/experiment.json" "$work/"
-        for arm in "$kept"/*/; do
-            [[ -f "$arm/results.json" && ! -d "$work/$(basename "$arm")" ]] && cp -r "$arm" "$work/"
-        done
-    fi
+    restore "$name"  # what an earlier session finished
     echo "[experiments] arena experiment $* --out $work --set eval.limit=$LIMIT" >&2
     local status=0
     arena experiment "$@" --out "$work" --set "eval.limit=$LIMIT" || status=$?
@@ -82,10 +99,13 @@ for name in "${names[@]}"; do
     case "$name" in
         relevance) run_experiment relevance relevance "$SOURCE" ;;
         transfer) run_experiment transfer transfer "$SOURCE" --model llm.warmstart=null ;;
-        stale) run_experiment stale stale "$SOURCE" --change env.dialect=put ;;
+        # learned_world and learned_world_none: relevance's own and none, where it ran
+        stale) reuse relevance; run_experiment stale stale "$SOURCE" --change env.dialect=put "${REUSE[@]}" ;;
         # rag learned 3 trajectories: 25 % and 50 % of the poisoned store are 1 and 3 items.
-        poison) run_experiment poison poison "$SOURCE" --fraction 0.25 --fraction 0.5 ;;
-        conflict) run_experiment conflict conflict "$SOURCE" --change env.dialect=put ;;
+        poison) reuse relevance stale
+                run_experiment poison poison "$SOURCE" --fraction 0.25 --fraction 0.5 "${REUSE[@]}" ;;
+        # old and none: stale's changed_world and changed_world_none
+        conflict) reuse stale; run_experiment conflict conflict "$SOURCE" --change env.dialect=put "${REUSE[@]}" ;;
         *) echo "unknown experiment $name" >&2; exit 2 ;;
     esac
 done

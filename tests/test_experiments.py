@@ -639,3 +639,36 @@ def test_an_invalid_arm_is_marked_in_every_comparison_it_is_in(plugins, fast, tm
         ("other_type", ("other_type",)), ("none", ())}
     shown = {cells[0]: cells[-1] for cells in experiment_rows(load_experiment(out), overall=True)}
     assert shown == {"other_type": "INVALID other_type", "none": "-"}
+
+
+def test_an_arm_another_experiment_played_is_reused_not_played_again(learned, plugins, tmp_path):
+    """stale's learned-world arms are relevance's own and none, poison's clean arm relevance's own:
+    with --reuse they are read from there (same source, same settings, same test draw)."""
+    from arena.report.experiments import load_experiment
+
+    source = learned["type_notes"]
+    secret = ("eval.salt=secret",)  # one draw for both experiments, adopted from the first
+    run_experiment(make_plan("relevance", source, board=secret), tmp_path / "relevance", plugins=plugins)
+    stale = run_experiment(make_plan("stale", source, change=("env.dialect=put",), board=secret),
+                           tmp_path / "stale", plugins=plugins, reuse=[tmp_path / "relevance"])
+    assert stale["reused"] == {"learned_world": "../relevance/own", "learned_world_none": "../relevance/none"}
+    assert not (tmp_path / "stale" / "learned_world").exists() and (tmp_path / "stale" / "changed_world").is_dir()
+    alone = run_experiment(make_plan("stale", source, change=("env.dialect=put",)), tmp_path / "alone",
+                           plugins=plugins)  # played in full (public draw): the same comparisons
+    assert [r["pairs"] for r in stale["comparisons"]] == [r["pairs"] for r in alone["comparisons"]]
+    assert {tuple(r["other_differences"]) for r in stale["comparisons"]} == {()}
+    draws = {load_run(tmp_path / "stale" / arm).results["protocol"]["eval_salt"] for arm in ("changed_world",
+                                                                                           "changed_world_none")}
+    assert draws == {load_run(tmp_path / "relevance" / "own").results["protocol"]["eval_salt"]}
+    from arena.report.render import experiment_line
+
+    assert load_experiment(tmp_path / "stale").reused == stale["reused"]
+    assert "learned_world is the arm ../relevance/own (reused" in experiment_line(load_experiment(tmp_path / "stale"))
+    poison = run_experiment(make_plan("poison", source, fractions=(0.5,), board=secret), tmp_path / "poison",
+                            plugins=plugins, reuse=[tmp_path / "stale", tmp_path / "relevance"])
+    assert poison["reused"] == {"poison-0": "../relevance/own"}  # poison 0 is the clean store
+    other = run_experiment(make_plan("relevance", learned["notes_in_solve"], board=secret), tmp_path / "other",
+                           plugins=plugins, reuse=[tmp_path / "relevance"])  # another source: nothing of it
+    assert "reused" not in other and (tmp_path / "other" / "own").is_dir()
+    with pytest.raises(ExperimentError, match="is not an experiment's folder"):
+        run_experiment(make_plan("relevance", source), tmp_path / "r2", plugins=plugins, reuse=[tmp_path / "stale" / "changed_world"])

@@ -30,6 +30,7 @@ or they are named). Running the command again on the same ``--out`` resumes unfi
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections import defaultdict
 from collections.abc import Iterable
@@ -40,7 +41,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from arena.core import salt as eval_salt
-from arena.core.experience_controls import poison_count
+from arena.core.experience_controls import ExperienceSettings, poison_count
 from arena.core.registry import did_you_mean
 from arena.core.rundir import CONFIG, RESULTS, STATE, RunDir, RunDirError, read_json, write_json_atomic
 from arena.report.aggregate import CONTINUED_FIELD as CONTINUED
@@ -96,6 +97,13 @@ class Plan:
     #: The protocol fields the factor changes (arena.report.aggregate.protocol_of's names).
     factor: list[str]
     options: dict[str, Any] = field(default_factory=dict)
+    #: Arms played by another experiment over the same source with the same settings (shared
+    #: controls, ``--reuse``): arm name -> its folder, relative to this experiment's.
+    reused: dict[str, str] = field(default_factory=dict)
+
+    def arm_path(self, out: Path, name: str) -> Path:
+        """Where arm ``name`` of this experiment (in ``out``) lies: its own folder or a reused one."""
+        return out / self.reused[name] if name in self.reused else out / name
 
 
 def make_plan(name: str, source: Path, *, fractions: tuple[float, ...] = DEFAULT_FRACTIONS,
@@ -206,18 +214,24 @@ def _settings(items: tuple[str, ...], *, allowed: tuple[str, ...], what: str) ->
         raise ExperimentError(f"{exc} An experiment changes one factor only.") from exc
 
 
-def run_experiment(plan: Plan, out: Path | str, *, plugins: Any = None) -> dict[str, Any]:
-    """Every arm of ``plan`` into ``out`` (resuming those begun), then the paired summary."""
+def run_experiment(plan: Plan, out: Path | str, *, plugins: Any = None,
+                   reuse: Iterable[Path | str] = ()) -> dict[str, Any]:
+    """Every arm of ``plan`` into ``out`` (resuming those begun), then the paired summary.
+    ``reuse``: folders of other experiments whose finished arms stand in for this plan's arms of
+    the same source and settings (stale's ``learned_world`` is relevance's ``own``)."""
     out, source = Path(out), Path(plan.source)
     planned = {"experiment": plan.name, "source": str(source.resolve()),
                "pairs": [list(pair) for pair in plan.pairs], "factor": plan.factor, "options": plan.options,
                "arms": {arm.name: arm.settings for arm in plan.arms}}
     if any(arm.learns for arm in plan.arms):
         planned["learning_arms"] = {arm.name: arm.learns for arm in plan.arms if arm.learns}
-    planned["source_learned"] = _learned(source)
+    learned = _learned(source)
+    planned["source_learned"] = learned
     summary_file = out / EXPERIMENT_FILE
+    reused_before: dict[str, str] = {}
     if summary_file.is_file():
         before = read_json(summary_file, "its experiment file")
+        reused_before = dict(before.get("reused", {}))
         differing = _differences(before, json.loads(json.dumps(planned)))
         if differing:
             raise ExperimentError(f"{out} holds another experiment ({before.get('experiment')} over "
@@ -226,10 +240,13 @@ def run_experiment(plan: Plan, out: Path | str, *, plugins: Any = None) -> dict[
     elif out.exists() and any(out.iterdir()):
         raise ExperimentError(f"{out} exists and is not an experiment's folder: give a new --out.")
     out.mkdir(parents=True, exist_ok=True)
+    plan.reused = {**reused_before, **_reusable(plan, out, learned, reuse)}
+    if plan.reused:
+        planned["reused"] = plan.reused
     write_json_atomic(summary_file, planned)
     for arm in plan.arms:
         folder = out / arm.name
-        if (folder / RESULTS).is_file():
+        if arm.name in plan.reused or (folder / RESULTS).is_file():
             continue
         mark = {"name": plan.name, "arm": arm.name, "source_run": str(source.resolve()),
                 "settings": arm.settings, **({"learns": arm.learns} if arm.learns else {})}
@@ -253,6 +270,57 @@ def run_experiment(plan: Plan, out: Path | str, *, plugins: Any = None) -> dict[
         summary["second_phase"] = second_phase(out / "both", source)
     write_json_atomic(summary_file, summary)
     return summary
+
+
+def _reusable(plan: Plan, out: Path, learned: dict[str, Any], reuse: Iterable[Path | str]) -> dict[str, str]:
+    """This plan's arms, not begun in ``out``, that a finished arm of an experiment in ``reuse``
+    played already: the same source (method and learned-state digest) and the same settings.
+    Only arms that evaluate the source's state again; an arm that learns is never shared."""
+    found: dict[str, str] = {}
+    for other in map(Path, reuse):
+        if not is_experiment(other):
+            raise ExperimentError(f"--reuse {other} is not an experiment's folder (no {EXPERIMENT_FILE}).")
+        data = read_json(other / EXPERIMENT_FILE, "its experiment file")
+        for arm in plan.arms:
+            if arm.learns or arm.name in found or (out / arm.name).exists():
+                continue
+            for name, settings in data.get("arms", {}).items():
+                folder = other / name
+                if (name not in data.get("learning_arms", {}) and _effective(settings) == _effective(arm.settings)
+                        and (folder / RESULTS).is_file() and _evaluated_state_of(folder) == learned
+                        and _same_test_draw(other, out, folder)):
+                    found[arm.name] = os.path.relpath(folder.resolve(), out.resolve())
+                    break
+    return found
+
+
+def _effective(settings: dict[str, Any]) -> dict[str, Any]:
+    """An arm's settings with the experience control's defaults filled in (poison's ``poison-0``
+    and relevance's ``own`` are one evaluation)."""
+    defaults = {f"{EXPERIENCE}{key}": value for key, value in ExperienceSettings().describe().items()}
+    return json.loads(json.dumps({**defaults, **settings}))
+
+
+def _same_test_draw(other: Path, out: Path, arm: Path) -> bool:
+    """Whether ``arm`` (of the experiment in ``other``) played the test layouts this experiment's
+    arms play: always under a public or a board's salt; under a secret one, when this experiment
+    has no draw yet (it adopts ``other``'s) or the same one."""
+    if eval_salt.mode_of(OmegaConf.load(arm / CONFIG)) != eval_salt.SECRET:
+        return True
+    theirs, ours = other / eval_salt.SALT_FILE, out / eval_salt.SALT_FILE
+    if not theirs.is_file():
+        return False
+    if not ours.exists():
+        shutil.copy2(theirs, ours)
+    return ours.read_text() == theirs.read_text()
+
+
+def _evaluated_state_of(arm: Path) -> dict[str, Any]:
+    """The source an arm evaluated, as its own files record it (method, learned-state digest)."""
+    results = read_json(arm / RESULTS, "its results")
+    state = read_json(arm / STATE, "its state")
+    return {"method": results.get("method"),
+            "digest": (state.get("provenance", {}).get("experiment_of") or {}).get("digest_before_eval")}
 
 
 def _share_the_test_draw(out: Path, arm: Path) -> None:
@@ -282,7 +350,7 @@ def _differences(before: dict[str, Any], planned: dict[str, Any]) -> list[str]:
     same_source = (before["source_learned"] == planned["source_learned"] if "source_learned" in before
                    else Path(str(before.get("source"))).name == Path(planned["source"]).name)
     return (([] if same_source else ["source"])
-            + [key for key, value in planned.items() if key not in ("source", "source_learned")
+            + [key for key, value in planned.items() if key not in ("source", "source_learned", "reused")
                and before.get(key) != value])
 
 
@@ -350,7 +418,7 @@ class ArmComparison:
 
 def summarise(plan: Plan, out: Path) -> list[dict[str, Any]]:
     """Each (arm, control) pair of the plan, per split and per task type."""
-    runs = {arm.name: load_run(out / arm.name, verification=False) for arm in plan.arms}
+    runs = {arm.name: load_run(plan.arm_path(out, arm.name), verification=False) for arm in plan.arms}
     shown_by_arm = {name: _experience_shown(run) for name, run in runs.items()}
     rows = []
     for name, control_name in plan.pairs:
@@ -416,6 +484,8 @@ class ExperimentReport:
     limit: int | None = None
     #: poison's arms: what the harness added (poison items, how many from another task type).
     poisoned: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Arms another experiment played (``--reuse``): arm -> that arm's folder, relative to this one.
+    reused: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -432,12 +502,14 @@ def load_experiment(path: Path | str) -> ExperimentReport:
     learns = data.get("learning_arms", {})
     plan = Plan(data["experiment"], data["source"],
                 [Arm(name, settings, learns.get(name)) for name, settings in data["arms"].items()],
-                [(arm, control) for arm, control in data["pairs"]], list(data["factor"]), data.get("options", {}))
-    unfinished = [arm.name for arm in plan.arms if not (path / arm.name / RESULTS).is_file()]
+                [(arm, control) for arm, control in data["pairs"]], list(data["factor"]), data.get("options", {}),
+                dict(data.get("reused", {})))
+    unfinished = [arm.name for arm in plan.arms if not (plan.arm_path(path, arm.name) / RESULTS).is_file()]
     if unfinished:
         raise ExperimentError(f"{path}: the arms {', '.join(unfinished)} have not finished. Run the "
-                              "experiment's command again with the same --out to finish them.")
-    first = load_run(path / plan.arms[0].name, verification=False)
+                              "experiment's command again with the same --out to finish them"
+                              + (" (and give the experiments it reuses beside it)." if plan.reused else "."))
+    first = load_run(plan.arm_path(path, plan.arms[0].name), verification=False)
     return ExperimentReport(name=plan.name, folder=path.name, source=Path(plan.source).name,
                             method=first.method, env=first.env, factor=plan.factor, options=plan.options,
                             arms=[arm.name for arm in plan.arms], comparisons=summarise(plan, path),
@@ -445,4 +517,6 @@ def load_experiment(path: Path | str) -> ExperimentReport:
                             limit=(first.config.get("eval") or {}).get("limit"),
                             poisoned={arm.name: {k: v for k, v in poisoned.items() if k != "digest_clean"}
                                       for arm in plan.arms
-                                      if (poisoned := read_json(path / arm.name / STATE, "its state").get("poisoned"))})
+                                      if (poisoned := read_json(plan.arm_path(path, arm.name) / STATE,
+                                                                "its state").get("poisoned"))},
+                            reused=plan.reused)

@@ -222,10 +222,13 @@ def experiment_line(report: ExperimentReport) -> str:
                if phase else "")
     poison = "; ".join(f"{arm}: {p['poison_items']} poison items beside {p['clean_items']} learned, "
                        f"{p['from_another_type']} of another task type" for arm, p in report.poisoned.items())
+    reused = "; ".join(f"{arm} is the arm {folder} (reused: the same source and settings)"
+                       for arm, folder in report.reused.items())
     played = ("every arm on the full test splits" if report.limit is None else
               f"every arm on the first {report.limit} tasks of each split (eval.limit, round-robin over task types)")
     return (f"Factor: {', '.join(report.factor)}; arms {', '.join(report.arms)}; {played}"
-            + (f"; {options}" if options else "") + (f"; {poison}" if poison else "") + learned)
+            + (f"; {options}" if options else "") + (f"; {poison}" if poison else "")
+            + (f"; {reused}" if reused else "") + learned)
 
 
 def experiment_cells(row: dict[str, Any], with_type: bool = False) -> list[str]:
