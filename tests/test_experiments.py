@@ -154,7 +154,7 @@ def test_poison_adds_a_share_of_other_types_notes_under_learned_keys(learned, pl
 
 
 def test_poison_killed_while_poisoning_is_poisoned_once_and_a_share_that_adds_nothing_is_refused(
-        learned, plugins, tmp_path, monkeypatch):
+        learned, plugins, fast, tmp_path, monkeypatch):
     from arena.core.rundir import RunDir
 
     source = learned["type_notes"]
@@ -178,8 +178,11 @@ def test_poison_killed_while_poisoning_is_poisoned_once_and_a_share_that_adds_no
     assert record["clean_items"] == items and record["poison_items"] == items
     assert poisoned.results["state"]["memory_items"] == 2 * items  # not poisoned twice
     smallest_empty = 0.4 / items  # rounds to no item in a store of `items`
-    with pytest.raises(ExperimentError, match=r"adds no item to .* store of \d+ items: give fractions of at least"):
+    with pytest.raises(ExperimentError, match=r"--fraction .* add no item to .* store of \d+ items: give --fraction F of at"):
         make_plan("poison", source, fractions=(smallest_empty,))
+    _, direct = protocol.run("type_notes", overrides=[*fast, "eval.limit=2", f"eval.experience.poison={smallest_empty}"],
+                             out=tmp_path / "direct", plugins=plugins)  # a run by itself: none added, and said
+    assert direct["valid"] and direct["protocol"]["experience"]["poisoned"]["poison_items"] == 0
 
 
 def test_transfer_evaluates_another_model_with_and_without_the_experience(learned, plugins, tmp_path):
@@ -257,6 +260,12 @@ def test_an_experiment_is_resumed_and_refuses_bad_requests(learned, plugins, tmp
     shutil.copytree(tmp_path / "fewer", moved / "fewer")
     assert run_experiment(make_plan("relevance", moved / source.name, board=("run.seeds=[1]", "eval.limit=2")),
                           moved / "fewer", plugins=plugins)["comparisons"] == done["comparisons"]
+    edited = tmp_path / "edited" / source.name  # the same learned state, evaluated otherwise
+    shutil.copytree(source, edited)
+    (edited / "config.yaml").write_text((edited / "config.yaml").read_text().replace("max_steps: 3", "max_steps: 4"))
+    with pytest.raises(ExperimentError, match="another experiment .*differs in source"):
+        run_experiment(make_plan("relevance", edited, board=("run.seeds=[1]", "eval.limit=2")), moved / "fewer",
+                       plugins=plugins)
     with pytest.raises(ExperimentError, match="another experiment .*differs in source"):  # another source
         run_experiment(make_plan("relevance", learned["notes_in_solve"], board=("run.seeds=[1]", "eval.limit=2")),
                        moved / "fewer", plugins=plugins)
@@ -584,6 +593,7 @@ def test_an_arm_is_no_source_and_a_submitted_state_plants_no_harness_keys(learne
     with pytest.raises(ExperimentError, match="is an arm of `arena experiment`"):
         run_experiment(make_plan("poison", tmp_path / "relevance" / "own", fractions=(0.5,)), tmp_path / "p",
                        plugins=plugins)
+    assert not (tmp_path / "p").exists()  # refused before anything was made: --out stays free
     planted = tmp_path / "planted"
     shutil.copytree(source, planted)
     state = json.loads((planted / "state.json").read_text())
@@ -594,7 +604,7 @@ def test_an_arm_is_no_source_and_a_submitted_state_plants_no_harness_keys(learne
     assert not {MODEL_CHANGED, "poisoned", "poisoning"} & set(json.loads((tmp_path / "evaluated" / "state.json").read_text()))
     run = load_run(planted, verification=False)
     prepare_replay(planted, tmp_path / "replay", run.results, run.episodes or [], trajectories_by_key(planted))
-    assert MODEL_CHANGED not in json.loads((tmp_path / "replay" / "state.json").read_text())
+    assert not {MODEL_CHANGED, "poisoned", "poisoning"} & set(json.loads((tmp_path / "replay" / "state.json").read_text()))
     with pytest.raises(EvaluateError, match="is an arm of `arena experiment`"):
         prepare_evaluation(tmp_path / "relevance" / "own", tmp_path / "from_arm", {}, record_as="evaluated_from")
 
@@ -672,3 +682,11 @@ def test_an_arm_another_experiment_played_is_reused_not_played_again(learned, pl
     assert "reused" not in other and (tmp_path / "other" / "own").is_dir()
     with pytest.raises(ExperimentError, match="is not an experiment's folder"):
         run_experiment(make_plan("relevance", source), tmp_path / "r2", plugins=plugins, reuse=[tmp_path / "stale" / "changed_world"])
+
+
+def test_relevance_on_a_source_of_one_type_splits_is_refused_before_any_arm(plugins, fast, tmp_path):
+    register(plugins, type_notes=TypeNotes)
+    source, _ = protocol.run("type_notes", overrides=[*fast, "env.n_test=1"], out=tmp_path / "one", plugins=plugins)
+    with pytest.raises(ExperimentError, match="arm other_type: .*split test_seen has the task types"):
+        run_experiment(make_plan("relevance", source), tmp_path / "relevance", plugins=plugins)
+    assert not (tmp_path / "relevance" / "own").exists()  # nothing was played

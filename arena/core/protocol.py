@@ -14,6 +14,7 @@ without redoing or losing an episode.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shutil
@@ -237,6 +238,9 @@ class Session:
         except BaseException:
             for tracker in trackers:  # the run never started: nothing keeps writing for it
                 tracker.close()
+            for close in (self.env.close, self.llm.close):  # nor keeps its environment's workers or the model
+                with contextlib.suppress(Exception):  # the error that stopped it is the one to show
+                    close()
             raise
 
     def _build(self, prepared: PreparedRun, cfg: DictConfig, store_path: Path, embedder_cfg: DictConfig,
@@ -476,13 +480,11 @@ class Session:
                                   task_type_of, fraction, seed=int(self.cfg.learn.seed))
         except ValueError as exc:
             raise ValueError(f"eval.experience.poison={fraction}: {exc}") from exc
-        if not poison:
-            raise ValueError(f"eval.experience.poison={fraction} adds no item to a store of {len(items)}: "
-                             "give a larger share (or 0 for the clean store).")
-        # Named before they are added: a session killed between the two takes them out again
-        # (at the start of _evaluate) rather than poisoning a poisoned store.
-        self.run_dir.update_state(poisoning=[p.experience.experience_id for p in poison])
-        store.add([p.experience for p in poison], embeddings=[p.embedding for p in poison])
+        if poison:  # a share of a small store may round to no item: recorded as 0 poison items
+            # Named before they are added: a session killed between the two takes them out again
+            # (at the start of _evaluate) rather than poisoning a poisoned store.
+            self.run_dir.update_state(poisoning=[p.experience.experience_id for p in poison])
+            store.add([p.experience for p in poison], embeddings=[p.embedding for p in poison])
         summary = {"fraction": fraction, "clean_items": len(items), "poison_items": len(poison),
                    "from_another_type": sum(p.other_type for p in poison),
                    "digest_clean": state.get("digest_before_eval")}
@@ -510,7 +512,8 @@ class Session:
         state = self.run_dir.state()
         plan = evaluation_plan(self.env, self.cfg)
         frozen = ctx.track == "frozen"
-        if self.resumed and frozen and state.get("poisoning") and "poisoned" not in state:
+        poisons = frozen and self.ctx.experience_control.settings.poison > 0
+        if self.resumed and poisons and state.get("poisoning") and "poisoned" not in state:
             self.ctx.services.raw_store().delete(state["poisoning"])  # killed while poisoning
         if self.resumed and frozen and (state.get(MODEL_CHANGED) or {}).get("rebased") is False:
             state = self._rebase_on_new_model(state)
@@ -522,7 +525,7 @@ class Session:
                     f"({state['digest_before_eval'][:12]} -> {digest_now[:12]}): the method must "
                     "restore its learned state when constructed (e.g. load its checkpoint)."
                 )
-        if frozen and self.ctx.experience_control.settings.poison > 0 and "poisoned" not in state:
+        if poisons and "poisoned" not in state:
             state = self._poison_store(state)
         if frozen:  # what the random checks compare with: hashed once, by the last state_digest
             self._frozen_digests = self._last_harness_digests or self._harness_digests()

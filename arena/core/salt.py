@@ -64,12 +64,20 @@ def resolve(cfg: Any, run_path: Path) -> EvalSalt:
     if mode != SECRET:
         return EvalSalt("board", mode)
     path = run_path / SALT_FILE
-    if path.exists():
+    if path.exists() and path.read_text().strip():
         return EvalSalt(SECRET, path.read_text().strip())
     value = secrets.token_hex(16)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    keep_secret(value, path)
+    return EvalSalt(SECRET, value)
+
+
+def keep_secret(value: str, path: Path) -> None:
+    """Write a salt to ``path`` (mode 0600) whole or not at all: a process killed while writing
+    leaves no empty or torn salt to be read back."""
+    partial = path.with_name(f".{path.name}.partial")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
         handle.write(value + "\n")
         handle.flush()
         os.fsync(handle.fileno())
-    return EvalSalt(SECRET, value)
+    os.replace(partial, path)

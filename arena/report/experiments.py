@@ -29,6 +29,7 @@ or they are named). Running the command again on the same ``--out`` resumes unfi
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -38,10 +39,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from arena.core import salt as eval_salt
-from arena.core.experience_controls import ExperienceSettings, poison_count
+from arena.core.experience_controls import OTHER_TYPE, ExperienceControl, ExperienceSettings, poison_count
 from arena.core.registry import did_you_mean
 from arena.core.rundir import CONFIG, RESULTS, STATE, RunDir, RunDirError, read_json, write_json_atomic
 from arena.report.aggregate import CONTINUED_FIELD as CONTINUED
@@ -124,7 +125,7 @@ def make_plan(name: str, source: Path, *, fractions: tuple[float, ...] = DEFAULT
             fractions = (0.0, *fractions)
         if any(not 0.0 <= f < 1.0 for f in fractions):
             raise ExperimentError(f"--fraction takes shares in [0, 1); got {', '.join(map(str, fractions))}.")
-        _check_poison_adds_items(source, fractions)
+        _check_poison_adds_items(source, fractions, defaulted=fractions == DEFAULT_FRACTIONS)
         arms = [Arm(f"poison-{f:g}", {**shared, f"{EXPERIENCE}poison": f}) for f in sorted(set(fractions))]
         return Plan(name, str(source), arms, [(arm.name, "poison-0") for arm in arms[1:]],
                     [f"{EXPERIENCE}poison"], {"fractions": sorted(set(fractions))})
@@ -170,7 +171,7 @@ def _world_change(name: str, change: tuple[str, ...]) -> dict[str, Any]:
     return changed
 
 
-def _check_poison_adds_items(source: Path, fractions: Iterable[float]) -> None:
+def _check_poison_adds_items(source: Path, fractions: Iterable[float], defaulted: bool = False) -> None:
     """Each nonzero fraction must add at least one item to the source's store (a share of 10 %
     of a store of 3 rounds to none, and would compare the clean store with itself)."""
     if not (source / RESULTS).is_file():
@@ -179,9 +180,10 @@ def _check_poison_adds_items(source: Path, fractions: Iterable[float]) -> None:
     empty = [f for f in fractions if f > 0 and poison_count(clean, f) == 0]
     if empty:
         smallest = next((f / 100 for f in range(1, 100) if poison_count(clean, f / 100) > 0), None)
+        named = ("the default fractions " if defaulted else "--fraction ") + ", ".join(f"{f:g}" for f in empty)
         raise ExperimentError(
-            f"--fraction {', '.join(f'{f:g}' for f in empty)} adds no item to {source}'s store of {clean} "
-            + (f"items: give fractions of at least {smallest:g}." if smallest else "items: it has nothing to poison."))
+            f"{named} add no item to {source}'s store of {clean} "
+            + (f"items: give --fraction F of at least {smallest:g}." if smallest else "items: it has nothing to poison."))
 
 
 def _check_known_keys(source: Path, settings: dict[str, Any], section: str, name_key: str) -> None:
@@ -243,6 +245,7 @@ def run_experiment(plan: Plan, out: Path | str, *, plugins: Any = None,
     plan.reused = {**reused_before, **_reusable(plan, out, learned, reuse)}
     if plan.reused:
         planned["reused"] = plan.reused
+    _check_controls(plan, source, plugins)
     write_json_atomic(summary_file, planned)
     for arm in plan.arms:
         folder = out / arm.name
@@ -272,6 +275,30 @@ def run_experiment(plan: Plan, out: Path | str, *, plugins: Any = None,
     return summary
 
 
+def _check_controls(plan: Plan, source: Path, plugins: Any) -> None:
+    """An experience control the source's test splits cannot give (``other_type`` on a split of
+    one task type) is refused before any arm plays, not when its arm's turn comes."""
+    arm = next((a for a in plan.arms if a.settings.get(f"{EXPERIENCE}source") == OTHER_TYPE), None)
+    if arm is None:
+        return
+    from arena.core.executors import build_environment
+    from arena.core.plugins import get_plugins
+
+    config = OmegaConf.load(source / CONFIG)
+    assert isinstance(config, DictConfig)
+    for key, value in arm.settings.items():
+        OmegaConf.update(config, key, value, force_add=True)
+    env = build_environment((plugins or get_plugins()).envs, config)
+    try:
+        control = ExperienceControl(ExperienceSettings.from_config(OmegaConf.select(config, EXPERIENCE.rstrip("."))),
+                                    env.tasks)
+        control.check({str(split): env.tasks(str(split)) for split in config.eval.splits})
+    except ValueError as exc:
+        raise ExperimentError(f"arm {arm.name}: {exc}") from exc
+    finally:
+        env.close()
+
+
 def _reusable(plan: Plan, out: Path, learned: dict[str, Any], reuse: Iterable[Path | str]) -> dict[str, str]:
     """This plan's arms, not begun in ``out``, that a finished arm of an experiment in ``reuse``
     played already: the same source (method and learned-state digest) and the same settings.
@@ -284,21 +311,13 @@ def _reusable(plan: Plan, out: Path, learned: dict[str, Any], reuse: Iterable[Pa
         for arm in plan.arms:
             if arm.learns or arm.name in found or (out / arm.name).exists():
                 continue
-            for name, settings in data.get("arms", {}).items():
+            for name in data.get("arms", {}):
                 folder = other / name
-                if (name not in data.get("learning_arms", {}) and _effective(settings) == _effective(arm.settings)
-                        and (folder / RESULTS).is_file() and _evaluated_state_of(folder) == learned
+                if (name not in data.get("learning_arms", {}) and _plays_as(folder, Path(plan.source), arm, learned)
                         and _same_test_draw(other, out, folder)):
                     found[arm.name] = os.path.relpath(folder.resolve(), out.resolve())
                     break
     return found
-
-
-def _effective(settings: dict[str, Any]) -> dict[str, Any]:
-    """An arm's settings with the experience control's defaults filled in (poison's ``poison-0``
-    and relevance's ``own`` are one evaluation)."""
-    defaults = {f"{EXPERIENCE}{key}": value for key, value in ExperienceSettings().describe().items()}
-    return json.loads(json.dumps({**defaults, **settings}))
 
 
 def _same_test_draw(other: Path, out: Path, arm: Path) -> bool:
@@ -308,11 +327,11 @@ def _same_test_draw(other: Path, out: Path, arm: Path) -> bool:
     if eval_salt.mode_of(OmegaConf.load(arm / CONFIG)) != eval_salt.SECRET:
         return True
     theirs, ours = other / eval_salt.SALT_FILE, out / eval_salt.SALT_FILE
-    if not theirs.is_file():
+    if not theirs.is_file() or not theirs.read_text().strip():
         return False
-    if not ours.exists():
-        shutil.copy2(theirs, ours)
-    return ours.read_text() == theirs.read_text()
+    if not ours.exists() or not ours.read_text().strip():
+        eval_salt.keep_secret(theirs.read_text().strip(), ours)
+    return ours.read_text().strip() == theirs.read_text().strip()
 
 
 def _evaluated_state_of(arm: Path) -> dict[str, Any]:
@@ -323,23 +342,64 @@ def _evaluated_state_of(arm: Path) -> dict[str, Any]:
             "digest": (state.get("provenance", {}).get("experiment_of") or {}).get("digest_before_eval")}
 
 
+def _plays_as(arm_folder: Path, source: Path, arm: Arm, learned: dict[str, Any]) -> bool:
+    """Whether the finished ``arm_folder`` evaluated ``source``'s learned state under the config
+    ``arm`` would have: the same method and digest, the same config but for folder names."""
+    return ((arm_folder / RESULTS).is_file()
+            and _evaluated_state_of(arm_folder) == {k: learned[k] for k in ("method", "digest")}
+            and config_identity(OmegaConf.load(arm_folder / CONFIG))
+            == config_identity(OmegaConf.load(source / CONFIG), arm.settings))
+
+
 def _share_the_test_draw(out: Path, arm: Path) -> None:
     """Every arm plays the same test layouts: under a secret salt (``eval.salt=secret``, or
     ``auto`` with ``run.isolation=process``) one draw for the experiment, ``OUT/eval_salt``,
     copied into each arm before it plays (each arm would otherwise draw its own)."""
-    if eval_salt.mode_of(OmegaConf.load(arm / CONFIG)) != eval_salt.SECRET or (arm / eval_salt.SALT_FILE).exists():
+    salt_file = arm / eval_salt.SALT_FILE
+    if eval_salt.mode_of(OmegaConf.load(arm / CONFIG)) != eval_salt.SECRET or (
+            salt_file.exists() and salt_file.read_text().strip()):
         return
-    eval_salt.resolve(OmegaConf.load(arm / CONFIG), out)  # drawn once, read back after
-    shutil.copy2(out / eval_salt.SALT_FILE, arm / eval_salt.SALT_FILE)
+    drawn = eval_salt.resolve(OmegaConf.load(arm / CONFIG), out)  # drawn once, read back after
+    eval_salt.keep_secret(str(drawn.value), arm / eval_salt.SALT_FILE)
 
 
 def _learned(source: Path) -> dict[str, Any]:
-    """What tells a source apart: its method and the digest of the state its learning ended with."""
+    """What tells a source apart: its method, the digest of the state its learning ended with
+    and its config (the state digest covers what was learned, not how it is evaluated)."""
     if not (source / RESULTS).is_file():
         raise ExperimentError(f"{source} is not a finished run (no {RESULTS}): give the folder of a run "
                               "that finished, or finish it first with `arena run --resume`.")
     results = read_json(source / RESULTS, "its results")
-    return {"method": results.get("method"), "digest": (results.get("state") or {}).get("digest_before_eval")}
+    if results.get("experiment"):
+        raise ExperimentError(f"{source} is an arm of `arena experiment` (its experience was replaced, "
+                              "poisoned or evaluated with another model or world): give the run it was "
+                              "made from.")
+    return {"method": results.get("method"), "digest": (results.get("state") or {}).get("digest_before_eval"),
+            "config": config_identity(OmegaConf.load(source / CONFIG))}
+
+
+#: Config keys that name a folder or a model: they differ between checkouts and machines, and
+#: what they name is in the learned state's digest (the served weights) or in its record.
+NOT_IDENTIFYING = ("llm.warmstart", "llm.model", "run.continue_from")
+
+
+def config_identity(config: Any, settings: dict[str, Any] | None = None) -> str:
+    """A digest of ``config`` with ``settings`` laid over it, as an arm's config is made: the
+    keys that name folders left out, the experience control as its settings (defaults filled in:
+    poison's ``poison-0`` and relevance's ``own`` are one evaluation)."""
+    config = OmegaConf.create(OmegaConf.to_container(config))
+    for key, value in (settings or {}).items():
+        OmegaConf.update(config, key, value, force_add=True)
+    experience = ExperienceSettings.from_config(OmegaConf.select(config, EXPERIENCE.rstrip(".")))
+    plain = OmegaConf.to_container(config)
+    for key in (*NOT_IDENTIFYING, EXPERIENCE.rstrip(".")):
+        *path, name = key.split(".")
+        node: Any = plain
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(name, None)
+    return hashlib.sha256(json.dumps([plain, experience.describe()], sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _differences(before: dict[str, Any], planned: dict[str, Any]) -> list[str]:
@@ -347,8 +407,11 @@ def _differences(before: dict[str, Any], planned: dict[str, Any]) -> list[str]:
     source is told by its method and learned state, not by its path: a checkout moved to
     another folder or machine resumes its experiments (a file from before that was recorded:
     by the source's folder name)."""
-    same_source = (before["source_learned"] == planned["source_learned"] if "source_learned" in before
-                   else Path(str(before.get("source"))).name == Path(planned["source"]).name)
+    if "source_learned" in before:  # method and digest; the config too where it was recorded
+        learned = planned["source_learned"]
+        same_source = all(learned.get(key) == value for key, value in before["source_learned"].items())
+    else:
+        same_source = Path(str(before.get("source"))).name == Path(planned["source"]).name
     return (([] if same_source else ["source"])
             + [key for key, value in planned.items() if key not in ("source", "source_learned", "reused")
                and before.get(key) != value])

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
 import arena
 from arena.core import integrity, provenance
 from arena.core.continuation import LEARNED_STATE, links_in_learned_state
@@ -181,6 +183,10 @@ def prepare_replay(run_path: Path, replay: Path, results: dict[str, Any],
     if same_test_draw and (run_path / SALT_FILE).is_file():  # the same secret test draw
         shutil.copy2(run_path / SALT_FILE, replay / SALT_FILE)
     kept = {k: v for k, v in state.items() if k not in EVALUATION_STATE_KEYS}
+    config = OmegaConf.load(run_path / CONFIG)
+    if not float(OmegaConf.select(config, "eval.experience.poison", default=0.0) or 0.0):
+        for key in ("poisoning", "poisoned"):  # a run that poisoned nothing records no poison
+            kept.pop(key, None)
     if (kept.get(MODEL_CHANGED) or {}).get("rebased") is not True:
         # A finished run's change of model was rebased before it played; one still to rebase is
         # planted, and would name its own reference weights and method files.
