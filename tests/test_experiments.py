@@ -690,3 +690,21 @@ def test_relevance_on_a_source_of_one_type_splits_is_refused_before_any_arm(plug
     with pytest.raises(ExperimentError, match="arm other_type: .*split test_seen has the task types"):
         run_experiment(make_plan("relevance", source), tmp_path / "relevance", plugins=plugins)
     assert not (tmp_path / "relevance" / "own").exists()  # nothing was played
+
+
+def test_a_config_is_told_apart_by_what_it_evaluates_and_by_its_folders_only_where_asked():
+    """A source moved to another folder is the same source; a transfer arm, whose model differs
+    from its source's only in a folder (llm.warmstart), is never another experiment's arm."""
+    from omegaconf import OmegaConf
+
+    from arena.report.experiments import config_identity
+
+    source = OmegaConf.create({"llm": {"backend": "transformers", "warmstart": "board/base"},
+                               "eval": {"limit": None}, "run": {"continue_from": "/a/run"}})
+    moved = OmegaConf.merge(source, {"run": {"continue_from": "/b/run"}, "llm": {"warmstart": "elsewhere/base"}})
+    assert config_identity(source) == config_identity(moved)
+    own = config_identity(source, {"eval.experience.source": "own"}, with_folders=True)
+    assert own == config_identity(source, {"eval.experience.poison": 0.0}, with_folders=True)  # one evaluation
+    transferred = config_identity(source, {"eval.experience.source": "own", "llm.warmstart": None}, with_folders=True)
+    assert transferred != own
+    assert config_identity(source, {"eval.limit": 18}) != config_identity(source)

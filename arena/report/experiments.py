@@ -183,7 +183,8 @@ def _check_poison_adds_items(source: Path, fractions: Iterable[float], defaulted
         named = ("the default fractions " if defaulted else "--fraction ") + ", ".join(f"{f:g}" for f in empty)
         raise ExperimentError(
             f"{named} add no item to {source}'s store of {clean} "
-            + (f"items: give --fraction F of at least {smallest:g}." if smallest else "items: it has nothing to poison."))
+            + (f"items: give --fraction F of at least {smallest:g}." if smallest
+               else "items: it has nothing to poison."))
 
 
 def _check_known_keys(source: Path, settings: dict[str, Any], section: str, name_key: str) -> None:
@@ -344,11 +345,11 @@ def _evaluated_state_of(arm: Path) -> dict[str, Any]:
 
 def _plays_as(arm_folder: Path, source: Path, arm: Arm, learned: dict[str, Any]) -> bool:
     """Whether the finished ``arm_folder`` evaluated ``source``'s learned state under the config
-    ``arm`` would have: the same method and digest, the same config but for folder names."""
+    ``arm`` would have: the same method and digest, the same config."""
     return ((arm_folder / RESULTS).is_file()
             and _evaluated_state_of(arm_folder) == {k: learned[k] for k in ("method", "digest")}
-            and config_identity(OmegaConf.load(arm_folder / CONFIG))
-            == config_identity(OmegaConf.load(source / CONFIG), arm.settings))
+            and config_identity(OmegaConf.load(arm_folder / CONFIG), with_folders=True)
+            == config_identity(OmegaConf.load(source / CONFIG), arm.settings, with_folders=True))
 
 
 def _share_the_test_draw(out: Path, arm: Path) -> None:
@@ -383,16 +384,18 @@ def _learned(source: Path) -> dict[str, Any]:
 NOT_IDENTIFYING = ("llm.warmstart", "llm.model", "run.continue_from")
 
 
-def config_identity(config: Any, settings: dict[str, Any] | None = None) -> str:
+def config_identity(config: Any, settings: dict[str, Any] | None = None, *, with_folders: bool = False) -> str:
     """A digest of ``config`` with ``settings`` laid over it, as an arm's config is made: the
-    keys that name folders left out, the experience control as its settings (defaults filled in:
-    poison's ``poison-0`` and relevance's ``own`` are one evaluation)."""
+    keys that name folders left out (unless ``with_folders``: two arms of one checkout name the
+    same folders, and a transfer arm differs from its source in them only), the experience
+    control as its settings (defaults filled in: poison's ``poison-0`` and relevance's ``own``
+    are one evaluation)."""
     config = OmegaConf.create(OmegaConf.to_container(config))
     for key, value in (settings or {}).items():
         OmegaConf.update(config, key, value, force_add=True)
     experience = ExperienceSettings.from_config(OmegaConf.select(config, EXPERIENCE.rstrip(".")))
     plain = OmegaConf.to_container(config)
-    for key in (*NOT_IDENTIFYING, EXPERIENCE.rstrip(".")):
+    for key in (*(() if with_folders else NOT_IDENTIFYING), EXPERIENCE.rstrip(".")):
         *path, name = key.split(".")
         node: Any = plain
         for part in path:
