@@ -708,3 +708,35 @@ def test_a_config_is_told_apart_by_what_it_evaluates_and_by_its_folders_only_whe
     transferred = config_identity(source, {"eval.experience.source": "own", "llm.warmstart": None}, with_folders=True)
     assert transferred != own
     assert config_identity(source, {"eval.limit": 18}) != config_identity(source)
+
+
+class WinsWithItsOwnNote(TypeNotes):
+    """Follows the expert (test code reaching past the view, as tests/conftest.oracle_episode
+    says) when shown its own type's note, and plays the fake model otherwise: what it is shown
+    decides whether it wins."""
+
+    @arena.hookimpl
+    def solve(self, run: arena.Run, task: arena.Task, experiences: list[arena.Experience],
+              seed: int) -> arena.Trajectory:
+        from arena.core.solver import Action, play
+        from tests.conftest import oracle_episode
+
+        if f"type {task.task_type}" not in {e.text for e in experiences}:
+            return run.standard_solve(task, experiences, seed)
+        episode = oracle_episode(run, task)
+        return play(episode, lambda observation, trajectory: Action(text=episode.expert_action()),
+                    max_steps=run.max_steps(), max_invalid_actions=3, experience_ids=[e.experience_id for e in experiences])
+
+
+def test_a_difference_is_the_arm_against_its_control_where_the_shown_experience_decides(plugins, fast, tmp_path):
+    register(plugins, wins_with_its_own_note=WinsWithItsOwnNote)
+    settings = [*fast, "env.level=easy", "eval.max_steps=30", "eval.limit=8", "eval.splits=[test_seen]"]
+    source, results = protocol.run("wins_with_its_own_note", overrides=settings, out=tmp_path / "w", plugins=plugins)
+    assert results["splits"]["test_seen"]["success_rate"] == 1.0, results["violations"]  # its own notes win
+    summary = run_experiment(make_plan("relevance", source), tmp_path / "relevance", plugins=plugins)
+    overall = {r["arm"]: r for r in summary["comparisons"] if r["task_type"] == "all"}
+    for arm in ("other_type", "none"):  # another type's note, or none: the expert is not followed
+        row = overall[arm]
+        assert row["control"] == "own" and row["success_control"] == 1.0 and row["success_arm"] <= 0.5
+        assert row["difference"] == pytest.approx(row["success_arm"] - row["success_control"])
+        assert row["ci95"][1] < 0 and row["p_value"] < 0.1
