@@ -293,6 +293,10 @@ def test_the_command_prints_each_arm_against_its_control(learned, tmp_path, monk
         patched.setattr(experiments, "run_experiment", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
         stopped = CliRunner().invoke(cli, ["experiment", "relevance", str(run.path), "--out", str(tmp_path / "exp")])
     assert stopped.exit_code == 130 and "the same options and --out" in stopped.output
+    stale = CliRunner().invoke(cli, ["experiment", "stale", str(run.path), "--out", str(tmp_path / "stale"),
+                                     "--change", "env.dialect=put", "--reuse", str(tmp_path / "exp")])
+    assert stale.exit_code == 0, stale.output
+    assert "learned_world: the arm played in" in stale.output and "(--reuse)" in stale.output
     refused = CliRunner().invoke(cli, ["experiment", "conflict", str(run.path), "--out", str(tmp_path / "c")])
     assert refused.exit_code != 0 and "--change env.KEY=VALUE" in refused.output
     board = CliRunner().invoke(cli, ["leaderboard", str(run.path), str(tmp_path / "exp"), "--out",
