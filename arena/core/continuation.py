@@ -31,6 +31,18 @@ WARM_START = "llm.warmstart"
 SAME_LEARNER = ("llm.model", WARM_START, "embedder.name")
 
 
+#: Why an experiment's arm is nobody's source (a continued run's, an evaluation's, an experiment's).
+AN_ARM = ("is an arm of `arena experiment` (its experience was replaced, poisoned or evaluated with "
+          "another model or world)")
+
+
+def is_experiment_arm(run_path: Path) -> bool:
+    """Whether the run in ``run_path`` is an arm of ``arena experiment`` (its results or its
+    state carry the arm's mark)."""
+    return any((run_path / name).is_file() and read_json(run_path / name, what).get("experiment")
+               for name, what in ((RESULTS, "its results"), (STATE, "its state")))
+
+
 def source_of(cfg: DictConfig) -> Path | None:
     """``run.continue_from`` as a path, or None for a run that learns from nothing."""
     value = cfg.run.get("continue_from")
@@ -69,10 +81,8 @@ def check_source(source: Path, cfg: DictConfig, target: RunDir, remaking: bool =
     if not results.get("valid", False):
         raise RunDirError(f"{where} is invalid ({'; '.join(results.get('violations', []))[:300]}): "
                           "continue from a valid run.")
-    if results.get("experiment") or state.get("experiment"):
-        raise RunDirError(f"{where} is an arm of `arena experiment` (its experience was replaced, "
-                          "poisoned or evaluated on a changed world): continue from the run it "
-                          "was made from.")
+    if is_experiment_arm(source):
+        raise RunDirError(f"{where} {AN_ARM}: continue from the run it was made from.")
     source_cfg = OmegaConf.load(source / CONFIG)
     model = (results.get("provenance") or {}).get("model") or {}
     # A backend that records its weights records its warm start too (none: no warm start): the

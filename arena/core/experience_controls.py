@@ -56,14 +56,14 @@ class ExperienceControl:
         self.settings = settings
         self._tasks_of = tasks_of
 
-    def check(self, splits: Mapping[str, list[Task]]) -> None:
-        """Refuse, before any episode, a control the evaluated ``splits`` (name -> tasks) cannot
-        give (``other_type`` on a split of one task type would end every episode in an error,
-        scored as a failure)."""
+    def check(self, splits: list[str], tasks_of: Callable[[str], list[Task]]) -> None:
+        """Refuse, before any episode, a control the evaluated ``splits`` (their tasks from
+        ``tasks_of``, asked only when needed) cannot give (``other_type`` on a split of one task
+        type would end every episode in an error, scored as a failure)."""
         if self.settings.source != OTHER_TYPE:
             return
-        for split, tasks in splits.items():
-            types = {t.task_type for t in tasks}
+        for split in splits:
+            types = {t.task_type for t in tasks_of(split)}
             if len(types) < 2:
                 raise ValueError(f"eval.experience.source=other_type: split {split} has the task types "
                                  f"{sorted(types)} only; it needs at least two (evaluate splits of "

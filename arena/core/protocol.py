@@ -262,7 +262,7 @@ class Session:
             reporter=self.reporter,
             trackers=trackers,
         )
-        self.ctx.experience_control.check({str(split): self.env.tasks(str(split)) for split in cfg.eval.splits})
+        self.ctx.experience_control.check([str(split) for split in cfg.eval.splits], self.env.tasks)
         if self.resumed:
             # The record first (checked), then a step killed mid-way undone, then the method:
             # it is built from the state as the last committed step left it.

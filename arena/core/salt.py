@@ -64,11 +64,18 @@ def resolve(cfg: Any, run_path: Path) -> EvalSalt:
     if mode != SECRET:
         return EvalSalt("board", mode)
     path = run_path / SALT_FILE
-    if path.exists() and path.read_text().strip():
-        return EvalSalt(SECRET, path.read_text().strip())
+    kept = kept_secret(path)
+    if kept:
+        return EvalSalt(SECRET, kept)
     value = secrets.token_hex(16)
     keep_secret(value, path)
     return EvalSalt(SECRET, value)
+
+
+def kept_secret(path: Path) -> str | None:
+    """The salt kept in ``path``, or None where there is none (no file, or an empty one a
+    process killed before :func:`keep_secret` wrote it left)."""
+    return (path.read_text().strip() or None) if path.is_file() else None
 
 
 def keep_secret(value: str, path: Path) -> None:

@@ -19,6 +19,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 import arena
 from arena.core import integrity, provenance
+from arena.core.continuation import AN_ARM, is_experiment_arm
 from arena.core.rundir import CONFIG, MODEL_CHANGED, RESULTS, STATE, RunDirError, read_json, write_json_atomic
 from arena.report.runs import ReportError, load_run
 from arena.report.verify import VerifyError, prepare_replay, trajectories_by_key
@@ -83,10 +84,8 @@ def prepare_evaluation(run_path: Path, out: Path, settings: dict[str, Any], *, r
     shutil.rmtree(partial, ignore_errors=True)
     try:
         run = load_run(run_path, verification=False)
-        if run.results.get("experiment") or read_json(run_path / STATE, "its state").get("experiment"):
-            raise EvaluateError(f"{run_path} is an arm of `arena experiment` (its experience was replaced, "
-                                "poisoned or evaluated with another model or world): evaluate the run it "
-                                "was made from.")
+        if is_experiment_arm(run_path):
+            raise EvaluateError(f"{run_path} {AN_ARM}: evaluate the run it was made from.")
         prepare_replay(run_path, partial, run.results, run.episodes or [], trajectories_by_key(run_path),
                        same_test_draw=False)
     except (ReportError, VerifyError, RunDirError, FileNotFoundError) as exc:

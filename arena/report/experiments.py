@@ -42,6 +42,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from arena.core import salt as eval_salt
+from arena.core.continuation import AN_ARM, is_experiment_arm
 from arena.core.experience_controls import OTHER_TYPE, ExperienceControl, ExperienceSettings, poison_count
 from arena.core.registry import did_you_mean
 from arena.core.rundir import CONFIG, RESULTS, STATE, RunDir, RunDirError, read_json, write_json_atomic
@@ -293,7 +294,7 @@ def _check_controls(plan: Plan, source: Path, plugins: Any) -> None:
     try:
         control = ExperienceControl(ExperienceSettings.from_config(OmegaConf.select(config, EXPERIENCE.rstrip("."))),
                                     env.tasks)
-        control.check({str(split): env.tasks(str(split)) for split in config.eval.splits})
+        control.check([str(split) for split in config.eval.splits], env.tasks)
     except ValueError as exc:
         raise ExperimentError(f"arm {arm.name}: {exc}") from exc
     finally:
@@ -327,12 +328,13 @@ def _same_test_draw(other: Path, out: Path, arm: Path) -> bool:
     has no draw yet (it adopts ``other``'s) or the same one."""
     if eval_salt.mode_of(OmegaConf.load(arm / CONFIG)) != eval_salt.SECRET:
         return True
-    theirs, ours = other / eval_salt.SALT_FILE, out / eval_salt.SALT_FILE
-    if not theirs.is_file() or not theirs.read_text().strip():
+    theirs = eval_salt.kept_secret(other / eval_salt.SALT_FILE)
+    if not theirs:
         return False
-    if not ours.exists() or not ours.read_text().strip():
-        eval_salt.keep_secret(theirs.read_text().strip(), ours)
-    return ours.read_text().strip() == theirs.read_text().strip()
+    ours = eval_salt.kept_secret(out / eval_salt.SALT_FILE)
+    if not ours:
+        eval_salt.keep_secret(theirs, out / eval_salt.SALT_FILE)
+    return ours in (None, theirs)
 
 
 def _evaluated_state_of(arm: Path) -> dict[str, Any]:
@@ -356,11 +358,10 @@ def _share_the_test_draw(out: Path, arm: Path) -> None:
     """Every arm plays the same test layouts: under a secret salt (``eval.salt=secret``, or
     ``auto`` with ``run.isolation=process``) one draw for the experiment, ``OUT/eval_salt``,
     copied into each arm before it plays (each arm would otherwise draw its own)."""
-    salt_file = arm / eval_salt.SALT_FILE
-    if eval_salt.mode_of(OmegaConf.load(arm / CONFIG)) != eval_salt.SECRET or (
-            salt_file.exists() and salt_file.read_text().strip()):
+    config = OmegaConf.load(arm / CONFIG)
+    if eval_salt.mode_of(config) != eval_salt.SECRET or eval_salt.kept_secret(arm / eval_salt.SALT_FILE):
         return
-    drawn = eval_salt.resolve(OmegaConf.load(arm / CONFIG), out)  # drawn once, read back after
+    drawn = eval_salt.resolve(config, out)  # drawn once, read back after
     eval_salt.keep_secret(str(drawn.value), arm / eval_salt.SALT_FILE)
 
 
@@ -370,11 +371,9 @@ def _learned(source: Path) -> dict[str, Any]:
     if not (source / RESULTS).is_file():
         raise ExperimentError(f"{source} is not a finished run (no {RESULTS}): give the folder of a run "
                               "that finished, or finish it first with `arena run --resume`.")
+    if is_experiment_arm(source):
+        raise ExperimentError(f"{source} {AN_ARM}: give the run it was made from.")
     results = read_json(source / RESULTS, "its results")
-    if results.get("experiment"):
-        raise ExperimentError(f"{source} is an arm of `arena experiment` (its experience was replaced, "
-                              "poisoned or evaluated with another model or world): give the run it was "
-                              "made from.")
     return {"method": results.get("method"), "digest": (results.get("state") or {}).get("digest_before_eval"),
             "config": config_identity(OmegaConf.load(source / CONFIG))}
 
