@@ -210,12 +210,15 @@ def show(run_dir: str, as_json: bool) -> None:
     from arena.report.runs import ReportError, load_run
 
     try:
-        load_run(run_dir)  # the record's chain: a changed episodes.jsonl is named, not shown
+        loaded = load_run(run_dir)  # the record's chain: a changed episodes.jsonl is named, not shown
     except ReportError as exc:
         raise click.ClickException(str(exc)) from exc
+    for problem in loaded.record_problems:  # results.json or state.json edited: shown invalid
+        console.print(escape(f"INVALID: {problem}"))
     if as_json:
         click.echo(json.dumps(results, indent=2))
         return
+    results = loaded.results
     print_summary(results, Path(run_dir))
     print_next_steps(Path(run_dir))
 
@@ -229,10 +232,15 @@ def show(run_dir: str, as_json: bool) -> None:
 @click.option("--sort", default="success", show_default=True,
               type=click.Choice(["success", "test_seen", "test_unseen", "progress", "learn_cost", "method"]),
               help="Row order (invalid runs always last).")
-def leaderboard(run_dirs: tuple[str, ...], out: str | None, allow_mixed: bool, sort: str) -> None:
+@click.option("--require-isolation", is_flag=True,
+              help="Refuse a row any of whose runs did not run its method isolated "
+                   "(run.isolation=process); nothing is written then.")
+def leaderboard(run_dirs: tuple[str, ...], out: str | None, allow_mixed: bool, sort: str,
+                require_isolation: bool) -> None:
     """Build a leaderboard (README.md, index.html, leaderboard.json, plots) from finished runs.
     A folder of `arena experiment` among them is shown in the board's section of experiments."""
     from arena.report import ReportError, build_tables, load_runs, write_board
+    from arena.report.aggregate import unisolated_rows
     from arena.report.experiments import ExperimentError, is_experiment, load_experiment
 
     runs: list[Path | str] = [path for path in run_dirs if not is_experiment(path)]
@@ -243,6 +251,16 @@ def leaderboard(run_dirs: tuple[str, ...], out: str | None, allow_mixed: bool, s
         experiments = [load_experiment(path) for path in run_dirs if is_experiment(path)]
     except (ReportError, ExperimentError) as exc:
         raise click.ClickException(str(exc)) from exc
+    refused = unisolated_rows(tables) if require_isolation else []
+    if refused:
+        rows = "; ".join(f"{row.name} / {row.model} ("
+                         + ", ".join(f"{label}: {row.isolation['runs'][label]}" for label in labels) + ")"
+                         for row, labels in refused)
+        raise click.ClickException(
+            f"--require-isolation: {len(refused)} row(s) ran their method in Arena's process, or "
+            f"before Arena recorded how (unknown): {rows}. Rerun those runs with "
+            "run.isolation=process, learning included (`arena run --method NAME ... "
+            "run.isolation=process`), or leave them out. Nothing was written.")
     envs = [table.env for table in tables]
     if out is None:
         if len(envs) > 1:

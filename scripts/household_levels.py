@@ -4,7 +4,9 @@
 
 Prints a markdown table per split (the one in docs/household_levels.md): receptacles per room,
 admissible actions per step, the expert's steps and success, and a random policy's success at the
-step limit. The embedded model's ``base`` success comes from ``arena run`` (see that page).
+step limit; then the random policy's success per task type of the test splits, and how many of a
+split's games are distinct and how many are train games (none since world 2.0). The embedded
+model's ``base`` success comes from ``arena run`` (see that page).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+from collections import defaultdict
 
 from arena.envs.household.environment import HouseholdEnvironment
 from arena.envs.household.levels import LEVELS
@@ -50,9 +53,15 @@ def measure(level: str, split: str, n_tasks: int, max_steps: int, seeds: list[in
     tasks = env.tasks(split)
     expert = [expert_episode(env, task, max_steps) for task in tasks]
     wins = 0
+    by_type: dict[str, list[bool]] = defaultdict(list)
     for seed in seeds:
         rng = random.Random(seed)
-        wins += sum(random_episode(env, task, max_steps, rng) for task in tasks)
+        for task in tasks:
+            won = random_episode(env, task, max_steps, rng)
+            by_type[task.task_type].append(won)
+            wins += won
+    games = [env.game_identity(task) for task in tasks]
+    train = {env.game_identity(task) for task in HouseholdEnvironment(level=level).tasks("train")}
     receptacles = [len(env.open(task).world.layout.receptacles) for task in tasks]
     return {
         "receptacles": statistics.fmean(receptacles),
@@ -61,6 +70,9 @@ def measure(level: str, split: str, n_tasks: int, max_steps: int, seeds: list[in
         "expert_steps": statistics.fmean(steps for won, steps, _ in expert if won),
         "random_success": wins / (len(tasks) * len(seeds)),
         "episodes": len(tasks) * len(seeds),
+        "random_by_type": {kind: sum(won) / len(won) for kind, won in sorted(by_type.items())},
+        "distinct_games": len(set(games)),
+        "train_games": sum(game in train for game in games) if split != "train" else None,
     }
 
 
@@ -76,13 +88,25 @@ def main() -> None:
         print("| level | receptacles | admissible actions | expert success | expert steps "
               "| random success |")
         print("|---|---|---|---|---|---|")
-        for level in LEVELS:
-            row = measure(level, split, args.tasks, args.max_steps, args.seeds)
+        rows = {level: measure(level, split, args.tasks, args.max_steps, args.seeds) for level in LEVELS}
+        for level, row in rows.items():
             print(
                 f"| {level} | {row['receptacles']:.1f} | {row['admissible']:.1f} | "
                 f"{row['expert_success']:.1%} | {row['expert_steps']:.1f} | "
                 f"{row['random_success']:.1%} (n={row['episodes']}) |"
             )
+        print(f"\n{split}: distinct games of {args.tasks}, and how many are games of the default train "
+              "split (1,200)\n")
+        for level, row in rows.items():
+            print(f"- {level}: {row['distinct_games']} distinct, {row['train_games']} train games")
+        if split == "train":
+            continue
+        print(f"\n{split}: random policy's success per task type\n")
+        kinds = sorted({kind for row in rows.values() for kind in row["random_by_type"]})
+        print("| level | " + " | ".join(kinds) + " |")
+        print("|---|" + "---|" * len(kinds))
+        for level, row in rows.items():
+            print(f"| {level} | " + " | ".join(f"{row['random_by_type'][kind]:.1%}" for kind in kinds) + " |")
 
 
 if __name__ == "__main__":

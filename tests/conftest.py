@@ -69,7 +69,14 @@ def oracle_episode(run, task):
     code can (``docs/security.md``). The harness still replays what comes back before it
     credits it: the game really is won, so it counts.
     """
-    return run.env._env.open(run.gate.full_task(task))
+    context = harness_of(run)
+    return context.env._env.open(context.gate.own_task(task))
+
+
+def harness_of(run):
+    """Test code only: the run context behind the ``run`` an in-process method is handed (which
+    answers the plugin API's names alone), reached past it as only in-process code can."""
+    return getattr(run, "_context", run)
 
 
 def learned_metrics(path: Path) -> list[dict]:

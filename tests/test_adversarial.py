@@ -6,7 +6,12 @@ All run with the fake backend on a small household world (about a second a run).
 
 from __future__ import annotations
 
+import gc
+import io
 import json
+import multiprocessing
+import os
+import pickle
 import shutil
 from pathlib import Path
 from typing import ClassVar
@@ -16,13 +21,17 @@ from click.testing import CliRunner
 
 import arena
 from arena.cli import cli
-from arena.core import integrity, protocol
+from arena.core import integrity, isolation, protocol, rpc
 from arena.core.context import ProtocolViolation
+from arena.core.method_state import Checkpoints, OutsideFolder
 from arena.core.rpc import RemoteError
-from arena.core.rundir import RunDirError
+from arena.core.run_api import EpisodeRequest
+from arena.core.rundir import VIOLATIONS, RunDir, RunDirError
 from arena.core.solver import Action
-from arena.core.types import Experience, Provenance, Step, Termination, Trajectory
+from arena.core.types import Experience, Provenance, Step, Task, Termination, Trajectory
 from arena.report import ReportError, build_tables, compare_runs, load_run, load_runs
+from arena.report.verify import UNVERIFIED, verify_run
+from tests.conftest import harness_of
 from tests.test_protocol import register
 
 EVAL = ["eval.limit=2"]
@@ -339,7 +348,7 @@ class ConfigEditor(Hostile):
     @arena.hookimpl
     def episode_end(self, run, result, trajectory):
         if run.phase == "evaluate":
-            config = run._run_dir.path / "config.yaml"  # reached past the context
+            config = run.method_state.folder.parent / "config.yaml"  # reached past the method folder
             config.write_text(config.read_text().replace("max_steps: 12", "max_steps: 99"))
 
 
@@ -352,7 +361,7 @@ class StoreDeleter(Hostile):
     @arena.hookimpl
     def episode_end(self, run, result, trajectory):
         if run.phase == "evaluate":
-            shutil.rmtree(run._run_dir.path / "store", ignore_errors=True)  # reached past
+            shutil.rmtree(run.method_state.folder.parent / "store", ignore_errors=True)  # reached past
 
 
 @pytest.mark.parametrize("method, message", [("config_editor", "config.yaml was changed"),
@@ -432,8 +441,9 @@ class PhaseAdvancer(Hostile):
 
     @arena.hookimpl
     def learn(self, run):
-        for attempt in (lambda: run.phases.advance("evaluate", key=object()),
-                        lambda: run.episodes.begin_evaluation(object(), [])):
+        context = harness_of(run)  # past the plugin API, as in-process code can reach
+        for attempt in (lambda: context.phases.advance("evaluate", key=object()),
+                        lambda: context.episodes.begin_evaluation(object(), [])):
             with pytest.raises(ProtocolViolation, match="only the harness may"):
                 attempt()
         return True
@@ -442,7 +452,7 @@ class PhaseAdvancer(Hostile):
     def episode_end(self, run, result, trajectory):
         if run.phase == "evaluate":
             with pytest.raises(ProtocolViolation):
-                run.episodes.begin_evaluation(object(), [], spot_check=None)
+                harness_of(run).episodes.begin_evaluation(object(), [], spot_check=None)
 
 
 def test_only_the_harness_advances_the_phase(plugins, fast, tmp_path):
@@ -460,9 +470,12 @@ class ViolationEraser(Hostile):
     def learn(self, run):
         with pytest.raises(ProtocolViolation):
             run.tasks("test_seen")
-        with pytest.raises(AttributeError, match="run.method_state"):
+        with pytest.raises(ProtocolViolation, match="not part of the plugin API"):
             run.run_dir  # noqa: B018 - the harness's, not the method's
-        run._run_dir.update_state(violations=[])  # reached past the context
+        state_file = run.method_state.folder.parent / "state.json"  # reached past the method's folder
+        state = json.loads(state_file.read_text())
+        state["violations"] = []
+        state_file.write_text(json.dumps(state))
         return True
 
 
@@ -523,13 +536,29 @@ def test_only_the_harness_records_an_evaluation_episode(plugins, fast, tmp_path)
     assert len(evaluated(path)) == 4  # each planned task once, by the harness
 
 
+class DeclaredBestOfThree(BestOfThree):
+    """The same, with its three tries declared before play as variants of its own."""
+
+    @arena.hookimpl
+    def evaluation_variants(self, run):
+        return ["try0", "try1", "try2"]
+
+
 def test_a_helper_episode_is_never_the_result_unless_it_is_the_only_one(plugins, fast, tmp_path):
-    register(plugins, best_of_three=BestOfThree)
+    register(plugins, best_of_three=BestOfThree, declared_best_of_three=DeclaredBestOfThree)
     path, results = run(plugins, fast, tmp_path, "best_of_three")
+    assert results["valid"] is False
+    assert any("which it did not declare" in v for v in results["violations"])  # undeclared: refused
+    primary = [e for e in evaluated(path) if e["variant"] == "default"]
+    assert len(primary) == 4 and all(e["status"] == "error" for e in primary)
+    path, results = run(plugins, fast, tmp_path, "declared_best_of_three", name="declared")
     assert results["valid"] is False
     assert any("one of 3 helper episodes" in v for v in results["violations"])
     primary = [e for e in evaluated(path) if e["variant"] == "default"]
     assert len(primary) == 4 and all(e["status"] == "error" for e in primary)
+    helpers = [e for e in evaluated(path) if e["variant"] != "default"]
+    assert len(helpers) == 12  # every extra episode on record, and counted
+    assert results["cost"]["evaluate"]["episodes"] == 16
 
 
 class Squatter(Hostile):
@@ -544,9 +573,10 @@ class Squatter(Hostile):
 
 def test_a_result_for_a_task_the_harness_did_not_plan_is_caught(plugins, fast, tmp_path):
     register(plugins, squatter=Squatter)
-    _, results = run(plugins, fast, tmp_path, "squatter")
+    path, results = run(plugins, fast, tmp_path, "squatter")
     assert results["valid"] is False
-    assert any("was not planned but has a result" in v for v in results["violations"])
+    assert any("which the evaluation plan does not hold" in v for v in results["violations"])
+    assert len(evaluated(path)) == 4  # refused before it was played: only the plan's episodes
 
 
 # -- 8. what only a process boundary stops: files, other processes, the harness's code ------------
@@ -599,7 +629,7 @@ class HarnessPatcher(Hostile):
     def solve(self, run, task, experiences, seed):
         from arena.core import episodes
 
-        episodes.EpisodeRunner._replay_problem = lambda self, trajectory: None
+        episodes.EpisodeRunner._replay_problem = lambda self, trajectory, task: None
         return Trajectory(task=task, initial_observation="You won.", steps=[Step("win", "You won.", True)],
                           status=Termination.SUCCESS)
 
@@ -658,3 +688,795 @@ def test_every_hostile_method_ends_invalid_or_refused_when_isolated(plugins, fas
         return
     won = [e["task_id"] for e in evaluated(path) if e["success"]]
     assert results["valid"] is False or not won, (results["violations"], won)
+
+
+# -- 9. what the method returns is never the result: the harness's plan and its own task -------
+
+
+class PayloadPeeker(Hostile):
+    """Cause 1: its policy reads the task in the trajectory it is handed; with the test task's
+    payload (layout seed, objects, target) it opens its own copy of the game and follows its
+    expert. Writes what it saw into its own folder (readable in either mode)."""
+
+    @arena.hookimpl
+    def solve(self, run, task, experiences, seed):
+        from arena.envs.household.environment import HouseholdEnvironment
+
+        seen = run.method_state.folder / "payloads.jsonl"
+        shadow = {}
+
+        def peek(observation, trajectory):
+            with seen.open("a") as out:
+                out.write(json.dumps(dict(trajectory.task.payload)) + "\n")
+            if "game" not in shadow:
+                shadow["game"] = HouseholdEnvironment().open(trajectory.task)  # fails without the payload
+                shadow["game"].reset()
+            action = shadow["game"].expert_action() or "look"
+            shadow["game"].step(action)
+            return Action(action)
+
+        return run.play_policy(task, peek, experiences)
+
+
+@pytest.mark.parametrize("mode", ["in_process", "process"])
+def test_a_policy_never_sees_a_test_tasks_payload(plugins, fast, tmp_path, mode):
+    register(plugins, peeker=PayloadPeeker)
+    path, results = run(plugins, fast, tmp_path, "peeker", f"run.isolation={mode}")
+    seen = [json.loads(line) for line in (Path(path) / "method" / "payloads.jsonl").read_text().splitlines()]
+    assert seen and all(payload == {} for payload in seen)
+    assert successes(results) == [0.0, 0.0]
+    assert not [e for e in evaluated(path) if e["success"]]
+
+
+class TrainGameSubstitute(Hostile):
+    """Cause 2: wins a train game with the expert while learning, then returns that episode for
+    every test task under the test task's id, its task relabelled ``train`` (so the replay plays
+    the train game it names, and the record files the result outside the test splits)."""
+
+    won: ClassVar[dict] = {}
+
+    @arena.hookimpl
+    def learn(self, run):
+        task = run.tasks("train")[0]
+        shadow = run.env.open(task)  # a learning task's episode: open while learning, in either mode
+        shadow.reset()
+
+        def copy_expert(observation, trajectory):
+            action = shadow.expert_action() or "look"
+            shadow.step(action)
+            return Action(action)
+
+        TrainGameSubstitute.won["episode"] = run.play_policy(task, copy_expert, [])
+        return True
+
+    @arena.hookimpl
+    def solve(self, run, task, experiences, seed):
+        import dataclasses
+
+        won = TrainGameSubstitute.won["episode"]
+        assert won.success
+        claimed = dataclasses.replace(won.task, task_id=task.task_id, split="train", task_type="made_up")
+        return dataclasses.replace(won, task=claimed)
+
+
+class Relabeler(Hostile):
+    """Cause 2: plays honestly and files each lost test_seen result under test_unseen's other
+    type, or outside the test splits, by relabelling the task it returns."""
+
+    @arena.hookimpl
+    def solve(self, run, task, experiences, seed):
+        import dataclasses
+
+        trajectory = run.standard_solve(task, experiences, seed)
+        trajectory.task = dataclasses.replace(trajectory.task, split="train", task_type="made_up")
+        return trajectory
+
+
+@pytest.mark.parametrize("mode", ["in_process", "process"])
+@pytest.mark.parametrize("method", ["substitute", "relabeler"])
+def test_a_results_task_split_and_type_come_from_the_plan(plugins, fast, tmp_path, mode, method):
+    register(plugins, substitute=TrainGameSubstitute, relabeler=Relabeler)
+    path, results = run(plugins, fast, tmp_path, method, f"run.isolation={mode}")
+    records = evaluated(path)
+    plan = {(t["task_id"], t["split"], t["task_type"]) for t in (json.loads(line) for line in (
+        Path(path) / "trajectories.jsonl").read_text().splitlines()) for t in [t["task"]]}
+    assert len(records) == 4 and {r["split"] for r in records} == {"test_seen", "test_unseen"}
+    assert all(r["task_type"] != "made_up" for r in records)
+    assert all((r["task_id"], r["split"], r["task_type"]) in plan for r in records)
+    assert [results["splits"][s]["n_episodes"] for s in ("test_seen", "test_unseen")] == [2, 2]
+    assert successes(results) == [0.0, 0.0]
+    if method == "substitute":
+        assert results["valid"] is False
+        assert any("does not reproduce" in v for v in results["violations"])
+
+
+class BestOfThreeInOneCall(Hostile):
+    """Cause 4: inside one solve, samples the test task three times and returns the best."""
+
+    @arena.hookimpl
+    def solve(self, run, task, experiences, seed):
+        tries = []
+        for attempt in range(3):
+            try:
+                tries.append(run.standard_solve(task, experiences, seed + attempt,
+                                                sampling={"temperature": 1.0, "top_p": 1.0}))
+            except ProtocolViolation:
+                pass
+        return max(tries, key=lambda t: (t.success, -len(t.steps)))
+
+
+class OneNameThreeTries(Hostile):
+    """Cause 4: declares one helper variant, then plays it three times (unrecorded), so a copy
+    of the "only helper" could be the best of three."""
+
+    @arena.hookimpl
+    def evaluation_variants(self, run):
+        return ["try"]
+
+    @arena.hookimpl
+    def solve(self, run, task, experiences, seed):
+        tries = []
+        for _ in range(3):
+            try:
+                tries.append(run.play(task, [], seed=run.current_seed(), variant="try", policy="standard",
+                                      sampling={"temperature": 1.0, "top_p": 1.0}, record=False))
+            except ProtocolViolation:
+                pass
+        best = max(tries, key=lambda t: (t.success, -len(t.steps)))
+        return dataclasses_replace(best, copy_of="try")
+
+
+def dataclasses_replace(trajectory, **changes):
+    import dataclasses
+
+    return dataclasses.replace(trajectory, **changes)
+
+
+@pytest.mark.parametrize("mode", ["in_process", "process"])
+@pytest.mark.parametrize("method, message", [("best_in_one_call", "inside one play at evaluation"),
+                                             ("one_name_three_tries", "record=False at evaluation")])
+def test_no_result_is_the_best_of_several_episodes(plugins, fast, tmp_path, mode, method, message):
+    register(plugins, best_in_one_call=BestOfThreeInOneCall, one_name_three_tries=OneNameThreeTries)
+    path, results = run(plugins, fast, tmp_path, method, f"run.isolation={mode}")
+    assert results["valid"] is False
+    assert any(message in v for v in results["violations"]), results["violations"]
+    primary = [e for e in evaluated(path) if e["variant"] == "default"]
+    assert len(primary) == 4 and not any(e["success"] for e in primary)
+    # every episode it played at evaluation is on record: one result per task, no other test episode
+    assert len(evaluated(path)) == 4
+
+
+class RecorderPastTheApi(Hostile):
+    """Cause 8: records a won episode for each test task through the run object's own
+    ``episodes`` (a public attribute of the harness's context, no part of the plugin API), which
+    records without verifying, then lets the harness play."""
+
+    @arena.hookimpl
+    def solve(self, run, task, experiences, seed):
+        forged = Trajectory(task=task, initial_observation="You won.", steps=[Step("win", "You won.", True)],
+                            status=Termination.SUCCESS)
+        run.episodes.record(forged, seed=run.current_seed())
+        return None
+
+
+@pytest.mark.parametrize("mode", ["in_process", "process"])
+def test_the_run_object_offers_only_the_plugin_api(plugins, fast, tmp_path, mode):
+    register(plugins, past_the_api=RecorderPastTheApi)
+    path, results = run(plugins, fast, tmp_path, "past_the_api", f"run.isolation={mode}")
+    assert results["valid"] is False
+    assert any(".episodes" in v and "not part of the plugin API" in v
+               for v in results["violations"]), results["violations"]
+    assert successes(results) == [0.0, 0.0]
+    assert len(evaluated(path)) == 4
+
+
+# -- 10. nothing secret crosses to an isolated method, nothing live comes back (causes 3, 5, 6) -----
+# Hostile methods against ``run.isolation=process`` itself: nothing secret crosses to the method's
+# worker, and nothing live crosses back (issue 54, root causes 3, 5 and 6).
+#
+# 3. What the worker sends is plain data at every depth: a reference to one of its objects (a proxy
+#    in the harness, which answers each read as the worker likes) is accepted only as a policy or a
+#    callback; nested in data, the call is refused and a violation recorded.
+# 5. The worker starts with an allow-listed environment (no credential, no ``eval.salt=env:NAME``),
+#    in PID and mount namespaces of its own where the kernel allows, and its sandbox grants ``/proc``
+#    of its own process only: the harness's environment and command line are out of its reach.
+# 6. Every path a method hands to a harness call (a store snapshot, a checkpoint prefix) stays in the
+#    method's own folder, isolated or not.
+#
+# Each hostile method writes what it got into its own folder (the one place of the run it may
+# write), so the test reads what the attack achieved, not only the run's verdict.
+
+
+ISOLATED = "run.isolation=process"
+
+
+def got(path: Path | str) -> dict:
+    return json.loads((Path(path) / "method" / "got.json").read_text())
+
+
+# -- 3. a live reference nested in data ---------------------------------------------------------
+
+
+class Shifty:
+    """A worker object that answers each read differently: a train task's provenance while it is
+    checked, then the test task's. Callable, so the worker's channel hands it over by reference."""
+
+    def __init__(self, task_id: str):
+        self.task_id, self.reads = task_id, 0
+
+    def __call__(self):
+        return None
+
+    @property
+    def split(self):
+        self.reads += 1
+        return "train" if self.reads == 1 else "test_seen"
+
+    @property
+    def source_task_ids(self):
+        return ("train-0",) if self.reads <= 1 else (self.task_id,)
+
+
+class LiveReference(Hostile):
+    """Cause 3: widens what its worker's channel offers of a :class:`Shifty` (the worker is its
+    own process: a plugin can change anything in it) and hands the harness experiences, and a
+    trajectory, whose fields are that live object."""
+
+    @arena.hookimpl
+    def retrieve(self, run, task):
+        channel = next(o for o in gc.get_objects() if isinstance(o, rpc.Channel))
+        offered = channel._export
+        channel._export = lambda obj: (frozenset({"__call__", "split", "source_task_ids"})
+                                       if isinstance(obj, Shifty) else offered(obj))
+        shifty = Shifty(task.task_id)
+        note = Experience("note", f"answer for {task.goal}", Provenance(("train-0",), "train"))
+        object.__setattr__(note, "provenance", shifty)
+        return [note]
+
+    @arena.hookimpl
+    def solve(self, run, task, experiences, seed):
+        played = run.standard_solve(task, experiences, seed)
+        played.steps.append(Step("win", "You won.", True, thought=Shifty(task.task_id)))
+        return played
+
+
+def test_a_live_reference_nested_in_data_is_refused(plugins, fast, tmp_path):
+    register(plugins, live=LiveReference)
+    path, results = run(plugins, fast, tmp_path, "live", ISOLATED)
+    assert results["valid"] is False
+    refusals = [v for v in results["violations"] if "reference to an object of its own process" in v]
+    assert refusals and "plain data at every depth" in refusals[0], results["violations"]
+    assert any(".provenance" in v for v in refusals), refusals
+    assert successes(results) == [0.0, 0.0]
+    assert all(e["status"] == "error" and "Refused" in e["error"] for e in evaluated(path))
+
+
+class Policies(Hostile):
+    """Honest: passes its policies as run.play's, play_policy's and an EpisodeRequest's, and a
+    play_many callback: the references the harness accepts."""
+
+    @staticmethod
+    def first(observation, trajectory):
+        return Action(observation.admissible_actions[0])
+
+    @arena.hookimpl
+    def learn(self, run):
+        tasks = run.tasks(run.learn_split)[:2]
+        done = []
+        played = run.play_many([EpisodeRequest(tasks[0], [], 0, policy=self.first)], on_done=lambda: done.append(1))
+        played.append(run.play(tasks[1], [], seed=0, policy=self.first))
+        (run.method_state.folder / "got.json").write_text(json.dumps(
+            {"done": len(done), "statuses": [t.status.value for t in played], "errors": [t.error for t in played]}))
+        return True
+
+    @arena.hookimpl
+    def solve(self, run, task, experiences, seed):
+        return run.play_policy(task, self.first, experiences)
+
+
+def test_policies_and_callbacks_still_cross(plugins, fast, tmp_path):
+    register(plugins, policies=Policies)
+    path, results = run(plugins, fast, tmp_path, "policies", ISOLATED, "eval.limit=1", "learn.budget.episodes=2")
+    learned = got(path)
+    assert learned["done"] == 1 and learned["errors"] == [None, None], learned
+    assert "error" not in learned["statuses"]
+    played = evaluated(path)
+    assert played and not [e for e in played if e["status"] == "error"], played
+    assert results["valid"] is True, results["violations"]
+
+
+# -- the channel itself: what the harness's side accepts -----------------------------------------
+
+
+class Harness:
+    """Stands for the harness's run: one method that takes a policy, one that takes data."""
+
+    def __init__(self):
+        self.seen = []
+
+    def play(self, task, policy=None, requests=()):
+        self.seen.append((task, policy, list(requests)))
+        return [policy("o")] if callable(policy) else [r.policy("o") for r in requests]
+
+    def keep(self, data):
+        self.seen.append(data)
+        return "kept"
+
+
+@pytest.fixture
+def channels():
+    """The harness's and a worker's ends of one pipe, as isolation builds them."""
+    harness_end, worker_end = multiprocessing.Pipe()
+    refused = []
+    harness = Channel(harness_end, "h", lambda obj: None, trusted_modules=isolation.WORKER_DATA_MODULES,
+                      on_refused=lambda kind, name, why="": refused.append((kind, name, why)),
+                      callable_parameters={f"{__name__}.Harness.play": frozenset({"policy"})},
+                      callable_fields=isolation.CALLABLE_FIELDS)
+    served = Harness()
+    harness.offer_root(served, frozenset({"play", "keep"}))
+    worker = Channel(worker_end, "w", isolation.worker_export)
+    harness.start(), worker.start()
+    yield rpc.Proxy(worker, rpc.ROOT, "Harness"), served, refused, harness, worker
+    harness.close(), worker.close()
+
+
+Channel = rpc.Channel
+
+
+def test_the_harness_accepts_a_reference_only_where_a_callable_is_expected(channels):
+    root, served, refused, _, _ = channels
+    task = Task("t", "household", "train", "pick", "goal")
+
+    def policy(observation):
+        return f"acted on {observation}"
+
+    assert root.play(task, policy) == ["acted on o"]  # positional, by name: the parameter "policy"
+    assert root.play(task, policy=policy) == ["acted on o"]
+    request = EpisodeRequest(task, [], 0, policy=policy)
+    assert root.play(task, requests=[request]) == ["acted on o"]  # an EpisodeRequest's policy
+    assert not refused
+    nested = Experience("note", "x", Provenance(("t",), "train"))
+    object.__setattr__(nested, "provenance", policy)
+    for data, where in ([nested], "[0].provenance"), ({"a": [policy]}, "['a'][0]"), (policy, "argument 1 "):
+        with pytest.raises(rpc.RemoteError, match="plain data at every depth"):
+            root.keep(data)
+        assert where in refused[-1][2], refused[-1]
+    with pytest.raises(rpc.RemoteError, match="reference"):  # a reference where a task is expected
+        root.play(policy, policy)
+    assert all(not callable(s) for s in served.seen if not isinstance(s, tuple))  # none got through
+
+
+def test_a_reference_memoized_into_data_as_well_is_refused(channels):
+    """A hand-made payload may name one reference twice (pickle's memo): once as the policy,
+    once inside data. Both places are checked."""
+    _, _, refused, harness, _ = channels
+
+    class Twice(pickle._Pickler):
+        def __init__(self, buffer, policy):
+            super().__init__(buffer, protocol=4)
+            self.policy = policy
+
+        def save(self, obj, save_persistent_id=True):
+            if obj is self.policy:
+                if id(obj) in self.memo:
+                    self.write(self.get(self.memo[id(obj)][0]))
+                else:
+                    self.save_pers(("mine", 7, "function"))
+                    self.memoize(obj)
+                return
+            super().save(obj, save_persistent_id)
+
+    def policy(observation):
+        return observation
+
+    buffer = io.BytesIO()
+    Twice(buffer, policy).dump((rpc.ROOT, "call", "play", (Task("t", "e", "train", "k", "g"), policy),
+                                {"requests": [{"hidden": policy}]}))
+    args = harness._payload(buffer.getvalue())
+    with pytest.raises(rpc.RemoteError, match="plain data"):
+        harness._accept_call(*args)
+    assert "argument requests[0]['hidden']" in refused[-1][2]
+
+
+def test_an_answer_holds_no_reference(channels):
+    _, _, refused, harness, worker = channels
+
+    class Method:
+        def answer(self):
+            return Trajectory(task=Task("t", "e", "train", "k", "g"), initial_observation="",
+                              steps=[Step("a", "o", True, thought=lambda: "live")])
+
+    worker.offer_root(Method(), frozenset({"answer"}))
+    with pytest.raises(rpc.RemoteError, match="the answer.steps\\[0\\].thought"):
+        harness.request(rpc.ROOT, "call", "answer")
+    assert refused
+
+
+def test_a_payload_cannot_change_a_class_or_an_enum_member_of_the_harness():
+    """pickle's BUILD sets attributes on whatever is on its stack: with the C unpickler, a class
+    the payload was allowed to name (``Trajectory.success = True`` for every trajectory)."""
+    modules = ["arena.core.types"]
+    on_class = b"carena.core.types\nTrajectory\nN}X\x07\x00\x00\x00success\x88s\x86b."
+    on_member = (b"carena.core.types\nTermination\nX\x07\x00\x00\x00success\x85R"
+                 b"}X\x07\x00\x00\x00_value_X\x07\x00\x00\x00failuresb.")
+    on_function = b"ccopyreg\n_reconstructor\nN}X\x0c\x00\x00\x00__defaults__Ns\x86b."
+    for data in (on_class, on_member, on_function):
+        with pytest.raises(pickle.UnpicklingError, match="may not change"):
+            rpc.SafeUnpickler(io.BytesIO(data), modules, lambda pid: pid).load()
+    assert isinstance(Trajectory.__dict__["success"], property) and Termination.SUCCESS.value == "success"
+    fine = pickle.dumps(Trajectory(task=Task("t", "e", "train", "k", "g"), initial_observation="o",
+                                   status=Termination.SUCCESS))
+    assert rpc.SafeUnpickler(io.BytesIO(fine), modules, lambda pid: pid).load().success is True
+
+
+# -- 5. the harness's environment and /proc ------------------------------------------------------
+
+
+class SecretSeeker(Hostile):
+    """Cause 5: looks for the board's salt (``eval.salt=env:NAME``) where a child of the harness
+    finds it: its own environment, then the environment and command line of its parent and of
+    every process it can see. With it, rebuilds the test world and follows the world's expert."""
+
+    @arena.hookimpl
+    def solve(self, run, task, experiences, seed):
+        name = str(run.cfg.eval.salt).split(":", 1)[1]
+        found = {"environment": sorted(os.environ), "own": os.environ.get(name), "read": [], "parent": os.getppid()}
+        try:
+            pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]
+        except OSError:
+            pids = []
+        salt = found["own"]
+        for pid in dict.fromkeys([os.getppid(), *pids]):
+            for what in ("environ", "cmdline"):
+                try:
+                    data = Path(f"/proc/{pid}/{what}").read_bytes()
+                except OSError:
+                    continue
+                found["read"].append(f"{pid}/{what}")
+                for entry in data.split(b"\0"):
+                    if entry.startswith(f"{name}=".encode()):
+                        salt = salt or entry.split(b"=", 1)[1].decode()
+        found["salt"] = salt
+        (run.method_state.folder / "got.json").write_text(json.dumps(found))
+        if salt is None:
+            return None
+        from arena.envs.household.environment import HouseholdEnvironment as Rebuilt
+
+        settings = {k: run.cfg.env[k] for k in ("n_train", "n_valid", "n_test", "seed", "level")}
+        world = Rebuilt(**settings)
+        world.draw_tests_with(salt)
+        shadow = world.open({t.task_id: t for t in world.tasks(task.split)}[task.task_id])
+        shadow.reset()
+
+        def follow_expert(observation, trajectory):
+            action = shadow.expert_action() or "look"
+            shadow.step(action)
+            return Action(action)
+
+        return run.play_policy(task, follow_expert, experiences)
+
+
+@pytest.mark.slow
+def test_a_boards_salt_and_the_harness_environment_are_out_of_an_isolated_methods_reach(
+        plugins, fast, tmp_path, monkeypatch):
+    monkeypatch.setenv("BOARD_SALT", "the board's own draw")
+    monkeypatch.setenv("ARENA_TEST_CREDENTIAL", "sk-not-for-methods")
+    register(plugins, seeker=SecretSeeker)
+    here, in_process = run(plugins, fast, tmp_path, "seeker", "eval.salt=env:BOARD_SALT", name="here")
+    assert got(here)["salt"] == "the board's own draw"  # in one process nothing stops it...
+    assert min(successes(in_process)) >= 0.5, successes(in_process)  # ...and it wins
+    away, isolated = run(plugins, fast, tmp_path, "seeker", "eval.salt=env:BOARD_SALT", ISOLATED, name="away")
+    seen = got(away)
+    assert seen["salt"] is None and seen["own"] is None, seen
+    assert successes(isolated) == [0.0, 0.0]
+    assert "BOARD_SALT" not in seen["environment"] and "ARENA_TEST_CREDENTIAL" not in seen["environment"]
+    allowed = isolation.WORKER_ENVIRONMENT | {"HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TMPDIR", "XDG_CACHE_HOME",
+                                             "MPLCONFIGDIR",
+                                             "ARENA_RECORD_KEY_FILE", "ANONYMIZED_TELEMETRY"}  # tests/conftest.py's,
+    # set again in the worker when it imports this module
+    assert {v for v in seen["environment"] if not v.startswith("LC_")} <= allowed, seen["environment"]
+    sandbox = isolated["provenance"]["isolation"]["sandbox"]
+    assert "environment allow-listed" in sandbox
+    if sandbox.startswith("none") and "no namespaces" in sandbox:
+        pytest.skip(f"neither Landlock nor namespaces here: {sandbox}")
+    assert seen["read"] == [], (seen["read"], sandbox)  # no other process's environ or cmdline
+    if "own " in sandbox:
+        assert seen["parent"] == 1  # its namespace's init: the harness is outside the namespace
+
+
+@pytest.mark.slow
+def test_without_namespaces_the_sandbox_still_hides_the_harnesss_proc(plugins, fast, tmp_path, monkeypatch):
+    """Where ``unshare`` cannot make namespaces, the worker is a plain child of the harness: its
+    Landlock ruleset grants ``/proc`` of the worker (resolved there), not the harness's."""
+    monkeypatch.setenv("BOARD_SALT", "the board's own draw")
+    monkeypatch.setattr(isolation, "namespace_command", lambda: ((), "no namespaces (switched off by the test)"))
+    register(plugins, seeker=SecretSeeker)
+    away, isolated = run(plugins, fast, tmp_path, "seeker", "eval.salt=env:BOARD_SALT", ISOLATED)
+    sandbox = isolated["provenance"]["isolation"]["sandbox"]
+    assert "no namespaces (switched off by the test)" in sandbox
+    if not sandbox.startswith("landlock"):
+        pytest.skip(f"no Landlock here: {sandbox}")
+    seen = got(away)
+    assert seen["parent"] == os.getpid()  # the harness, in sight...
+    assert seen["salt"] is None and seen["read"] == [], seen  # ...and out of reach
+    assert successes(isolated) == [0.0, 0.0]
+
+
+def test_namespaces_degrade_to_a_reason(monkeypatch):
+    isolation.namespace_command.cache_clear()
+    monkeypatch.setattr(isolation.shutil, "which", lambda name: None)
+    try:
+        assert isolation.namespace_command() == ((), "no namespaces (util-linux unshare not found)")
+    finally:
+        isolation.namespace_command.cache_clear()
+    assert isolation.describe_namespaces("no namespaces (why)") == "no namespaces (why)"
+    assert isolation.describe_namespaces("own pid+mount namespaces (unshare)").startswith("no namespaces (asked")
+
+
+def test_the_workers_environment_is_allow_listed(monkeypatch):
+    monkeypatch.setenv("BOARD_SALT", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+    monkeypatch.setenv("LC_ALL", "C.UTF-8")
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    env = isolation.worker_environment("/w", withheld=frozenset({"BOARD_SALT", "OMP_NUM_THREADS"}))
+    assert "BOARD_SALT" not in env and "AWS_SECRET_ACCESS_KEY" not in env and "OMP_NUM_THREADS" not in env
+    assert env["LC_ALL"] == "C.UTF-8" and env["TMPDIR"] == "/w" and env["HF_HUB_OFFLINE"] == "1"
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create({"eval": {"salt": "env:BOARD_SALT"}, "run": {"isolation": "process"}})
+    assert isolation.withheld_variables(cfg) == {"BOARD_SALT"}
+    assert isolation.withheld_variables(None) == frozenset()
+    assert "/proc/self" not in isolation.SYSTEM_READ  # resolved in the harness, it is the harness's
+
+
+# -- 6. paths a method hands to the harness ------------------------------------------------------
+
+
+class PathEscaper(Hostile):
+    """Cause 6: while learning, asks the harness to write its store snapshot over the run's
+    secret salt (by ``..``, by an absolute path, through a link it made in its folder) and to
+    prune checkpoints of a prefix that climbs out of the run (``../../victim``)."""
+
+    @arena.hookimpl
+    def learn(self, run):
+        folder = run.method_state.folder
+        (folder / "out").symlink_to(folder.parent)
+        outcome = {}
+        attempts = {
+            "dots": lambda: run.store.snapshot(folder / ".." / "eval_salt"),
+            "absolute": lambda: run.store.snapshot(str(folder.parent / "eval_salt")),
+            "link": lambda: run.store.snapshot(folder / "out" / "eval_salt"),
+            "prefix": lambda: run.method_state.checkpoints("../../victim").prune(10),
+        }
+        for name, attempt in attempts.items():
+            try:
+                attempt()
+                outcome[name] = "done"
+            except Exception as exc:  # what the harness answered is the point
+                outcome[name] = f"{type(exc).__name__}: {exc}"
+        outcome["inside"] = str(run.store.snapshot(folder / "memory.jsonl"))
+        (folder / "got.json").write_text(json.dumps(outcome))
+        return True
+
+
+@pytest.mark.parametrize("isolated", [False, True])
+def test_paths_a_method_hands_the_harness_stay_in_its_folder(plugins, fast, tmp_path, isolated):
+    victim = tmp_path / "victim-00003"
+    victim.mkdir()
+    (victim / "keep").write_text("not the method's")
+    register(plugins, escaper=PathEscaper)
+    extra = [ISOLATED] if isolated else ["eval.salt=secret"]
+    path, results = run(plugins, fast, tmp_path, "escaper", *extra)
+    salt = (Path(path) / "eval_salt").read_text()
+    assert len(salt.strip()) == 32 and "arena-store-snapshot" not in salt  # still the drawn salt
+    assert (victim / "keep").read_text() == "not the method's"
+    outcome = got(path)
+    for name in ("dots", "absolute", "link", "prefix"):
+        assert "OutsideFolder" in outcome[name] or "not a plain name" in outcome[name], (name, outcome[name])
+    assert "run.method_state.folder" in outcome["dots"] and "run.method_state.checkpoints" in outcome["prefix"]
+    assert Path(outcome["inside"]).exists()  # its own folder: allowed
+    assert successes(results) == [0.0, 0.0]
+    if isolated:  # refused on record: a violation
+        assert results["valid"] is False
+        assert sum("outside the method's folder" in v or "not a plain name" in v for v in results["violations"]) >= 2
+
+
+def test_checkpoints_stay_in_the_methods_folder(tmp_path):
+    folder = tmp_path / "method"
+    folder.mkdir()
+    for prefix in ("../x", "../../victim", "/abs", "a/b", "..", ".hidden", ""):
+        with pytest.raises(OutsideFolder, match="plain name"):
+            Checkpoints(folder, prefix)
+    checkpoints = Checkpoints(folder, "adapter")
+    (folder / "adapter-00002").symlink_to(tmp_path)
+    with pytest.raises(OutsideFolder):
+        checkpoints.path(2)
+    with pytest.raises(ValueError, match="whole number"):
+        checkpoints.path(-1)
+    for number in (0, 1, 5):
+        (folder / f"adapter-{number:05d}").mkdir()
+    checkpoints.prune(10**12)  # bounded by what exists, not by the number it is given
+    assert sorted(p.name for p in folder.iterdir()) == ["adapter-00002"]  # the link is not followed
+    assert tmp_path.exists() and (folder / "adapter-00002").is_symlink()
+
+
+# -- 11. violations are lines of the signed record: never erased (cause 7) --------------------------
+# Hostile cases against the run's record of violations (``docs/security.md``): a violation is a
+# line of the signed, chained record (``violations.jsonl``), so emptying state.json's list, before a
+# ``--resume`` or after the run, never makes a run valid again.
+#
+# ``tests/test_adversarial.py``'s ``test_erasing_violations_from_state_json_does_not_validate_a_run``
+# passes because results.json is written from the harness's memory in the same process; these make
+# the harness read its violations back, from disk, after the list was emptied.
+
+
+#: Left in the method's own folder by its first session (a worker sees no test variable).
+STOPPED = "stopped-once"
+ASKED = "asked for test split 'test_seen'"
+DISAGREE = "disagree with the run's signed record of violations"
+MODES = ["in_process", "process"]
+
+
+class EraseThenStop(Hostile):
+    """While learning, asks for a test split (a violation), empties state.json's violations and
+    stops the session, so that the run is resumed from what is on disk. Resumed (its mark in its
+    own folder), it learns honestly. Isolated, it cannot reach state.json (Landlock keeps the worker in its folder):
+    whoever holds the run directory empties the list instead."""
+
+    @arena.hookimpl
+    def learn(self, run):
+        mark = run.method_state.folder / STOPPED
+        if mark.exists():
+            return True
+        mark.parent.mkdir(parents=True, exist_ok=True)
+        mark.write_text("1")
+        try:
+            run.tasks("test_seen")
+        except Exception:
+            pass
+        try:  # in one process: reached past the method's folder
+            state_file = run.method_state.folder.parent / "state.json"
+            state = json.loads(state_file.read_text())
+            state["violations"] = []
+            state_file.write_text(json.dumps(state))
+        except Exception:
+            pass
+        raise RuntimeError("stopped by the method after erasing its violations")
+
+
+class Violator(Hostile):
+    """Asks for a test split while learning, then finishes the run."""
+
+    @arena.hookimpl
+    def learn(self, run):
+        try:
+            run.tasks("test_seen")
+        except Exception:
+            pass
+        return True
+
+
+def _overrides(fast: list[str], isolation: str) -> list[str]:
+    return fast + EVAL + [f"run.isolation={isolation}"]
+
+
+def _state(path: Path) -> dict:
+    return json.loads((path / "state.json").read_text())
+
+
+def _erase_state_violations(path: Path) -> None:
+    state = _state(path)
+    state["violations"] = []
+    (path / "state.json").write_text(json.dumps(state))
+
+
+def _on_record(path: Path) -> list[str]:
+    lines = (path / VIOLATIONS).read_text().splitlines()
+    return [json.loads(line)[integrity.VIOLATION] for line in lines]
+
+
+@pytest.mark.parametrize("isolation", MODES)
+def test_violations_erased_from_state_json_before_resume_stay_on_record(plugins, fast, tmp_path,
+                                                                       isolation):
+    register(plugins, eraser=EraseThenStop)
+    out = tmp_path / "r"
+    with pytest.raises(Exception, match="stopped by the method"):
+        protocol.run("eraser", overrides=_overrides(fast, isolation), out=out, plugins=plugins)
+    assert not (out / "results.json").exists()
+    assert any(ASKED in v for v in _on_record(out))  # signed into the chain when it happened
+    if isolation == "in_process":
+        assert _state(out)["violations"] == []  # the method erased state.json's list itself
+    else:
+        assert any(ASKED in v for v in _state(out)["violations"])  # out of the worker's reach
+        _erase_state_violations(out)  # anyone who holds the run directory can
+    _, results = protocol.run(None, resume=out, plugins=plugins)
+    # Before violations were on record, the resumed run started from the emptied list: valid.
+    assert results["valid"] is False
+    assert any(ASKED in v for v in results["violations"]), results["violations"]
+    assert any(DISAGREE in v for v in results["violations"]), results["violations"]
+    assert results["violations"] == _on_record(out) == _state(out)["violations"]
+    assert load_run(out).results["valid"] is False
+
+
+@pytest.mark.parametrize("isolation", MODES)
+def test_a_finished_runs_violations_cannot_be_erased_by_resuming_it_again(plugins, fast, tmp_path,
+                                                                        isolation):
+    register(plugins, violator=Violator)
+    out = tmp_path / "r"
+    protocol.run("violator", overrides=_overrides(fast, isolation), out=out, plugins=plugins)
+    (out / "results.json").unlink()  # made resumable again ...
+    _erase_state_violations(out)  # ... with its violations gone from state.json
+    _, results = protocol.run(None, resume=out, plugins=plugins)
+    assert results["valid"] is False
+    assert any(ASKED in v for v in results["violations"])
+    assert any(DISAGREE in v for v in results["violations"])
+
+
+def test_dropping_the_violations_file_breaks_the_record(plugins, fast, tmp_path):
+    register(plugins, violator=Violator)
+    out = tmp_path / "r"
+    protocol.run("violator", overrides=_overrides(fast, "in_process"), out=out, plugins=plugins)
+    (out / VIOLATIONS).unlink()
+    with pytest.raises(ReportError, match="does not follow the line before it"):
+        load_run(out)  # the first episode after the violation links to it
+    (out / "results.json").unlink()
+    _erase_state_violations(out)
+    with pytest.raises(RunDirError, match="does not follow the line before it"):
+        protocol.run(None, resume=out, plugins=plugins)
+
+
+def test_reports_and_verify_treat_record_and_state_disagreement_as_invalid(plugins, fast, tmp_path):
+    register(plugins, violator=Violator)
+    out = tmp_path / "r"
+    protocol.run("violator", overrides=_overrides(fast, "in_process"), out=out, plugins=plugins)
+    assert load_run(out).results["valid"] is False  # as written: record, state and results agree
+    assert not any(DISAGREE in v for v in load_run(out).results["violations"])
+
+    _erase_state_violations(out)  # state.json emptied after the run
+    run = load_run(out)
+    assert run.results["valid"] is False
+    assert any("state.json" in v and DISAGREE in v for v in run.results["violations"])
+    assert build_tables([run])[0].rows[0].valid is False
+
+    results = json.loads((out / "results.json").read_text())
+    results.update(valid=True, violations=[])  # and results.json said valid
+    (out / "results.json").write_text(json.dumps(results))
+    run = load_run(out)
+    assert run.results["valid"] is False
+    assert any("results.json" in v and DISAGREE in v for v in run.results["violations"])
+    assert any(ASKED in v for v in run.results["violations"])  # the record's own, shown again
+    table = build_tables([run])[0]
+    assert table.rows[0].valid is False and any("INVALID" in f for f in table.rows[0].flags)
+
+    outcome = verify_run(out, plugins=plugins, write=False)
+    assert outcome.status == UNVERIFIED and DISAGREE in outcome.reason
+
+    shown = CliRunner().invoke(cli, ["show", str(out)])
+    assert "INVALID" in shown.output, shown.output
+
+
+def test_an_honest_run_has_no_violations_record_and_stays_valid(plugins, fast, tmp_path):
+    out = tmp_path / "r"
+    _, results = protocol.run("base", overrides=_overrides(fast, "in_process"), out=out, plugins=plugins)
+    assert results["valid"] is True and not (out / VIOLATIONS).exists()
+    assert load_run(out).results["valid"] is True
+
+
+def test_a_violation_recorded_as_results_were_written_makes_the_run_invalid_not_refused(plugins, fast,
+                                                                                      tmp_path):
+    # A hook that fails while results.json is assembled (export) records its violation after the
+    # record's head was taken: the chain runs one violation line past results.json's head.
+    out = tmp_path / "r"
+    _, results = protocol.run("base", overrides=_overrides(fast, "in_process"), out=out, plugins=plugins)
+    assert results["valid"] is True
+    late = RunDir(out)
+    late.load_episodes()
+    late.record_violation("export of method 'base' raised RuntimeError: late.", ["export ... late."])
+    run = load_run(out)  # not refused: every episode line is where results.json says
+    assert run.results["valid"] is False
+    assert any("results.json" in v and DISAGREE in v for v in run.results["violations"])
+    assert any("late." in v for v in run.results["violations"])
+    lines = (out / "episodes.jsonl").read_text().splitlines()
+    (out / "episodes.jsonl").write_text("\n".join(lines[:-1]) + "\n")  # an episode line dropped: refused
+    with pytest.raises(ReportError, match="does not"):
+        load_run(out)

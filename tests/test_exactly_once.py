@@ -144,6 +144,10 @@ class HelperCopier:
         self.run = run
 
     @arena.hookimpl
+    def evaluation_variants(self, run):
+        return ["without_skill"]
+
+    @arena.hookimpl
     def solve(self, run, task, experiences, seed):
         helper = run.play(task, experiences, seed=run.current_seed(), variant="without_skill", policy="standard")
         return dataclasses.replace(helper, copy_of="without_skill", llm_calls=0, tokens_in=0, tokens_out=0)

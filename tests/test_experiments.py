@@ -723,13 +723,13 @@ class WinsWithItsOwnNote(TypeNotes):
     def solve(self, run: arena.Run, task: arena.Task, experiences: list[arena.Experience],
               seed: int) -> arena.Trajectory:
         from arena.core.solver import Action, play
-        from tests.conftest import oracle_episode
+        from tests.conftest import harness_of, oracle_episode
 
         if f"type {task.task_type}" not in {e.text for e in experiences}:
             return run.standard_solve(task, experiences, seed)
         episode = oracle_episode(run, task)
         return play(episode, lambda observation, trajectory: Action(text=episode.expert_action()),
-                    max_steps=run.max_steps(), max_invalid_actions=3, experience_ids=[e.experience_id for e in experiences])
+                    max_steps=harness_of(run).max_steps(), max_invalid_actions=3, experience_ids=[e.experience_id for e in experiences])
 
 
 def test_a_difference_is_the_arm_against_its_control_where_the_shown_experience_decides(plugins, fast, tmp_path):

@@ -17,7 +17,7 @@ from arena.core import protocol
 from arena.core.plugins import PluginLoadError, PluginLoadWarning, Plugins, hook_names
 from arena.core.registry import RegistrationError, UnknownNameError
 from arena.core.solver import play
-from tests.conftest import oracle_episode
+from tests.conftest import harness_of, oracle_episode
 
 
 class ExpertMethod:
@@ -36,7 +36,7 @@ class ExpertMethod:
         return play(
             episode,
             lambda observation, trajectory: _expert_action(episode),
-            max_steps=run.max_steps(),
+            max_steps=harness_of(run).max_steps(),
             max_invalid_actions=3,
         )
 
@@ -204,3 +204,41 @@ def test_missing_config_file_is_reported(plugins, tmp_path):
     module.register_methods = register_methods
     with pytest.raises(RegistrationError, match="does not exist"):
         plugins.register_plugin(module, name="cfgless")
+
+
+# -- an isolated method's stand-in hooks (arena.core.isolation) ----------------------------------
+
+
+def test_an_isolated_hooks_stand_in_declares_its_argument_names_as_pluggy_reads_them():
+    """pluggy 1.7 reads an implementation's arguments from ``__code__``, earlier releases from
+    its signature: a stand-in whose code declares none gets none passed (every isolated hook
+    with arguments then failed). Both readings, and a real call through a plugin manager."""
+    from arena.core import hookspecs
+    from arena.core.isolation import hook_parameters, named_forwarder
+
+    received = []
+    params = hook_parameters("solve", ["run", "task", "seed"], "m")
+    stand_in = named_forwarder("solve", params, lambda kwargs: received.append(kwargs) or "played")
+    code = stand_in.__code__
+    assert code.co_varnames[:code.co_argcount] == ("run", "task", "seed")
+    assert list(pluggy.HookimplMarker("arena")(stand_in).__code__.co_varnames[:3]) == ["run", "task", "seed"]
+    import inspect
+
+    assert list(inspect.signature(stand_in).parameters) == ["run", "task", "seed"]
+
+    class Stand:
+        solve = staticmethod(pluggy.HookimplMarker("arena")(stand_in))
+
+    manager = pluggy.PluginManager("arena")
+    manager.add_hookspecs(hookspecs)
+    manager.register(Stand())
+    assert manager.hook.solve(run="R", task="T", experiences=["e"], seed=7) == "played"
+    assert received == [{"run": "R", "task": "T", "seed": 7}]
+
+
+@pytest.mark.parametrize("declared", [["run", "os.system('x')"], ["run", "run"], "run", ["run", "payload"]])
+def test_a_worker_cannot_declare_arguments_its_hook_does_not_have(declared):
+    from arena.core.isolation import IsolationError, hook_parameters
+
+    with pytest.raises(IsolationError, match="takes some of"):
+        hook_parameters("solve", declared, "m")

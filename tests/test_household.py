@@ -11,7 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from arena.core.types import Observation, Task
-from arena.envs.household import HouseholdEnvironment, HouseholdEpisode
+from arena.envs.household import VERSION, HouseholdEnvironment, HouseholdEpisode
 from arena.envs.household import catalog as cat
 from arena.envs.household.layout import generate
 from arena.envs.household.levels import HARD, LEVELS
@@ -189,7 +189,7 @@ def test_split_hash_is_stable_and_depends_on_seed(env: HouseholdEnvironment) -> 
     for split in SPLITS:
         assert env.split_hash(split) == again.split_hash(split)
         assert env.split_hash(split) != other.split_hash(split)
-    assert env.tasks("train")[0].task_id == "household/1.0/s0/train/00000"
+    assert env.tasks("train")[0].task_id == f"household/{VERSION}/s0/train/00000"
     assert {t.goal for t in env.tasks("valid")} != {t.goal for t in other.tasks("valid")}
 
 
@@ -568,21 +568,23 @@ def test_plugin_registers_household_with_its_config() -> None:
 # Levels
 # ---------------------------------------------------------------------------------------------
 
-#: The original world's split hashes (default sizes, seed 0), as recorded in the runs made before
-#: levels existed: ``hard`` must keep them, or those runs stop being comparable.
-ORIGINAL_SPLIT_HASHES = {
-    "train": "9fa8d25e2acd8b1ca324428bcba7499738486c73409742e4f7abbde8b7d0ac3c",
-    "valid": "1bea79c5974e77c4ad9085acb030f36a40e3901650a6a14c5e0f5968cd220b07",
-    "test_seen": "1e9152984bb5508a95b96366bacc03fd7e66980d767afa4005a9cc6a24592983",
-    "test_unseen": "62be31a56deee1c76e94a9b39f04cd73ff3b7a103a86877146d4c4cd8dc9337a",
+#: The hard level's split hashes at version 2.0 (default sizes, seed 0), as the runs made on it
+#: record them: a change of any task fails here, and then VERSION must change with it (1.0's
+#: were 9fa8d25e..., 1bea79c5..., 1e915298..., 62be31a5...: 2.0 keeps only each split's family
+#: of games, arena.core.env.draw_games).
+HARD_SPLIT_HASHES = {
+    "train": "b16e1cef721224b7f61ce51b5fd0c8daa7527abd92eb4cf497382e7c9740430f",
+    "valid": "08aa5f6b6be2aaa2b72894d906472754864860121e40eed32d706b7a5aa6e1c9",
+    "test_seen": "b1b73e484f959da0a891db504b1ae8f5c523adb77d890db5337fb46518ee4dca",
+    "test_unseen": "cacf6552912a1de5c76ec7859796ec1e089b746d488ef2ffb570e74c9fd9615b",
 }
 
 
-def test_hard_level_is_the_original_world(env: HouseholdEnvironment) -> None:
+def test_hard_level_keeps_its_version_s_tasks(env: HouseholdEnvironment) -> None:
     assert env.level == HARD and list(LEVELS)[-1] == HARD
-    assert {split: env.split_hash(split) for split in SPLITS} == ORIGINAL_SPLIT_HASHES
+    assert {split: env.split_hash(split) for split in SPLITS} == HARD_SPLIT_HASHES
     task = env.tasks("test_seen")[0]
-    assert task.task_id == "household/1.0/s0/test_seen/00000" and "level" not in task.payload
+    assert task.task_id == "household/2.0/s0/test_seen/00000" and "level" not in task.payload
 
 
 @pytest.mark.parametrize("level", [name for name in LEVELS if name != HARD])
@@ -591,7 +593,7 @@ def test_easier_levels_have_their_own_ids_and_hashes(env: HouseholdEnvironment, 
     for split in SPLITS:
         assert easier.split_hash(split) != env.split_hash(split)
         task = easier.tasks(split)[3]
-        assert task.task_id == f"household/1.0/{level}/s0/{split}/00003"
+        assert task.task_id == f"household/{VERSION}/{level}/s0/{split}/00003"
         assert task.payload["level"] == level
         assert easier.open(task).world.layout.layout_id.endswith(f"-{level}")
     assert easier.protocol_fields() == {"level": level}

@@ -80,29 +80,27 @@ class Reacher:
     @arena.hookimpl
     def solve(self, run, task, experiences, seed):
         found = None
-        for name in Reacher.target.split("."):
+        for name in self.target.split("."):
             found = getattr(found if found is not None else run, name)
         return None
 
 
-@pytest.mark.parametrize("target", ["_env", "gate", "episodes", "services", "env._env", "violations_log",
-                                    "hook", "trainable_backend", "store._store", "llm.inner"])
-def test_names_outside_the_plugin_api_are_refused_and_recorded(plugins, fast, tmp_path, monkeypatch, target):
-    monkeypatch.setenv("ARENA_TEST_REACH", target)
-    register(plugins, reacher=EnvReacher)
+#: The names a :class:`Reacher` reaches for, one class each: the worker imports the class by name
+#: and inherits no environment variable a test could set.
+TARGETS = ["_env", "gate", "episodes", "services", "env._env", "violations_log", "hook", "trainable_backend",
+           "store._store", "llm.inner"]
+for _index, _target in enumerate(TARGETS):
+    globals()[f"Reacher{_index}"] = type(f"Reacher{_index}", (Reacher,), {"target": _target, "__module__": __name__})
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_names_outside_the_plugin_api_are_refused_and_recorded(plugins, fast, tmp_path, target):
+    register(plugins, reacher=globals()[f"Reacher{TARGETS.index(target)}"])
     _, results = protocol.run("reacher", overrides=fast + ["eval.limit=1"] + ISOLATED, out=tmp_path / "r",
                               plugins=plugins)
     assert results["valid"] is False
     assert any("not part of the plugin API" in v for v in results["violations"])
     assert all(results["splits"][s]["success_rate"] == 0.0 for s in ("test_seen", "test_unseen"))
-
-
-class EnvReacher(Reacher):
-    """:class:`Reacher` with its target from the environment (the worker is another process)."""
-
-    def __init__(self, run):
-        super().__init__(run)
-        Reacher.target = os.environ["ARENA_TEST_REACH"]
 
 
 class Smuggler:
@@ -310,7 +308,8 @@ def test_objects_the_other_side_no_longer_refers_to_are_let_go():
             return [policy(step) for step in range(steps)]
 
     harness_end, worker_end = multiprocessing.Pipe()
-    harness = Channel(harness_end, "h", lambda obj: None, trusted_modules=())
+    harness = Channel(harness_end, "h", lambda obj: None, trusted_modules=(),
+                      callable_parameters={f"{__name__}.{Harness.__qualname__}.play": frozenset({"policy"})})
     harness.offer_root(Harness(), frozenset({"play"}))
     worker = Channel(worker_end, "w", lambda obj: frozenset({"__call__"}) if callable(obj) else None)
     harness.start(), worker.start()

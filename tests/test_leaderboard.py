@@ -25,7 +25,7 @@ from arena.report import ReportError, Run, build_tables, load_run, load_runs, wr
 from arena.report.aggregate import pooled_splits, row_cost
 from arena.report.render import protocol_line
 from tests.browser import find_chromium, headless_page
-from tests.conftest import FAST, oracle_episode
+from tests.conftest import FAST, harness_of, oracle_episode
 
 # -- a scripted method: known successes on the real protocol -------------------------------------
 
@@ -52,6 +52,10 @@ class ScriptedMethod:
         return True
 
     @arena.hookimpl
+    def evaluation_variants(self, run: Any) -> list[str]:
+        return ["without_skill"]
+
+    @arena.hookimpl
     def solve(self, run: Any, task: Any, experiences: Any, seed: int) -> Any:
         run_seed = run.current_seed()  # the run seed (``seed`` is the episode's sampling seed)
         if run.phase == "evaluate":
@@ -60,7 +64,7 @@ class ScriptedMethod:
             return None  # the standard solver
         episode = oracle_episode(run, task)
         return play(episode, lambda observation, trajectory: Action(text=episode.expert_action()),
-                    max_steps=run.max_steps(), max_invalid_actions=3)
+                    max_steps=harness_of(run).max_steps(), max_invalid_actions=3)
 
 
 class _Module:
@@ -463,3 +467,61 @@ def test_protocol_line_names_the_level_and_the_source_pool(runs):
     assert "env.level easy" in protocol_line(easy) and "eval.source_pool train" in protocol_line(easy)
     assert "eval.source_pool all_types" in protocol_line(pool) and "env.level hard" in protocol_line(pool)
     assert "pool " in protocol_line(pool).split("split hashes", 1)[1]  # the pool's hash is shown
+
+
+# -- isolation: each row says how its method ran; --require-isolation ---------------------------
+
+
+@pytest.fixture(scope="module")
+def isolated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run whose method ran in a worker process of its own (run.isolation=process), on the
+    public test draw of the other runs (isolation draws a secret one by default)."""
+    return make_run(report_plugins(), tmp_path_factory.mktemp("isolated"), "random-isolated",
+                    method="random", extra=("run.isolation=process", "eval.salt=public"))
+
+
+def _unrecorded_isolation(run: Path, tmp_path: Path) -> Path:
+    """A copy of ``run`` as Arena wrote it before results.json recorded the isolation."""
+    older = tmp_path / f"{run.name}-older"
+    shutil.copytree(run, older)
+    results = json.loads((older / "results.json").read_text())
+    del results["provenance"]["isolation"]
+    (older / "results.json").write_text(json.dumps(results))
+    return older
+
+
+def test_each_row_shows_how_its_method_ran(runs, isolated, tmp_path):
+    older = _unrecorded_isolation(runs["s0"], tmp_path)
+    out = tmp_path / "board"
+    result = CliRunner().invoke(cli, ["leaderboard", str(runs["base"]), str(isolated), str(older),
+                                      "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    header, _, *body = _markdown_rows((out / "README.md").read_text(), "#")
+    column = header.index("Isolation")
+    assert {cells[1]: cells[column] for cells in body} == {
+        "base": "in process", "random": "process", "scripted": "unknown (in process)"}
+    board = json.loads((out / "leaderboard.json").read_text())
+    modes = {row["method"]: row["isolation"] for row in board["tables"][0]["rows"]}
+    assert modes["random"] == {"mode": "process", "runs": {"random-isolated": "process"}}
+    assert modes["base"]["mode"] == "in_process" and modes["scripted"]["mode"] == "unknown"
+    page = (out / "index.html").read_text()
+    assert "<th>Isolation</th>" in page and "<td>unknown (in process)</td>" in page
+    assert "--require-isolation" in page  # the note says what the column means
+
+
+def test_require_isolation_refuses_rows_that_were_not_isolated(runs, isolated, tmp_path):
+    older = _unrecorded_isolation(runs["s0"], tmp_path)
+    out = tmp_path / "board"
+    refused = CliRunner().invoke(cli, ["leaderboard", str(runs["base"]), str(isolated), str(older),
+                                       "--out", str(out), "--require-isolation"])
+    assert refused.exit_code != 0
+    message = " ".join(refused.output.split())
+    assert "2 row(s)" in message and "base / arena/fake (base-s0: in_process)" in message
+    assert "scripted / arena/fake (scripted-s0-older: unknown)" in message
+    assert "random" not in message.split("Rerun")[0]  # the isolated row is not named
+    assert "run.isolation=process" in message and not out.exists()  # nothing written
+
+    accepted = CliRunner().invoke(cli, ["leaderboard", str(isolated), "--out", str(out),
+                                        "--require-isolation"])
+    assert accepted.exit_code == 0, accepted.output
+    assert (out / "README.md").is_file()

@@ -22,6 +22,7 @@ from arena.console import LineReporter
 from arena.core import protocol
 from arena.core.progress import ProgressTask, format_duration
 from arena.core.types import EpisodeResult
+from tests.conftest import harness_of
 
 STAMP = r"^\d\d:\d\d:\d\d "
 
@@ -80,8 +81,12 @@ class HelperEpisodes:
         pass
 
     @arena.hookimpl
+    def evaluation_variants(self, run):
+        return ["source", "without_skill"]
+
+    @arena.hookimpl
     def solve(self, run, task, experiences, seed):
-        standard = run.standard_policy(task, experiences, seed)
+        standard = harness_of(run).standard_policy(task, experiences, seed)
 
         def slow(observation, trajectory):
             time.sleep(0.03)

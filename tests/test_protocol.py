@@ -395,6 +395,10 @@ class HelperPlayer:
         pass
 
     @arena.hookimpl
+    def evaluation_variants(self, run):
+        return ["source", "without_skill"]
+
+    @arena.hookimpl
     def solve(self, run, task, experiences, seed):
         if run.phase == "evaluate":
             for helper in ("source", "without_skill"):
@@ -444,3 +448,21 @@ def test_a_method_cannot_dilute_the_spot_checks_with_endless_helper_episodes():
         pace.task_finished()
     assert pace.episodes_per_task() == 50
     assert MAX_EPISODES_PER_TASK == 4  # the rate's divisor stops there (EpisodeRunner.spot_rate)
+
+
+def test_results_record_each_phases_commit_and_machine(plugins, fast, tmp_path, monkeypatch):
+    """Issue 55: a row's learning can span commits and machines (float32 kernels differ by
+    instruction set); results.json says which, phase by phase."""
+    from arena.core import provenance
+
+    sessions = iter([{"git_sha": "aaa", "cpu": {"model": "X", "isa": ["avx2"]}},
+                     {"git_sha": "bbb", "cpu": {"model": "Y", "isa": ["avx512f"]}}])
+    monkeypatch.setattr(provenance, "session", lambda: next(sessions))
+    _, results = protocol.run("base", overrides=fast + ["eval.limit=1"], out=tmp_path / "r", plugins=plugins)
+    assert results["provenance"]["phases"] == {
+        "learn": [{"git_sha": "aaa", "cpu": {"model": "X", "isa": ["avx2"]}}],
+        "evaluate": [{"git_sha": "bbb", "cpu": {"model": "Y", "isa": ["avx512f"]}}]}
+    monkeypatch.undo()
+    cpu = provenance.cpu()
+    assert cpu["model"] and isinstance(cpu["isa"], list)
+    assert set(cpu["isa"]) <= set(provenance.ISA_FLAGS)

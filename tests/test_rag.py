@@ -17,6 +17,7 @@ from arena.core.solver import Action, play
 from arena.core.store import ExperienceStore
 from arena.core.types import Provenance, Step, Task, Termination, Trajectory
 from arena.plugins.rag import TRAJECTORY, Rag, example_experience, render_example
+from tests.conftest import harness_of
 
 RAG_CONFIG = Path(arena.plugins.rag.__file__).with_name("config.yaml")
 
@@ -121,7 +122,7 @@ class ExpertRag(Rag):
             return None  # the harness's standard solver (the tiny model) at evaluation
         game = run.env.open(task)
         return play(game, lambda observation, trajectory: Action(game.expert_action() or "look"),
-                    max_steps=run.max_steps(), max_invalid_actions=10,
+                    max_steps=harness_of(run).max_steps(), max_invalid_actions=10,
                     experience_ids=[e.experience_id for e in experiences])
 
 

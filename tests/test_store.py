@@ -441,6 +441,50 @@ def test_restore_refuses_foreign_or_truncated_snapshots(tmp_path: Path, filled: 
         fresh.restore(tmp_path / "other.jsonl")
 
 
+def test_a_methods_snapshot_stays_in_its_folder(tmp_path: Path, filled: ExperienceStore) -> None:
+    """``run.store.snapshot`` writes with the harness's rights: a path out of the method's folder
+    (``..``, absolute elsewhere, through a link) would replace the run's salt; it is refused."""
+    from arena.core.method_state import OutsideFolder
+    from arena.core.services import GuardedStore
+
+    run_path = tmp_path / "run"
+    folder = run_path / "method"
+    folder.mkdir(parents=True)
+    (run_path / "eval_salt").write_text("kept\n")
+    guarded = GuardedStore(filled, lambda: False, folder)
+    (folder / "out").symlink_to(run_path)
+    for escape in ("../eval_salt", folder / ".." / "eval_salt", run_path / "eval_salt", folder / "out" / "eval_salt",
+                   tmp_path / "elsewhere.jsonl", folder):
+        with pytest.raises(OutsideFolder, match="run.method_state.folder"):
+            guarded.snapshot(escape)
+    assert (run_path / "eval_salt").read_text() == "kept\n"
+    assert not (tmp_path / "elsewhere.jsonl").exists()
+    inside = guarded.snapshot("snaps/memory.jsonl")  # relative: in the method's folder
+    assert inside == (folder / "snaps" / "memory.jsonl").resolve()
+    assert ExperienceStore.read_snapshot_header(inside)["digest"] == filled.digest()
+    assert guarded.snapshot(folder / "memory.jsonl.gz").exists()
+    with pytest.raises(OutsideFolder):
+        guarded.restore("../eval_salt")
+
+
+def test_a_link_planted_where_a_snapshot_is_written_is_not_followed(tmp_path: Path, filled: ExperienceStore) -> None:
+    """A method that owns the folder may plant a link at the snapshot's temporary name, or turn
+    a subfolder into a link after the path was checked: the harness never writes through it."""
+    folder = tmp_path / "method"
+    (folder / "sub").mkdir(parents=True)
+    victim = tmp_path / "eval_salt"
+    victim.write_text("kept\n")
+    (folder / "memory.jsonl.partial").symlink_to(victim)
+    path = filled.snapshot(folder / "memory.jsonl", within=folder)
+    assert victim.read_text() == "kept\n" and ExperienceStore.read_snapshot_header(path)["count"] == 4
+    assert not (folder / "memory.jsonl.partial").exists()
+    (folder / "sub").rmdir()
+    (folder / "sub").symlink_to(tmp_path)  # swapped after a check of folder/sub/eval_salt
+    with pytest.raises(OSError):
+        filled.snapshot(folder / "sub" / "eval_salt", within=folder)
+    assert victim.read_text() == "kept\n"
+
+
 def test_read_only_view_snapshots_but_refuses_restore_and_batch_updates(
     tmp_path: Path, filled: ExperienceStore
 ) -> None:

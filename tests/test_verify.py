@@ -18,8 +18,9 @@ import arena
 from arena import Run
 from arena.cli import cli
 from arena.report import ReportError, build_tables, load_run, load_runs
+from arena.report.evaluate_state import evaluate_state
 from arena.report.render import board_json, markdown
-from arena.report.verify import VERIFICATION, verify_run
+from arena.report.verify import NOT_RESTORED, OUTCOMES_ONLY, VERIFICATION, verify_run
 from arena.testing import fresh_plugins, run_method
 
 COUNTER_ENV = "ARENA_TEST_HOSTILE_COUNTER"
@@ -207,6 +208,72 @@ def test_a_run_without_its_learned_state_cannot_be_verified(memrl_run: Path, tmp
         path = small / name
         shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
     assert verify_run(small).status == "unverifiable"
+
+
+# -- a board's committed run: its small files, and its learned state put back -------------------
+
+#: What .gitignore keeps of a board's run (tests/test_boards.py: SMALL_FILES).
+BOARD_FILES = ("results.json", "episodes.jsonl", "config.yaml", "state.json", "metrics.jsonl",
+               "violations.jsonl")
+
+
+def _as_committed(run: Path, to: Path) -> Path:
+    """``run`` as a board commits it: its small files only (no trajectories, no learned state)."""
+    to.mkdir()
+    for name in BOARD_FILES:
+        if (run / name).is_file():
+            shutil.copy2(run / name, to / name)
+    return to
+
+
+def test_a_board_run_of_a_method_that_learns_nothing_reverifies_where_it_sits(base_run: Path,
+                                                                              tmp_path: Path) -> None:
+    board = _as_committed(base_run, tmp_path / "base-seed0")
+    outcome = verify_run(board, write=False)
+    assert outcome.status == "verified", outcome.reason
+    assert "same outcomes" in outcome.reason and OUTCOMES_ONLY in outcome.notes
+    assert outcome.compared == 8 and outcome.replay["compared"] == "outcomes"
+
+
+def test_a_board_run_reverifies_once_its_learned_state_is_back(memrl_run: Path, tmp_path: Path) -> None:
+    board = _as_committed(memrl_run, tmp_path / "memrl-seed0")
+    missing = verify_run(board, write=False)
+    assert missing.status == "unverifiable"
+    assert "has no store/ or method/" in missing.reason and "digest_before_eval" in missing.reason
+    for name in ("store", "method"):  # the learned state its maker kept, put back
+        shutil.copytree(memrl_run / name, board / name)
+    outcome = verify_run(board, write=False)
+    assert outcome.status == "verified", outcome.reason
+    assert OUTCOMES_ONLY in outcome.notes
+    # And the board's digest is what `arena evaluate --state` checks a learned state against.
+    _, again = evaluate_state(board, tmp_path / "again", ["eval.salt=public"])
+    original = json.loads((memrl_run / "results.json").read_text())
+    assert again["valid"], again["violations"]
+    assert again["splits"]["test_seen"]["success_rate"] == original["splits"]["test_seen"]["success_rate"]
+
+
+def test_another_learned_state_put_beside_a_board_run_is_refused(memrl_run: Path, tmp_path: Path) -> None:
+    board = _as_committed(memrl_run, tmp_path / "memrl-seed0")
+    for name in ("store", "method"):
+        shutil.copytree(memrl_run / name, board / name)
+    snapshot = board / "method" / "memory-after-learning.jsonl.gz"
+    assert snapshot.is_file()
+    (board / "method" / "state.json").write_text("{}")  # a method state the run never had
+    outcome = verify_run(board, write=False)
+    assert outcome.status == "unverifiable" and "could not be restored" in outcome.reason
+    _, again = evaluate_state(board, tmp_path / "again", ["eval.salt=public"])
+    assert again["valid"] is False
+    assert any(v.startswith(NOT_RESTORED) for v in again["violations"]), again["violations"]
+
+
+def test_a_board_run_on_a_secret_draw_names_why_it_cannot_be_replayed(base_run: Path, tmp_path: Path) -> None:
+    board = _as_committed(base_run, tmp_path / "secret")
+    results = json.loads((board / "results.json").read_text())
+    results["protocol"]["eval_salt"] = "secret:0123456789abcdef"
+    (board / "results.json").write_text(json.dumps(results))
+    outcome = verify_run(board, write=False)
+    assert outcome.status == "unverifiable" and "eval_salt" in outcome.reason
+    assert "arena evaluate --state" in outcome.reason
 
 
 # -- what boards show --------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from arena.core.episodes import EpisodeRunner, checked_experiences, run_in_threa
 from arena.core.errors import BudgetExhausted, HookReturnError, NotTrainable, ProtocolViolation
 from arena.core.experience_controls import ExperienceControl, ExperienceSettings
 from arena.core.llm import LLMBackend, TrainableBackend
+from arena.core.method_run import MethodRun
 from arena.core.method_state import MethodState
 from arena.core.metrics import MetricsLog
 from arena.core.phase import EVALUATE, LEARN, PhaseGuard, ViolationLog
@@ -94,9 +95,10 @@ class RunContext:
         self.method_name: str = str(cfg.method.name)
         self._run_dir = run_dir  # the harness's: methods keep their state in run.method_state
         self.hook = hooks
-        self.violations_log = ViolationLog(
-            self.method_name, list(run_dir.state().get("violations", [])),
-            persist=lambda messages: run_dir.update_state(violations=messages))
+        # From the signed record, not state.json's list (a resumed run: RunDir.violations_on_record).
+        recorded, unrecorded = run_dir.violations_on_record()
+        self.violations_log = ViolationLog(self.method_name, recorded,
+                                           persist=run_dir.record_violation, unrecorded=unrecorded)
         self.phases = PhaseGuard(str(cfg.run.track), key=key, violations=self.violations_log)
         self.method_state = MethodState(run_dir.path)
         self.metrics = MetricsLog(run_dir.path, trackers)
@@ -114,12 +116,14 @@ class RunContext:
             {key_: cfg.learn.budget.get(key_) for key_ in BUDGET_KEYS},
             tokens_now=self.services.tokens,
             persist=lambda counters: run_dir.update_state(**counters))
+        #: What every method hook is handed as ``run`` (in one process; a worker gets the same names).
+        self.method_run = MethodRun(self)
         self.episodes = EpisodeRunner(
-            self, cfg=cfg, run_dir=run_dir, env=env, phases=self.phases, gate=self.gate,
+            self.method_run, cfg=cfg, run_dir=run_dir, env=env, phases=self.phases, gate=self.gate,
             violations=self.violations_log, budget=self.budget, services=self.services,
             hooks=hooks, on_episode=on_episode, phase_cost=phase_cost)
         self.steps = LearningSteps(
-            self, cfg=cfg, run_dir=run_dir, runner=self.episodes, gate=self.gate,
+            self.method_run, cfg=cfg, run_dir=run_dir, runner=self.episodes, gate=self.gate,
             budget=self.budget, method_state=self.method_state, window=window, hooks=hooks,
             method=self.method_name)
         self._built = True
@@ -277,7 +281,12 @@ class RunContext:
              max_steps: int | None = None, sampling: Mapping[str, float] | None = None,
              standard: bool = False) -> Trajectory:
         """Play one episode (:meth:`EpisodeRunner.play`): the method's ``solve``, the standard
-        solver (``policy="standard"``) or a policy of the method's."""
+        solver (``policy="standard"``) or a policy of the method's. At evaluation every episode
+        a method plays is recorded (and counted on the board): ``record=False`` is for learning."""
+        if not record and not self.phases.is_learning():
+            raise self.violations_log.refusal(
+                f"Method '{self.method_name}' played {task.task_id} with record=False at evaluation; "
+                "every evaluation episode is recorded (drop record=False).")
         return self.episodes.play(task, experiences, seed=seed, variant=variant, record=record,
                                   policy=policy, max_steps=max_steps, sampling=sampling,
                                   standard=standard)

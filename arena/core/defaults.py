@@ -23,6 +23,10 @@ class HarnessDefaults:
         return []
 
     @hookimpl(trylast=True)
+    def evaluation_variants(self, run: Run) -> list[str]:
+        return []
+
+    @hookimpl(trylast=True)
     def extract(self, run: Run, trajectories: list[Trajectory]) -> list[Experience]:
         return []
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import hashlib
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from arena.core.types import Observation, Task, Trajectory
 
@@ -102,6 +104,13 @@ class Environment(ABC):
     def open(self, task: Task) -> Episode:
         """A fresh episode of ``task`` (call ``reset`` on it before stepping)."""
 
+    def game_identity(self, task: Task) -> str | None:
+        """What makes ``task`` the game it is (its room or grid, objects, goal and start, as
+        text), so that two tasks of the same game are seen to be one: no valid or test game may
+        be a train game (:func:`draw_games`; ``tests/test_splits.py``). None: this world does
+        not say (its splits come from elsewhere, e.g. a benchmark's own lists)."""
+        return None
+
     def pool_tasks(self) -> list[Task]:
         """Train-like tasks of the task types the train split holds out (split ``pool``).
 
@@ -166,6 +175,48 @@ def drawn_seed(salt: str | None, split: str, index: int, public: int) -> int:
     if salt is not None and split in TEST_SPLITS:
         return salted_seed(salt, split, index)
     return public
+
+
+#: The family of splits a game may be drawn for, fixed by the game's identity alone: a split
+#: keeps a drawn game only where the game's bucket (a hash of its identity, 0 to 99) lies in its
+#: family's range. So no valid or test game is ever a train (or pool) game, whatever the sizes,
+#: the seeds or a test salt, and the rule needs no list of the other splits' games.
+GAME_FAMILIES: dict[str, range] = {"learn": range(0, 70), "valid": range(70, 80), "test": range(80, 100)}
+FAMILY_OF_SPLIT: dict[str, str] = {TRAIN_SPLIT: "learn", POOL_SPLIT: "learn", VALID_SPLIT: "valid",
+                                   TEST_SPLITS[0]: "test", TEST_SPLITS[1]: "test"}
+#: How many draws a split may spend per task before its world is called too small for it.
+DRAWS_PER_TASK = 60
+
+T = TypeVar("T")
+
+
+def game_family(identity: str) -> str:
+    """The family of splits (``learn``, ``valid`` or ``test``) the game ``identity`` belongs to."""
+    bucket = int.from_bytes(hashlib.sha256(identity.encode()).digest()[:8], "big") % 100
+    return next(family for family, buckets in GAME_FAMILIES.items() if bucket in buckets)
+
+
+def draw_games(world: str, split: str, size: int, candidate: Callable[[int, int], tuple[T, str]]) -> list[T]:
+    """The ``size`` tasks of ``split``: task ``i`` is the first candidate after those task ``i-1``
+    used whose game is of the split's family. ``candidate(i, draw)`` makes task ``i`` from the
+    ``draw``-th draw and returns it with its game identity. A task depends on the split's
+    earlier tasks only, so sizes only cut lists short. (Two tasks of one split may still be one
+    game where a world has few: that repeats an evaluation game, it leaks no training game.)"""
+    family = FAMILY_OF_SPLIT[split]
+    tasks: list[T] = []
+    draw = 0
+    for index in range(size):
+        while True:
+            if draw >= DRAWS_PER_TASK * (index + 1):
+                raise ValueError(
+                    f"{world}: split {split!r} found {index} games of its family in {draw} draws, fewer than "
+                    f"the {size} asked for; this world has too few games of some task type.")
+            task, identity = candidate(index, draw)
+            draw += 1
+            if game_family(identity) == family:
+                tasks.append(task)
+                break
+    return tasks
 
 
 class SaltedTestDraws:

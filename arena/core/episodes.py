@@ -16,6 +16,7 @@ import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from omegaconf import DictConfig
@@ -32,7 +33,7 @@ from arena.core.rundir import RunDir
 from arena.core.services import Services
 from arena.core.solver import Policy, StandardSolver, episode_seed, play
 from arena.core.types import EpisodeResult, Experience, Task, Termination, Trajectory
-from arena.core.views import TaskGate
+from arena.core.views import TaskGate, shown_task
 
 if TYPE_CHECKING:
     import pluggy
@@ -97,6 +98,16 @@ PRIMARY: Final = "default"
 #: per task; a method playing more is checked proportionally more (its primary episodes keep
 #: about SPOT_CHECKS / MAX_EPISODES_PER_TASK expected checks however many helpers it plays).
 MAX_EPISODES_PER_TASK: Final = 4
+
+
+@dataclass
+class EpisodeFrame:
+    """One ``run.play`` being played on a thread: its key, and the episodes played inside it."""
+
+    task_id: str
+    seed: int
+    variant: str
+    episodes: int = 0
 
 
 class EpisodePace:
@@ -166,8 +177,15 @@ class EpisodeRunner:
         #: the test task) is never passed off as the task's result. A greedy primary can equal a
         #: helper episode step for step: then both are on the seal's set.
         self._sealed_as: dict[str, set[str]] = {}
-        #: The helper variants (all but the result) of each test (task, seed) played or resumed.
+        #: The helper variants (all but the result) of each test (task, seed) played or resumed,
+        #: and how many helper episodes the harness played for it in this session.
         self._helpers: dict[tuple[str, int | None], set[str]] = {}
+        self._helper_episodes: dict[tuple[str, int | None], int] = {}
+        #: The evaluation's plan: every (test task, seed) credited, and the helper variants the
+        #: method declared before play (``evaluation_variants``); nothing else of a test task
+        #: is played at evaluation.
+        self._plan: set[tuple[str, int]] = set()
+        self._variants: frozenset[str] = frozenset()
         self._spot_check: Callable[[], None] | None = None
         self._spot_checks = 0  # about how many decisions of the evaluation are checked
         self._spot_steps = 1  # the decisions planned: its tasks x half their step limit
@@ -237,6 +255,11 @@ class EpisodeRunner:
     def record(self, trajectory: Trajectory, *, seed: int, variant: str = "default") -> EpisodeResult:
         """Write a finished episode to the run directory and charge it to the phase."""
         phase = self._phases.phase
+        own = self._gate.own_task(trajectory.task)
+        if phase == LEARN and own.split in (*TEST_SPLITS, POOL_SPLIT):
+            raise self._violations.refusal(f"Method '{self._method}' recorded an episode of {own.split} "
+                                           f"task {own.task_id} while learning.")
+        trajectory.task = shown_task(own)  # the record's split and type are the harness's
         track = LEARN if phase == LEARN else self._phases.track
         result = EpisodeResult.from_trajectory(trajectory, phase=phase, track=track, seed=seed,
                                                variant=variant)
@@ -251,6 +274,8 @@ class EpisodeRunner:
             self._budget.charge(episodes=1, env_steps=result.steps)
         elif variant == PRIMARY:
             self._pace.task_finished()
+            if getattr(self._local, "planned", None) == (own.task_id, seed):
+                self._local.planned = None  # the task's result is in: its thread plays no more of it
         self._on_episode(result)
         try:
             self._hooks.episode_end(run=self._run, result=result, trajectory=trajectory)
@@ -285,6 +310,9 @@ class EpisodeRunner:
                              f"{STANDARD!r} (the standard solver) or a policy callable")
         if sampling is not None and policy != STANDARD:
             raise ValueError("sampling applies to policy='standard' episodes only")
+        task = self._gate.own_task(task)  # split, type and payload are the harness's, not the caller's
+        if not self._phases.is_learning():
+            self._check_planned(task, seed, variant)
         if self._phases.is_learning():
             if task.split in (*TEST_SPLITS, POOL_SPLIT):
                 kind = "source-pool" if task.split == POOL_SPLIT else "test"
@@ -319,36 +347,72 @@ class EpisodeRunner:
     def _played(self, task: Task, experiences: list[Experience], seed: int, variant: str,
                 policy: PolicyChoice, max_steps: int | None,
                 sampling: Mapping[str, float] | None) -> Trajectory:
+        """One episode of the harness's ``task``: the method (its ``solve``, or its policy) sees
+        the task's shown copy; what is recorded carries the harness's task, whatever the method
+        returns. The play is a frame: at evaluation it holds exactly one episode."""
         started = time.perf_counter()
-        previous_seed, previous_variant = getattr(self._local, "seed", None), getattr(self._local, "variant", None)
+        shown = shown_task(task)
+        outer = (getattr(self._local, "seed", None), getattr(self._local, "variant", None),
+                 getattr(self._local, "frame", None))
         self._local.seed, self._local.variant = seed, variant
+        self._local.frame = EpisodeFrame(task.task_id, seed, variant)
         episode_seed_ = episode_seed(seed, task.task_id, variant)
         try:
             if isinstance(policy, str):
-                trajectory = self.standard_solve(task, experiences, episode_seed_,
+                trajectory = self.standard_solve(shown, experiences, episode_seed_,
                                                  max_steps=max_steps, sampling=sampling)
             elif policy is not None:
-                trajectory = self.play_policy(task, policy, experiences, max_steps=max_steps)
+                trajectory = self.play_policy(shown, policy, experiences, max_steps=max_steps)
             else:
-                trajectory = self._hooks.solve(run=self._run, task=task, experiences=experiences,
+                trajectory = self._hooks.solve(run=self._run, task=shown, experiences=experiences,
                                                seed=episode_seed_)
         except Exception as exc:  # a method bug ends this episode as an error, not the run
-            trajectory = Trajectory(task=task, initial_observation="", status=Termination.ERROR)
+            trajectory = Trajectory(task=shown, initial_observation="", status=Termination.ERROR)
             trajectory.error = f"{type(exc).__name__}: {exc}"
         finally:
-            self._local.seed, self._local.variant = previous_seed, previous_variant
+            self._local.seed, self._local.variant, self._local.frame = outer
         if not isinstance(trajectory, Trajectory):
             message = (f"solve of method '{self._method}' returned {type(trajectory).__name__}; "
                        "expected a Trajectory (or None, for the standard solver)")
-            trajectory = Trajectory(task=task, initial_observation="", status=Termination.ERROR,
+            trajectory = Trajectory(task=shown, initial_observation="", status=Termination.ERROR,
                                     error=message)
-        elif trajectory.task.task_id != task.task_id:
-            trajectory = Trajectory(task=task, initial_observation="", status=Termination.ERROR,
+        elif not isinstance(trajectory.task, Task) or trajectory.task.task_id != task.task_id:
+            trajectory = Trajectory(task=shown, initial_observation="", status=Termination.ERROR,
                                     error="solve returned no trajectory of this task")
-        elif task.split in TEST_SPLITS and not self._phases.is_learning():
-            trajectory = self._verified(trajectory, seed, variant)
+        else:
+            trajectory.task = shown  # the record's split and type are the harness's
+            if task.split in TEST_SPLITS and not self._phases.is_learning():
+                trajectory = self._verified(trajectory, task, seed, variant)
         trajectory.wall_s = max(trajectory.wall_s, time.perf_counter() - started)
         return trajectory
+
+    def _check_planned(self, task: Task, seed: int, variant: str) -> None:
+        """At evaluation a test task is played only as the plan says: a planned (task, seed),
+        on the thread playing that task, its result started by the harness alone, a helper
+        only of a variant the method declared before play. Refused on record otherwise."""
+        if task.split not in TEST_SPLITS:
+            return  # an extra episode of a learning task (a test-time source): recorded, counted
+        method, where = self._method, f"{task.task_id} (seed {seed}, variant {variant!r})"
+        planned = getattr(self._local, "planned", None)
+        if (task.task_id, seed) not in self._plan:
+            raise self._violations.refusal(
+                f"Method '{method}' played test task {where}, which the evaluation plan does not "
+                "hold; at evaluation a method plays only the task it is solving.")
+        if planned != (task.task_id, seed):
+            raise self._violations.refusal(
+                f"Method '{method}' played test task {where} while the harness was "
+                f"{'solving ' + planned[0] if planned else 'not solving a task'} on this thread; a "
+                "task's episodes are played inside its own solve.")
+        if variant == PRIMARY and getattr(self._local, "frame", None) is not None:
+            raise self._violations.refusal(
+                f"Method '{method}' started the result episode of {task.task_id} itself; the "
+                "harness plays each task's result once (return it from solve).")
+        if variant != PRIMARY and variant not in self._variants:
+            declared = ", ".join(sorted(self._variants)) or "none"
+            raise self._violations.refusal(
+                f"Method '{method}' played variant {variant!r} of test task {task.task_id}, which it did "
+                f"not declare (declared: {declared}); return the variant's name from the "
+                "evaluation_variants hook to play it.")
 
     def play_many(self, requests: Sequence[EpisodeRequest], *, policy: PolicyChoice = None,
                   on_done: Callable[[], object] | None = None, standard: bool = False) -> list[Trajectory]:
@@ -398,8 +462,12 @@ class EpisodeRunner:
         invalid = int(self._cfg.eval.max_invalid_actions)
         ids = [e.experience_id for e in experiences]
         start = getattr(policy, "start", None)
+        own = self._gate.own_task(task)
         if self._phases.is_learning():
-            episode = self._env.open(task)
+            if own.split in (*TEST_SPLITS, POOL_SPLIT):
+                raise self._violations.refusal(f"Method '{self._method}' played {own.split} task "
+                                               f"{own.task_id} while learning.")
+            episode = self._env.open(own)
             if start is not None:
                 start(episode)
             return self._shown(lambda shown: play(episode, shown(policy), max_steps=limit,
@@ -410,7 +478,8 @@ class EpisodeRunner:
                 f"Method '{self._method}' passed a policy that reads its episode (start) at "
                 f"evaluation on {task.task_id}; such policies (experts, demonstrations) are for "
                 "learning only.")
-        derived = self._derived_experiences(task, experiences)
+        self._count_evaluation_episode(own)
+        derived = self._derived_experiences(own, experiences)
         spot_check = self._spot_check
         self._pace.episode_begun()
 
@@ -420,14 +489,38 @@ class EpisodeRunner:
             return policy(observation, trajectory)
 
         trajectory = self._shown(
-            lambda shown: play(self._env.open(self._gate.full_task(task)),
-                               shown(checked if spot_check is not None else policy),
-                               max_steps=limit, max_invalid_actions=invalid, experience_ids=ids),
+            lambda shown: play(self._env.open(own), shown(checked if spot_check is not None else policy),
+                               max_steps=limit, max_invalid_actions=invalid, experience_ids=ids,
+                               shown_task=shown_task(own)),
             limit)
-        trajectory.task = task  # the method's copy: no payload in what it gets back or in records
         trajectory.derived_experience_ids = derived
         self._seal(trajectory)
         return trajectory
+
+    def _count_evaluation_episode(self, task: Task) -> None:
+        """At evaluation every episode is the one episode of a ``run.play`` (so it is recorded,
+        and counted on the board when it is no task's result), of that play's task; a second
+        episode inside one play (best of N inside ``solve``) or one outside any is refused."""
+        frame: EpisodeFrame | None = getattr(self._local, "frame", None)
+        method = self._method
+        if frame is None:
+            raise self._violations.refusal(
+                f"Method '{method}' played an episode of {task.task_id} outside run.play at "
+                "evaluation; every evaluation episode is played (and recorded) through run.play.")
+        if frame.task_id != task.task_id:
+            raise self._violations.refusal(
+                f"Method '{method}' played {task.task_id} inside the play of {frame.task_id} at "
+                "evaluation; play each task through run.play of its own.")
+        frame.episodes += 1
+        if frame.episodes > 1:
+            raise self._violations.refusal(
+                f"Method '{method}' played episode {frame.episodes} of {task.task_id} (variant "
+                f"{frame.variant!r}) inside one play at evaluation; a play holds one episode, so "
+                "no result is the best of several.")
+        if frame.variant != PRIMARY and task.split in TEST_SPLITS:
+            with self._lock:
+                key = (task.task_id, frame.seed)
+                self._helper_episodes[key] = self._helper_episodes.get(key, 0) + 1
 
     def _shown(self, played: Callable[[Callable[[Policy], Policy]], Trajectory], limit: int) -> Trajectory:
         """``played(shown)``, an episode whose policy ``shown`` wraps, reported to the progress
@@ -449,7 +542,7 @@ class EpisodeRunner:
 
     # -- evaluation: set up by the harness ------------------------------------------------------
 
-    def begin_evaluation(self, key: object, tasks: Sequence[Task],
+    def begin_evaluation(self, key: object, plan: Sequence[tuple[Task, int]], variants: Sequence[str] = (),
                          spot_check: Callable[[], None] | None = None, spot_checks: int = 0,
                          steps: int = 1) -> None:
         """Enter evaluation (the harness's call, with its key): ``tasks`` are the test tasks
@@ -460,14 +553,17 @@ class EpisodeRunner:
         actually takes."""
         self._phases.authorise(key, "start the evaluation")
         self._phases.advance(EVALUATE, key=key)
-        self._gate.open_evaluation(list(tasks))
+        self._gate.open_evaluation(list({task.task_id: task for task, _ in plan}.values()))
+        self._plan = {(task.task_id, int(seed)) for task, seed in plan}
+        self._variants = frozenset(variants)
         self._spot_check = spot_check
         self._spot_checks, self._spot_steps = (spot_checks, max(1, steps)) if spot_check else (0, 1)
 
-    def begin_task(self, key: object) -> None:
+    def begin_task(self, key: object, task: Task, seed: int) -> None:
         """A task of the evaluation plan begins on this thread (the harness's call): the episodes
         played on it until its result is recorded are its own (a method's helper episodes too)."""
         self._phases.authorise(key, "count a task of the evaluation")
+        self._local.planned = (task.task_id, int(seed))
         self._pace.task_begun()
 
     def spot_rate(self) -> float:
@@ -499,7 +595,8 @@ class EpisodeRunner:
             self._sealed.add(seal)
             self._sealed_as.setdefault(seal, set()).add(variant)
 
-    def _verified(self, trajectory: Trajectory, seed: int | None = None, variant: str = PRIMARY) -> Trajectory:
+    def _verified(self, trajectory: Trajectory, task: Task, seed: int | None = None,
+                  variant: str = PRIMARY) -> Trajectory:
         """``trajectory`` if the harness played it, or if a fresh episode of the (deterministic)
         environment reproduces every observation and the outcome; else an error episode, and
         the run is marked invalid. A task's result must be played for it: a helper episode
@@ -508,7 +605,8 @@ class EpisodeRunner:
         seal = self._seal_of(trajectory)
         with self._lock:
             played_as = sorted(self._sealed_as.get(seal, ()))
-            helpers = len(self._helpers.get((trajectory.task.task_id, seed), ()))
+            key = (task.task_id, seed)
+            helpers = max(len(self._helpers.get(key, ())), self._helper_episodes.get(key, 0))
         if variant == PRIMARY and played_as and PRIMARY not in played_as \
                 and not (trajectory.copy_of in played_as and helpers == 1):
             self._violations.record(
@@ -521,11 +619,10 @@ class EpisodeRunner:
         with self._lock:
             if seal in self._sealed:
                 return trajectory
-        problem = self._replay_problem(trajectory)
+        problem = self._replay_problem(trajectory, task)
         if problem is None:
             self._seal(trajectory)
             return trajectory
-        task = trajectory.task
         self._violations.record(
             f"Method '{self._method}' returned an episode of {task.task_id} that the environment "
             f"does not reproduce ({problem}); it is not credited.")
@@ -533,13 +630,14 @@ class EpisodeRunner:
                           status=Termination.ERROR, experience_ids=list(trajectory.experience_ids),
                           error=f"not reproduced by the environment: {problem}")
 
-    def _replay_problem(self, trajectory: Trajectory) -> str | None:
-        """What in ``trajectory`` a fresh episode contradicts (None: it replays exactly)."""
+    def _replay_problem(self, trajectory: Trajectory, task: Task) -> str | None:
+        """What in ``trajectory`` a fresh episode of the harness's ``task`` contradicts (None:
+        it replays exactly)."""
         if trajectory.status is Termination.ERROR:
             return None  # an error is credited as a failure whatever its steps
         if len(trajectory.steps) > self.max_steps():
             return f"{len(trajectory.steps)} steps, over the limit of {self.max_steps()}"
-        episode = self._env.open(self._gate.full_task(trajectory.task))
+        episode = self._env.open(task)
         try:
             observation = episode.reset()
             if observation.text != trajectory.initial_observation:

@@ -18,14 +18,14 @@ package does (entry-point group ``arena``)::
     def register_methods(register):
         register("my_method", MyMethod, config=Path(__file__).with_name("config.yaml"))
 
-**Method hooks** (``learn``, ``extract``, ``retrieve``, ``solve``, ``update``, ``episode_end``,
-``state_digest``, ``state_size``, ``export``) are called on a *per-run* plugin manager that holds only the
-harness defaults and the one selected method object, so two methods never mix in a run. A method
-object implements the method hooks it needs; every hook it leaves out falls back to the harness
-default (a standard solver, no retrieval, no learning). Every method hook receives ``run``, typed
-as :class:`arena.Run` (config, LLM, environment, experience store, embedder, budgets, episodes):
-the protocol of what a method may call on the harness's run context. A hook may declare only
-the arguments it uses.
+**Method hooks** (``learn``, ``extract``, ``retrieve``, ``solve``, ``evaluation_variants``,
+``update``, ``episode_end``, ``state_digest``, ``state_size``, ``export``) are called on a
+*per-run* plugin manager that holds only the harness defaults and the one selected method object, so
+two methods never mix in a run. A method object implements the method hooks it needs; every hook
+it leaves out falls back to the harness default (a standard solver, no retrieval, no learning).
+Every method hook receives ``run``, typed as :class:`arena.Run` (config, LLM, environment,
+experience store, embedder, budgets, episodes): the protocol of what a method may call on the
+harness's run context. A hook may declare only the arguments it uses.
 
 During the frozen evaluation phase the harness never calls ``update``, ``extract`` or ``learn``,
 the experience store is read-only, and the method's ``state_digest`` must not change.
@@ -125,6 +125,16 @@ def solve(
 
     The default is the harness's standard solver: a prompt with the goal, experiences, recent
     history and admissible actions, and a constrained choice of one admissible action per step.
+    """
+
+
+@hookspec(firstresult=True)
+def evaluation_variants(run: Run) -> list[str] | None:
+    """The helper variants of a test task the method plays besides its result, declared once
+    before the evaluation plays anything (e.g. Evolving-RL's ``["without_skill"]``, reported
+    paired with the result). Each is played at most once per (task, seed), inside that task's
+    ``solve``, recorded and counted as an extra episode; a variant not declared here is refused.
+    The default declares none.
     """
 
 

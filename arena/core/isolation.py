@@ -14,12 +14,21 @@ episode as an error: the worker is replaced by a new one, built from the method'
 as ``--resume`` builds it. A method trains the served model through ``run.trainer(...)``, whose
 trainer stays with the harness; ``run.trainable_backend()`` (the model itself, for a method's own
 training code such as SkillRL's SFT) is not offered to a worker.
+
+Nothing secret crosses to the worker: it starts with an allow-listed environment
+(:func:`worker_environment`, never the variable of ``eval.salt=env:NAME``), in PID and mount
+namespaces of its own where the kernel lets ``unshare`` make them (:func:`namespace_command`), so
+the harness's ``/proc`` entry (its environment, its command line) does not exist for it, and its
+Landlock ruleset grants ``/proc`` of the worker alone. What it sends back is plain data: a
+reference to one of its objects is accepted only as a policy or callback
+(:data:`CALLABLE_PARAMETERS`, :data:`CALLABLE_FIELDS`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import inspect
 import multiprocessing.connection
 import os
@@ -40,21 +49,21 @@ import numpy as np
 import pluggy
 from omegaconf import DictConfig, ListConfig
 
-from arena.core import rpc
+from arena.core import rpc, salt
 from arena.core.budget import Budget
 from arena.core.context import RunContext
 from arena.core.embedder import Embedder
 from arena.core.env import Episode, Instructions
 from arena.core.llm import LLMBackend
-from arena.core.method_state import Checkpoints, MethodState
+from arena.core.method_state import Checkpoints, MethodState, OutsideFolder
 from arena.core.progress import ProgressTask
-from arena.core.run_api import BudgetView, Run, Store
+from arena.core.run_api import BudgetView, EpisodeRequest, Run, Store
 from arena.core.services import GuardedStore
 from arena.core.views import EnvironmentView
 
 #: The method hooks a worker serves (``register_*`` stay in the harness: they build nothing).
 HOOKS = ("learn", "extract", "retrieve", "solve", "update", "episode_end", "state_digest", "state_size",
-         "export")
+         "export", "evaluation_variants")
 #: Modules whose classes the worker's data may build in the harness (plus numpy's arrays).
 WORKER_DATA_MODULES = ("arena.core.types", "arena.core.llm", "arena.core.run_api", "arena.core.errors",
                        "arena.core.rpc", "arena.core.solver", "arena.core.rl.data")
@@ -94,6 +103,18 @@ OFFERED_BY_NAME: dict[str, frozenset[str]] = {
     "arena.core.rl.checkpointed.CheckpointedTrainer":
         frozenset({"resume", "update", "save", "serve", "trainable_parameters"}),
 }
+
+
+#: Where the worker may pass a callable of its own (a proxy in the harness): these arguments of
+#: these methods of the harness's objects (class path and method name), by name or position.
+CALLABLE_PARAMETERS: dict[str, frozenset[str]] = {
+    "arena.core.context.RunContext.play": frozenset({"policy"}),
+    "arena.core.context.RunContext.play_many": frozenset({"policy", "on_done"}),
+    "arena.core.context.RunContext.play_policy": frozenset({"policy"}),
+    "arena.core.rl.checkpointed.CheckpointedTrainer.update": frozenset({"progress"}),
+}
+#: ... and these fields of an argument (or of an item of a list argument) of any call.
+CALLABLE_FIELDS: dict[type, frozenset[str]] = {EpisodeRequest: frozenset({"policy"})}
 
 
 def harness_export(obj: Any) -> frozenset[str] | None:
@@ -169,9 +190,72 @@ def _portable_error(exc: BaseException) -> BaseException:
     return rpc.portable(exc)
 
 
-#: Folders of the system a Python process reads (libraries, certificates, time zones).
-SYSTEM_READ = ("/usr", "/lib", "/lib64", "/bin", "/etc", "/dev/urandom", "/dev/random", "/proc/self",
+#: Folders of the system a Python process reads (libraries, certificates, time zones). Not
+#: ``/proc/self``: resolved here it is the harness's own entry; the worker adds its own
+#: (:func:`apply_sandbox`).
+SYSTEM_READ = ("/usr", "/lib", "/lib64", "/bin", "/etc", "/dev/urandom", "/dev/random",
                "/sys/devices/system/cpu")
+
+#: The harness's environment variables a worker starts with: what Python needs to start and
+#: import, the locale, and the thread counts of numeric libraries (an isolated run computes as one
+#: in Arena's process does). Nothing else: no credential, no ``eval.salt=env:NAME``.
+WORKER_ENVIRONMENT = frozenset({
+    "PATH", "HOME", "LANG", "LANGUAGE", "TZ", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHOME",
+    "PYTHONHASHSEED", "PYTHONIOENCODING", "PYTHONUTF8", "PYTHONDONTWRITEBYTECODE", "PYTHONNOUSERSITE",
+    "PYTHONSAFEPATH", "PYTHONWARNINGS", "PYTHONFAULTHANDLER", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "TOKENIZERS_PARALLELISM"})
+
+
+def worker_environment(folder: str, withheld: frozenset[str] = frozenset()) -> dict[str, str]:
+    """The environment a worker starts with: :data:`WORKER_ENVIRONMENT` and ``LC_*`` of the
+    harness's, less ``withheld`` (the variable a board's salt is read from), and its caches and
+    temporary files in its own ``folder``, offline."""
+    kept = {name: value for name, value in os.environ.items()
+            if (name in WORKER_ENVIRONMENT or name.startswith("LC_")) and name not in withheld}
+    return {**kept, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TMPDIR": folder,
+            "XDG_CACHE_HOME": folder, "MPLCONFIGDIR": folder}
+
+
+def withheld_variables(cfg: Any) -> frozenset[str]:
+    """The environment variables a run's config names as secret: ``eval.salt=env:NAME``'s."""
+    try:
+        mode = salt.mode_of(cfg)
+    except Exception:  # not a run's config (a test's stand-in): nothing named
+        return frozenset()
+    return frozenset({mode[len("env:"):]}) if mode.startswith("env:") else frozenset()
+
+
+#: ``unshare`` (util-linux) options for a worker of its own PID and mount namespaces, a fresh
+#: ``/proc`` that shows only its processes, killed with ``unshare`` whatever ends it. Tried in
+#: order: with a user namespace too (its root holds no capability outside), then without (root).
+NAMESPACE_OPTIONS = (
+    ("--user", "--map-root-user", "--pid", "--mount", "--fork", "--mount-proc", "--kill-child"),
+    ("--pid", "--mount", "--fork", "--mount-proc", "--kill-child"),
+)
+
+
+@functools.lru_cache(maxsize=1)
+def namespace_command() -> tuple[tuple[str, ...], str]:
+    """The command that starts a worker in namespaces of its own, and what it makes (``own
+    user+pid+mount namespaces (unshare)``); ``()`` and why not where this system cannot make them
+    (no ``unshare``, a kernel or container that refuses). Tried once per process."""
+    unshare = shutil.which("unshare")
+    if sys.platform != "linux" or unshare is None:
+        return (), "no namespaces (util-linux unshare not found)"
+    why = ""
+    for options in NAMESPACE_OPTIONS:
+        if os.geteuid() != 0 and "--user" not in options:
+            continue
+        try:
+            done = subprocess.run([unshare, *options, "true"], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            why = str(exc)
+            continue
+        if done.returncode == 0:
+            users = "user+" if "--user" in options else ""
+            return (unshare, *options), f"own {users}pid+mount namespaces (unshare)"
+        why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+    return (), f"no namespaces ({why})"
 
 
 def readable_roots(run_path: Path, roots: list[str]) -> list[str]:
@@ -237,7 +321,9 @@ def apply_sandbox(plan: dict[str, list[str]] | None) -> str:
     read_file = AccessFs.READ_FILE | AccessFs.EXECUTE
     write_file = AccessFs.WRITE_FILE | AccessFs.TRUNCATE
     ruleset = Landlock(strict=False)
-    for path in filter(os.path.exists, plan["read"]):
+    # This process's /proc entry, resolved here: the plan was made in the harness, whose
+    # /proc/self is the harness's.
+    for path in filter(os.path.exists, [*plan["read"], f"/proc/{os.getpid()}"]):
         ruleset.add_path_rule(path, access=read_file | (AccessFs.READ_DIR if os.path.isdir(path) else 0))
     for path in filter(os.path.exists, plan["write"]):
         if os.path.isdir(path):
@@ -245,16 +331,19 @@ def apply_sandbox(plan: dict[str, list[str]] | None) -> str:
         else:
             ruleset.add_path_rule(path, access=read_file | write_file)
     ruleset.apply()
-    return f"landlock ABI {abi}"
+    return f"landlock ABI {abi}, /proc of its own process only"
 
 
 def worker_main(fd: int) -> None:
     """The worker process's life: read what to build from the harness, then serve its calls
     until the harness closes the pipe (``python -m arena.core.isolation_worker FD``)."""
+    if os.getpid() == 1:
+        _serve_as_init(fd)  # returns in the worker only
     connection = multiprocessing.connection.Connection(fd)
-    path, memory_mb, plan = pickle.loads(connection.recv_bytes())
+    path, memory_mb, plan, namespaces = pickle.loads(connection.recv_bytes())
     sys.path[:] = [entry for entry in path if entry]  # the harness's, so the method imports as there
-    sandbox = apply_sandbox(plan)
+    namespaces = describe_namespaces(namespaces)  # before the sandbox, which hides /proc
+    sandbox = "; ".join([apply_sandbox(plan), namespaces, "environment allow-listed"])
     factory = pickle.loads(connection.recv_bytes())
     if memory_mb:
         limit = int(memory_mb) << 20
@@ -266,6 +355,38 @@ def worker_main(fd: int) -> None:
     channel.wait_closed()
 
 
+def _serve_as_init(fd: int) -> None:
+    """Process 1 of the worker's own PID namespace: fork the worker, then reap (the method's
+    orphaned children too) until it ends, and end as it did. The worker is thus not process 1
+    (whose signals the kernel treats apart), and the one process it sees besides its own
+    children, its parent, is outside its sandbox: it can neither read its /proc entry nor
+    signal it."""
+    worker = os.fork()
+    if worker == 0:
+        return
+    os.close(fd)
+    while True:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            os._exit(1)
+        if pid == worker:
+            code = os.waitstatus_to_exitcode(status)
+            os._exit(code if code >= 0 else 128 - code)
+
+
+def describe_namespaces(claimed: str) -> str:
+    """What the harness started this process in, checked here: in a PID namespace of its own
+    the worker's parent is the namespace's process 1, and ``/proc`` shows no process of the
+    harness."""
+    if claimed.startswith("no "):
+        return claimed
+    visible = {int(entry) for entry in os.listdir("/proc") if entry.isdigit()}
+    if os.getppid() == 1 and visible <= {1, os.getpid()}:
+        return claimed
+    return f"no namespaces (asked for {claimed}, but process {os.getpid()} sees other processes)"
+
+
 # -- the harness's side -----------------------------------------------------------------------
 
 class IsolationError(RuntimeError):
@@ -275,8 +396,9 @@ class IsolationError(RuntimeError):
 class Worker:
     """One worker process and the harness's end of its channel."""
 
-    def __init__(self, method_name: str, factory: Callable[[Any], Any], on_refused: Callable[[str, str], None],
-                 memory_mb: int | None, sandbox: tuple[Path, Path] | None) -> None:
+    def __init__(self, method_name: str, factory: Callable[[Any], Any], on_refused: rpc.OnRefused,
+                 memory_mb: int | None, sandbox: tuple[Path, Path] | None,
+                 withheld: frozenset[str] = frozenset()) -> None:
         try:
             pickle.dumps(factory)
         except (pickle.PicklingError, AttributeError, TypeError) as exc:
@@ -288,19 +410,21 @@ class Worker:
         # no object of the harness (multiprocessing's fork would copy them all).
         harness_end, worker_end = socket.socketpair()
         self.folder = tempfile.mkdtemp(prefix="arena-worker-")
+        prefix, namespaces = namespace_command()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "arena.core.isolation_worker", str(worker_end.fileno())],
-            pass_fds=(worker_end.fileno(),), cwd=self.folder,
-            env={**os.environ, "HF_HUB_OFFLINE": "1", "TMPDIR": self.folder, "XDG_CACHE_HOME": self.folder,
-                 "MPLCONFIGDIR": self.folder})
+            [*prefix, sys.executable, "-m", "arena.core.isolation_worker", str(worker_end.fileno())],
+            pass_fds=(worker_end.fileno(),), cwd=self.folder, env=worker_environment(self.folder, withheld),
+            start_new_session=True)  # its own process group: a signal to its group never reaches the harness
         worker_end.close()
         connection = multiprocessing.connection.Connection(harness_end.detach())
         plan = None if sandbox is None else sandbox_plan(sandbox[0], sandbox[1], self.folder,
                                                          (getattr(factory, "__module__", "") or "arena",))
-        connection.send_bytes(pickle.dumps(([os.path.abspath(p) if p else p for p in sys.path], memory_mb, plan)))
+        connection.send_bytes(pickle.dumps(([os.path.abspath(p) if p else p for p in sys.path], memory_mb, plan,
+                                            namespaces)))
         connection.send_bytes(pickle.dumps(factory))
-        self.channel = rpc.Channel(connection, "h", harness_export,
-                                   trusted_modules=WORKER_DATA_MODULES, on_refused=on_refused).start()
+        self.channel = rpc.Channel(connection, "h", harness_export, trusted_modules=WORKER_DATA_MODULES,
+                                   on_refused=on_refused, callable_parameters=CALLABLE_PARAMETERS,
+                                   callable_fields=CALLABLE_FIELDS, violations=(OutsideFolder,)).start()
 
     def request(self, op: str, name: str, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None,
                 timeout: float | None = None) -> Any:
@@ -321,15 +445,18 @@ class IsolatedMethod:
     :class:`~arena.core.rpc.RemoteError` (the episode is then an error, as any hook's failure)."""
 
     def __init__(self, run: Any, method_name: str, factory: Callable[[Any], Any], *,
-                 on_refused: Callable[[str, str], None], hook_seconds: float | None = None,
+                 on_refused: rpc.OnRefused, hook_seconds: float | None = None,
                  memory_mb: int | None = None, sandbox: tuple[Path, Path] | None = None) -> None:
         self.run = run
         self.method_name = method_name
         self.factory = factory
         #: (run directory, method folder) the worker is locked out of / into; None: no sandbox.
         self.sandbox_paths = sandbox
-        #: What the worker reported of its sandbox (``landlock ABI 7``, or ``none (why)``).
+        #: What the worker reported of its sandbox (``landlock ABI 7, ...; own pid+mount namespaces
+        #: (unshare); environment allow-listed``, each part ``none`` or ``no ...`` and why where not).
         self.sandbox = "none"
+        #: Environment variables the config names as secret, never passed to a worker.
+        self.withheld = withheld_variables(getattr(run, "cfg", None))
         self.hook_seconds = hook_seconds
         self.memory_mb = memory_mb
         self._on_refused = on_refused
@@ -340,7 +467,8 @@ class IsolatedMethod:
             setattr(self, name, self._implementation(name, spec))
 
     def _start(self) -> tuple[Worker, dict[str, dict[str, Any]]]:
-        worker = Worker(self.method_name, self.factory, self._on_refused, self.memory_mb, self.sandbox_paths)
+        worker = Worker(self.method_name, self.factory, self._on_refused, self.memory_mb, self.sandbox_paths,
+                        self.withheld)
         try:
             hooks, self.sandbox = worker.request("call", "build", (self.run,))
         except rpc.ChannelClosed:
@@ -357,14 +485,11 @@ class IsolatedMethod:
         return worker, hooks
 
     def _implementation(self, name: str, spec: Mapping[str, Any]) -> Callable[..., Any]:
-        params = [str(p) for p in spec["params"]]
-
-        def call(*args: Any) -> Any:  # pluggy passes the declared arguments in order
-            return self.call_hook(name, dict(zip(params, args, strict=True)))
-
-        call.__name__ = name
-        call.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-            [inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in params])
+        params = hook_parameters(name, spec["params"], self.method_name)
+        # The worker's ``run`` is the context it was built with (offered by its protocol's names),
+        # whatever stand-in the harness hands its in-process hooks.
+        call = named_forwarder(name, params, lambda kwargs: self.call_hook(
+            name, {**kwargs, "run": self.run} if "run" in kwargs else kwargs))
         marker = pluggy.HookimplMarker("arena")
         return marker(tryfirst=bool(spec.get("tryfirst")), trylast=bool(spec.get("trylast")))(call)
 
@@ -392,12 +517,44 @@ class IsolatedMethod:
         self.worker.stop()
 
 
-def refusal_recorder(violations: Any, method_name: str) -> Callable[[str, str], None]:
-    """What the harness does when the worker asks for a name it is not offered: a violation
-    (the run is then invalid), as reaching past the run's views is in one process."""
+def hook_parameters(hook: str, declared: Any, method_name: str) -> list[str]:
+    """The argument names a worker says its ``hook`` takes, each one the hook specification's:
+    the names come from another process, and become a function's parameters here."""
+    from arena.core import hookspecs
 
-    def refused(kind: str, name: str) -> None:
-        violations.refusal(f"Method '{method_name}' (isolated) asked for {kind}.{name}, which is not "
-                           "part of the plugin API.")
+    allowed = list(inspect.signature(getattr(hookspecs, hook)).parameters)
+    names = [str(p) for p in declared] if isinstance(declared, (list, tuple)) else None
+    if names is None or not set(names) <= set(allowed) or len(set(names)) != len(names):
+        raise IsolationError(f"The worker of method '{method_name}' declared the arguments {declared!r} for "
+                             f"hook {hook}; a {hook} implementation takes some of {allowed}.")
+    return names
+
+
+def named_forwarder(name: str, params: list[str], forward: Callable[[dict[str, Any]], Any]) -> Callable[..., Any]:
+    """A function named ``name`` whose code declares ``params`` and that passes its arguments on
+    to ``forward`` as one dict. pluggy learns which arguments an implementation takes from its
+    code object (1.7 reads ``__code__.co_varnames``; earlier releases its signature), so the
+    stand-in of a worker's hook must declare them for real; ``params`` are checked names of the
+    hook specification (:func:`hook_parameters`), never free text."""
+    if not all(p.isidentifier() for p in params):
+        raise ValueError(f"not argument names: {params}")
+    arguments = ", ".join(params)
+    source = f"def {name}({arguments}):\n    return forward({{{', '.join(f'{p!r}: {p}' for p in params)}}})\n"
+    namespace: dict[str, Any] = {"forward": forward}
+    exec(compile(source, f"<arena isolated hook {name}>", "exec"), namespace)
+    return namespace[name]
+
+
+def refusal_recorder(violations: Any, method_name: str) -> rpc.OnRefused:
+    """What the harness does when the worker asks for a name it is not offered, or sends what
+    it is refused (a reference nested in data, a path outside its folder): a violation (the run
+    is then invalid), as reaching past the run's views is in one process."""
+
+    def refused(kind: str, name: str, why: str = "") -> None:
+        if why:
+            violations.refusal(f"Method '{method_name}' (isolated) {why}")
+        else:
+            violations.refusal(f"Method '{method_name}' (isolated) asked for {kind}.{name}, which is not "
+                               "part of the plugin API.")
 
     return refused

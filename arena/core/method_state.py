@@ -4,11 +4,18 @@ The harness owns ``state.json``; a method keeps what it must resume from in
 ``run.method_state`` (``method/state.json``, written atomically and covered by the step journal,
 so a learning step killed mid-way puts it back), and large artefacts (adapter weights, logs) in
 ``run.method_state.folder``. :class:`Checkpoints` numbers a series of checkpoints there.
+
+Every path a method hands to a harness call (a store snapshot, a checkpoint prefix) is confined to
+that folder (:func:`confined`): the harness writes and deletes where it is told, with rights the
+method may not have (an isolated method's sandbox grants only this folder), so a path that leaves
+it (``..``, an absolute path elsewhere, a symbolic link out) is refused.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import threading
 from pathlib import Path
@@ -18,17 +25,45 @@ from arena.core.rundir import read_json, write_json_atomic
 
 FOLDER = "method"
 STATE = "state.json"
+#: A checkpoint series' prefix: one plain name, so its checkpoints are entries of the folder.
+PREFIX = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+
+
+class OutsideFolder(PermissionError):
+    """A path a method handed the harness leads outside the method's folder."""
+
+
+def confined(folder: Path, path: str | os.PathLike[str], what: str) -> Path:
+    """``path`` (relative paths are taken in ``folder``) with every symbolic link resolved,
+    if that is inside ``folder``; else :class:`OutsideFolder`, naming the fix."""
+    root = Path(folder).resolve()
+    target = (root / path).resolve()  # an absolute path replaces root
+    if target == root or root not in target.parents:
+        raise OutsideFolder(
+            f"{what} {os.fspath(path)!r} is outside the method's folder {root}: a method writes only "
+            f"there. Pass a path inside run.method_state.folder (e.g. run.method_state.folder / 'name'), "
+            "with no '..' and no link out of it.")
+    return target
 
 
 class Checkpoints:
     """``<folder>/checkpoint-NNNNN``: a numbered series, the newest the one to resume from."""
 
     def __init__(self, folder: Path, prefix: str = "checkpoint") -> None:
+        if not isinstance(prefix, str) or not PREFIX.fullmatch(prefix) or ".." in prefix:
+            raise OutsideFolder(
+                f"Checkpoint prefix {prefix!r} is not a plain name: checkpoints are entries of the method's "
+                "folder. Use letters, digits, '_', '-' and '.', e.g. run.method_state.checkpoints('adapter').")
         self.folder = folder
         self.prefix = prefix
 
     def path(self, number: int) -> Path:
-        return self.folder / f"{self.prefix}-{number:05d}"
+        """Checkpoint ``number``'s folder; refused where it is a link out of the method's folder."""
+        if not isinstance(number, int) or isinstance(number, bool) or number < 0:
+            raise ValueError(f"A checkpoint number is a whole number from 0, not {number!r}.")
+        path = self.folder / f"{self.prefix}-{number:05d}"
+        confined(self.folder, path, "Checkpoint")
+        return path
 
     def latest(self) -> int:
         """The number of the newest checkpoint (0: none). A kill may fall between saving a
@@ -38,9 +73,12 @@ class Checkpoints:
         return max(numbers, default=0)
 
     def prune(self, keep: int) -> None:
-        """Delete every checkpoint older than number ``keep``."""
-        for older in range(keep):
-            shutil.rmtree(self.path(older), ignore_errors=True)
+        """Delete every checkpoint older than number ``keep`` (those that exist: a number from the
+        method bounds nothing). ``rmtree`` refuses a link, so nothing outside the folder goes."""
+        for path in self.folder.glob(f"{self.prefix}-*"):
+            number = path.name.rsplit("-", 1)[1]
+            if number.isdigit() and int(number) < keep and path.name == f"{self.prefix}-{int(number):05d}":
+                shutil.rmtree(path, ignore_errors=True)
 
 
 class MethodState:

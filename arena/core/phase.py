@@ -7,7 +7,7 @@ holder of the key it was made with (the harness's session), and refuses, on reco
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from arena.core.errors import ProtocolViolation
 
@@ -17,15 +17,20 @@ TRACKS = ("frozen", "online")
 
 
 class ViolationLog:
-    """The run's protocol violations: each kept at once by ``persist`` (state.json), so a resumed
-    run still reports it."""
+    """The run's protocol violations. Each is kept at once by ``persist(message, all)``: the
+    harness signs it into the run's chained record (``violations.jsonl``) and lists it in
+    state.json. A resumed run starts from the signed record, never from state.json alone, so
+    emptying state.json's list does not erase a violation (``RunDir.violations_on_record``)."""
 
     def __init__(self, method: str, recorded: list[str],
-                 persist: Callable[[list[str]], object]) -> None:
+                 persist: Callable[[str, list[str]], object],
+                 unrecorded: Sequence[str] = ()) -> None:
         self.method = method
         self._messages = list(recorded)
         self._persist = persist
         self._lock = threading.Lock()
+        for message in unrecorded:  # found on resume (state.json's extra entries, a disagreement)
+            self.record(message)
 
     @property
     def messages(self) -> list[str]:
@@ -37,7 +42,7 @@ class ViolationLog:
             if message in self._messages:
                 return
             self._messages.append(message)
-            self._persist(list(self._messages))
+            self._persist(message, list(self._messages))
 
     def refusal(self, message: str) -> ProtocolViolation:
         """Record ``message``; the error to raise at the method."""

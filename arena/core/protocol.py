@@ -38,7 +38,7 @@ from arena.core.defaults import HarnessDefaults
 from arena.core.embedder import make_embedder
 from arena.core.env import POOL_SPLIT, TEST_SPLITS, TRAIN_SPLIT, Environment
 from arena.core.episodes import checked_experiences, run_in_threads
-from arena.core.errors import BudgetExhausted, ProtocolViolation
+from arena.core.errors import BudgetExhausted, HookReturnError, ProtocolViolation
 from arena.core.executors import build_environment
 from arena.core.experience_controls import poison_items
 from arena.core.isolation import IsolatedMethod, refusal_recorder
@@ -277,7 +277,7 @@ class Session:
                 hook_seconds=limits.get("hook_seconds"), memory_mb=limits.get("memory_mb"),
                 sandbox=(self.run_dir.path, self.ctx.method_state.folder) if limits.get("landlock", True) else None)
         else:
-            self.method = method_entry.factory(self.ctx)
+            self.method = method_entry.factory(self.ctx.method_run)
         self.pm.register(self.method, name=f"method:{cfg.method.name}")
         self.pm.check_pending()
         self._phase_started = time.perf_counter()
@@ -331,11 +331,16 @@ class Session:
         return cost
 
     def _start_phase(self, phase: str) -> None:
-        """Carry the recorded cost of this phase from earlier sessions as the base."""
+        """Carry the recorded cost of this phase from earlier sessions as the base, and note
+        what this session of the phase runs on (commit, CPU; a resumed phase can have two)."""
         state = self.run_dir.state()
         before = state.get(f"cost_{phase}", {})
         base = {f"base_{k}": before.get(k, 0) for k in ("llm_calls", "tokens_in", "tokens_out", "wall_s")}
-        self.run_dir.update_state(**{f"cost_{phase}": {**before, **base}})
+        sessions = dict(state.get("phase_sessions", {}))
+        now = provenance.session()
+        if not sessions.get(phase) or sessions[phase][-1] != now:
+            sessions[phase] = [*sessions.get(phase, []), now]
+        self.run_dir.update_state(**{f"cost_{phase}": {**before, **base}}, phase_sessions=sessions)
         self._phase_started = time.perf_counter()
         self._usage_at_phase_start = self.ctx.services.usage()
 
@@ -356,9 +361,21 @@ class Session:
         """What the harness hashes itself: the store, the served weights and the method's
         state file."""
         text = self.ctx.method_state.text()
-        return {"store": self.ctx.store.digest() if self._store_exists() else "empty",
+        return {"store": self._store_digest(),
                 "weights": self.llm.weights_digest(fresh=True),
                 "method_state": hashlib.sha256(text.encode()).hexdigest() if text else "empty"}
+
+    def _store_digest(self) -> str:
+        """The store's digest; a store that cannot be read (its folder deleted under the open
+        database) is a violation and a digest of its own, never a crash that loses the run."""
+        if not self._store_exists():
+            return "empty"
+        try:
+            return self.ctx.store.digest()
+        except Exception as exc:
+            self.ctx.violation(f"The experience store could not be read for its digest ({type(exc).__name__}: "
+                               f"{exc}): its folder was changed or deleted during the run.")
+            return f"unreadable: {type(exc).__name__}"
 
     def state_digest(self) -> str:
         """Digest of everything the method could have learned: store, method state, weights.
@@ -374,7 +391,7 @@ class Session:
         parts: dict[str, Any] = dict(self._harness_digests())
         self._last_harness_digests = dict(parts)  # evaluation's reference, not hashed again
         try:
-            parts["method"] = sorted(str(d) for d in self.pm.hook.state_digest(run=self.ctx) if d)
+            parts["method"] = sorted(str(d) for d in self.pm.hook.state_digest(run=self.ctx.method_run) if d)
         except Exception as exc:  # the finished work is kept; the run is invalid
             self.ctx.violation(f"state_digest of method '{self.cfg.method.name}' raised "
                                f"{type(exc).__name__}: {exc}; its state cannot be verified.")
@@ -437,7 +454,7 @@ class Session:
         if self.ctx.budget.limits.get("episodes") != 0:
             self.reporter.phase(LEARN, self.ctx.budget.limits.get("episodes"), len(learned))
         try:
-            self.pm.hook.learn(run=self.ctx)
+            self.pm.hook.learn(run=self.ctx.method_run)
         except BudgetExhausted:
             pass  # the harness stopped the method's learning; evaluation follows as usual
         except ProtocolViolation:
@@ -529,7 +546,7 @@ class Session:
             state = self._poison_store(state)
         if frozen:  # what the random checks compare with: hashed once, by the last state_digest
             self._frozen_digests = self._last_harness_digests or self._harness_digests()
-        ctx.episodes.begin_evaluation(self._key, [task for task, _ in plan],
+        ctx.episodes.begin_evaluation(self._key, plan, self._declared_variants(),
                                       spot_check=self._spot_check if frozen else None,
                                       spot_checks=SPOT_CHECKS,
                                       steps=len(plan) * ctx.eval_max_steps() // 2)
@@ -557,6 +574,19 @@ class Session:
         self._check_run_files(state)
         self._check_plan(plan)
         self.run_dir.update_state(digest_after_eval=digest_after)
+
+    def _declared_variants(self) -> list[str]:
+        """The helper variants the method declares before the evaluation plays anything
+        (``evaluation_variants``): names, none of them the result's."""
+        method = self.cfg.method.name
+        declared = self.pm.hook.evaluation_variants(run=self.ctx.method_run)
+        if declared is None:
+            return []
+        if not isinstance(declared, (list, tuple)) or not all(isinstance(v, str) and v for v in declared) \
+                or PRIMARY_VARIANT in declared:
+            raise HookReturnError(f"evaluation_variants of method '{method}' returned {declared!r}; expected a "
+                                  f"list of variant names (strings other than {PRIMARY_VARIANT!r}).")
+        return sorted(set(declared))
 
     def _check_shown_experiences(self, state: dict[str, Any]) -> None:
         """Every experience id recorded at evaluation is in the frozen store (or was derived at
@@ -611,13 +641,13 @@ class Session:
             if source is None:
                 return []
             return checked_experiences("retrieve", self.cfg.method.name,
-                                       self.pm.hook.retrieve(run=self.ctx, task=source))
+                                       self.pm.hook.retrieve(run=self.ctx.method_run, task=source))
         except Exception as exc:
             return Trajectory(task=task, initial_observation="", status=Termination.ERROR,
                               error=f"retrieve failed: {type(exc).__name__}: {exc}")
 
     def _frozen_episode(self, task: Task, seed: int) -> None:
-        self.ctx.episodes.begin_task(self._key)
+        self.ctx.episodes.begin_task(self._key, task, seed)
         self.reporter.plan_task_start(EVALUATE)
         task = public_task(task)
         experiences = self._retrieve(task, seed)
@@ -627,7 +657,7 @@ class Session:
         self.ctx.episodes.play(task, experiences, seed=seed)
 
     def _online_episode(self, task: Task, seed: int) -> None:
-        self.ctx.episodes.begin_task(self._key)
+        self.ctx.episodes.begin_task(self._key, task, seed)
         self.reporter.plan_task_start(EVALUATE)
         task = public_task(task)
         experiences = self._retrieve(task, seed)
@@ -664,7 +694,7 @@ class Session:
         """Counts by kind of what the method's ``export`` hook hands over (None: it exports
         nothing); a hook that fails is a violation, as ``state_size``'s."""
         try:
-            exported = self.pm.hook.export(run=self.ctx)
+            exported = self.pm.hook.export(run=self.ctx.method_run)
             items = checked_experiences("export", self.cfg.method.name, exported)
         except Exception as exc:
             self.ctx.violation(f"export of method '{self.cfg.method.name}' raised "
@@ -692,6 +722,7 @@ class Session:
             for refused in self.ctx.store.violations:
                 self.ctx.violation(f"Refused store write during frozen evaluation: {refused}")
         size = self._store_size()  # may record a violation
+        exported = self._exported()  # may record one too: before the violations and the head are read
         violations = self.ctx.violations_log.messages  # the harness's record, not state.json's
         used = state.get("splits_used_for_learning", [])
         cost = {}
@@ -707,7 +738,7 @@ class Session:
             }
         method_sizes: dict[str, Any] = {}
         try:
-            for extra in self.pm.hook.state_size(run=self.ctx):
+            for extra in self.pm.hook.state_size(run=self.ctx.method_run):
                 method_sizes.update(extra or {})
         except Exception as exc:  # the evaluation is kept; the run is invalid
             self.ctx.violation(f"state_size of method '{cfg.method.name}' raised "
@@ -763,6 +794,9 @@ class Session:
                 "model": self.llm.describe(),
                 # Versions that resumed this run after the one that started it (--allow-version-change).
                 "resumed_by": list(state.get("resumed_by", [])),
+                # Each phase's sessions: commit, CPU model and instruction set (GPU), so a row
+                # whose learning spans commits or machines says so.
+                "phases": dict(state.get("phase_sessions", {})),
                 "embedder": dict(OmegaConf.to_container(cfg.embedder)),  # type: ignore[arg-type]
                 "config": to_plain(cfg),
             },
@@ -775,7 +809,7 @@ class Session:
                        "damaged_lines": list(state.get("record_damaged", [])),
                        "breaks": list(state.get("record_breaks", []))},
             "experiment": state.get("experiment"),
-            "exported": self._exported(),
+            "exported": exported,
             "started": state.get("started"),
             "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }

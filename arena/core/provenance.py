@@ -58,20 +58,59 @@ def package_versions(extra: tuple[str, ...] = ()) -> dict[str, str]:
     return versions
 
 
+#: CPU flags that decide which float kernels torch runs (and so the last bits of a float32
+#: result): results of two instruction sets are not bit for bit the same (docs/numerics.md).
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile", "avx_vnni", "asimd", "sve")
+
+
+def cpu() -> dict[str, Any]:
+    """The CPU's model and the instruction-set extensions that matter to torch's kernels, and
+    the kernels torch picks on it (``torch.backends.cpu.get_cpu_capability``)."""
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "Model") and value.strip():
+                model = value.strip()
+            elif key.strip() in ("flags", "Features"):
+                flags = set(value.split())
+    except OSError:
+        pass
+    info: dict[str, Any] = {"model": model, "isa": sorted(flag for flag in ISA_FLAGS if flag in flags)}
+    try:
+        import torch
+
+        info["torch_capability"] = torch.backends.cpu.get_cpu_capability()
+    except (ImportError, AttributeError):  # pragma: no cover - torch is a dependency
+        pass
+    return info
+
+
 def machine() -> dict[str, Any]:
     info: dict[str, Any] = {
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "processor": platform.machine(),
+        "cpu": cpu(),
     }
     try:
         import torch
 
         info["torch_threads"] = torch.get_num_threads()
         info["cuda"] = torch.cuda.is_available()
+        if info["cuda"]:
+            info["gpu"] = torch.cuda.get_device_name(0)
     except ImportError:  # pragma: no cover - torch is a dependency
         pass
     return info
+
+
+def session() -> dict[str, Any]:
+    """What one session of a phase ran on: the commit (the version where no checkout is), the
+    CPU and its instruction set, the GPU. A phase resumed elsewhere has two."""
+    hardware = machine()
+    return {"git_sha": git_sha(), "arena_version": arena.__version__, "cpu": hardware["cpu"],
+            **({"gpu": hardware["gpu"]} if "gpu" in hardware else {})}
 
 
 def collect(packages: tuple[str, ...] = ()) -> dict[str, Any]:

@@ -9,7 +9,12 @@ be in one process. Calls that start on a fresh thread of one side get a fresh th
 other.
 
 The harness never unpickles what the worker sends with the full pickle machinery (that would
-run any code the worker chose): :class:`SafeUnpickler` builds only the classes it allows.
+run any code the worker chose): :class:`SafeUnpickler` builds only the classes it allows, and
+changes no object that existed before (a class, an enum member). What it builds is plain data at
+every depth: a reference to one of the worker's objects (a live proxy, which could answer each
+read differently) is accepted only where a callable is expected, as a call's argument named in
+``callable_parameters`` or a field named in ``callable_fields`` (a policy); anywhere else the call
+is refused and ``on_refused`` told.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import enum
+import inspect
 import io
 import itertools
 import pickle
@@ -24,8 +30,9 @@ import queue
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable
-from typing import Any
+import types
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, ClassVar, Protocol
 
 #: What travels by value from an untrusted side: plain data, numpy arrays, and the dataclasses
 #: and enums of the modules listed (whole modules, checked by name, never imported on demand
@@ -83,10 +90,25 @@ class Refused(AttributeError):
     """A name the exporting side does not offer on an object it handed over."""
 
 
-class SafeUnpickler(pickle.Unpickler):
+class OnRefused(Protocol):
+    """Told of what the other side was refused: a name it asked for (``kind.name``), or, with
+    ``why``, something else it sent (a reference nested in data, a path outside its folder)."""
+
+    def __call__(self, kind: str, name: str, why: str = "") -> None: ...
+
+
+class SafeUnpickler(pickle._Unpickler):
     """Builds only allowed classes: builtins' plain types, :data:`SAFE_CALLABLES`, and the
     classes defined in ``modules`` (e.g. ``arena.core.types``). Anything else (``os.system``,
-    a function of the harness) is refused before it runs."""
+    a function of the harness) is refused before it runs.
+
+    It is pickle's pure-Python unpickler, so that the operations that change an object already
+    built can be checked: the C one sets attributes on whatever is on its stack, a class it was
+    allowed to name included (``Trajectory.success = True`` for every trajectory of the
+    harness). Here state goes only into objects this payload made, items only into lists, sets
+    and dicts."""
+
+    dispatch: ClassVar[dict[int, Callable[..., Any]]] = dict(pickle._Unpickler.dispatch)
 
     def __init__(self, data: io.BytesIO, modules: Iterable[str], persistent: Callable[[Any], Any]) -> None:
         super().__init__(data)
@@ -106,6 +128,128 @@ class SafeUnpickler(pickle.Unpickler):
 
     def persistent_load(self, pid: Any) -> Any:
         return self._persistent(pid)
+
+    def _target(self, depth: int, kinds: tuple[type, ...] | None = None) -> None:
+        """Refuse to change ``self.stack[-depth]`` unless it is a fresh object (of ``kinds``)."""
+        target = self.stack[-depth]  # type: ignore[attr-defined]
+        if isinstance(target, _SHARED) or (kinds is not None and not isinstance(target, kinds)):
+            raise pickle.UnpicklingError(f"a payload may not change a {type(target).__name__} "
+                                         "it did not make")
+
+    def _load_build(self) -> None:
+        self._target(2)
+        pickle._Unpickler.load_build(self)  # type: ignore[attr-defined]
+
+    def _load_append(self) -> None:
+        self._target(2, (list,))
+        pickle._Unpickler.load_append(self)  # type: ignore[attr-defined]
+
+    def _load_appends(self) -> None:
+        self._target_below_mark((list,))
+        pickle._Unpickler.load_appends(self)  # type: ignore[attr-defined]
+
+    def _load_setitem(self) -> None:
+        self._target(3, (dict,))
+        pickle._Unpickler.load_setitem(self)  # type: ignore[attr-defined]
+
+    def _load_setitems(self) -> None:
+        self._target_below_mark((dict,))
+        pickle._Unpickler.load_setitems(self)  # type: ignore[attr-defined]
+
+    def _load_additems(self) -> None:
+        self._target_below_mark((set,))
+        pickle._Unpickler.load_additems(self)  # type: ignore[attr-defined]
+
+    def _target_below_mark(self, kinds: tuple[type, ...]) -> None:
+        """The object under the last mark: pickle keeps the stack below a mark in metastack."""
+        below = self.metastack[-1] if self.metastack else []  # type: ignore[attr-defined]
+        if not below or isinstance(below[-1], _SHARED) or not isinstance(below[-1], kinds):
+            raise pickle.UnpicklingError("a payload may add items only to a list, set or dict it made")
+
+    dispatch[pickle.BUILD[0]] = _load_build
+    dispatch[pickle.APPEND[0]] = _load_append
+    dispatch[pickle.APPENDS[0]] = _load_appends
+    dispatch[pickle.SETITEM[0]] = _load_setitem
+    dispatch[pickle.SETITEMS[0]] = _load_setitems
+    dispatch[pickle.ADDITEMS[0]] = _load_additems
+
+
+#: What a payload finds but did not make (classes, functions, enum members, references): never
+#: changed by it.
+_SHARED: tuple[type, ...] = (type, types.FunctionType, types.BuiltinFunctionType, types.ModuleType,
+                             enum.Enum)
+
+
+class _Reference:
+    """A reference the other side sent, as unpickled by a side that does not trust it: inert
+    until :meth:`Channel._accept_call` finds it where a reference may be and puts the object (a
+    proxy, or this side's own) in its place."""
+
+    __slots__ = ("pid",)
+
+    def __init__(self, pid: tuple[Any, ...]) -> None:
+        self.pid = pid
+
+
+_SHARED += (_Reference,)
+#: Values that hold nothing else.
+_LEAVES: tuple[type, ...] = (str, bytes, bytearray, int, float, complex, bool, type(None), range, *_SHARED)
+
+
+def _children(obj: Any) -> Iterator[tuple[Any, str, Any]]:
+    """What ``obj`` holds, as (key, label, value): items, attributes, slots, an exception's
+    arguments, an object array's items. Keys are what :meth:`Channel._accept_call` allows."""
+    if isinstance(obj, Mapping):
+        for key, value in obj.items():
+            yield ("key", key), f"[key {key!r}]", key
+            yield key, f"[{key!r}]", value
+    elif isinstance(obj, (list, tuple)):
+        for index, value in enumerate(obj):
+            yield index, f"[{index}]", value
+    elif isinstance(obj, (set, frozenset)):
+        for index, value in enumerate(obj):
+            yield ("item", index), "{item}", value
+    elif isinstance(obj, slice):
+        yield "start", ".start", obj.start
+        yield "stop", ".stop", obj.stop
+        yield "step", ".step", obj.step
+    if isinstance(obj, BaseException):
+        yield "args", ".args", obj.args
+        yield "__cause__", ".__cause__", obj.__cause__
+        yield "__context__", ".__context__", obj.__context__
+    if type(obj).__module__.split(".")[0] == "numpy":
+        import numpy as np
+
+        if isinstance(obj, np.ndarray) and obj.dtype.hasobject:
+            yield "items", "[...]", obj.tolist()
+        dtype = obj if isinstance(obj, np.dtype) else getattr(obj, "dtype", None)
+        if isinstance(dtype, np.dtype) and dtype.metadata is not None:
+            yield "metadata", ".dtype.metadata", dict(dtype.metadata)
+        return
+    for name, value in getattr(obj, "__dict__", {}).items():
+        yield name, f".{name}", value
+    for klass in type(obj).__mro__:
+        slots = klass.__dict__.get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name not in ("__dict__", "__weakref__"):
+                attribute = f"_{klass.__name__.lstrip('_')}{name}" if name.startswith("__") else name
+                yield name, f".{name}", getattr(obj, attribute, None)
+
+
+def references_in(value: Any) -> Iterator[tuple[Any, Any, str, _Reference]]:
+    """Every reference in ``value`` at any depth: (holder, key, where, reference)."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    seen: dict[int, Any] = {}  # holds what it saw: an id is not reused while the walk lasts
+    while stack:
+        obj, where = stack.pop()
+        if isinstance(obj, _LEAVES) or id(obj) in seen:
+            continue
+        seen[id(obj)] = obj
+        for key, label, child in _children(obj):
+            if isinstance(child, _Reference):
+                yield obj, key, where + label, child
+            else:
+                stack.append((child, where + label))
 
 
 def _is_data_class(found: Any, module: str) -> bool:
@@ -189,20 +333,32 @@ class Channel:
     ``export(obj)`` says how this side sends ``obj``: None for by value, or the names the other
     side may use on it (then it goes by reference). ``trusted_modules`` is None where the other
     side is trusted (the worker reading the harness), else the modules whose classes its data
-    may build. ``on_refused(kind, name)`` is told of each name refused (the harness records it).
+    may build; then a reference to one of the other side's objects is accepted only as an
+    argument named in ``callable_parameters`` (``module.Class.method`` -> parameter names, a
+    base class's applying to its subclasses) or as a field named in ``callable_fields`` (class ->
+    field names) of an argument or of an item of one; this side's own objects come back as
+    arguments only, never inside data. ``on_refused`` is told of each name refused and each
+    payload refused for what it holds (the harness records it); an exception of ``violations``
+    raised by a call it served is told too (a path outside the method's folder).
     """
 
     def __init__(self, connection: Any, name: str, export: Callable[[Any], frozenset[str] | None],
                  trusted_modules: Iterable[str] | None = None,
-                 on_refused: Callable[[str, str], None] | None = None,
-                 portable_error: Callable[[BaseException], BaseException] = lambda exc: exc) -> None:
+                 on_refused: OnRefused | None = None,
+                 portable_error: Callable[[BaseException], BaseException] = lambda exc: exc, *,
+                 callable_parameters: Mapping[str, frozenset[str]] | None = None,
+                 callable_fields: Mapping[type, frozenset[str]] | None = None,
+                 violations: tuple[type[BaseException], ...] = ()) -> None:
         self._connection = connection
+        self._callable_parameters = dict(callable_parameters or {})
+        self._callable_fields = dict(callable_fields or {})
+        self._violations = violations
         self._portable_error = portable_error
         self._ended = threading.Event()
         self.name = name
         self._export = export
         self._trusted_modules = None if trusted_modules is None else frozenset(trusted_modules)
-        self._on_refused = on_refused or (lambda kind, attr: None)
+        self._on_refused: OnRefused = on_refused or (lambda kind, attr, why="": None)
         self._send_lock = threading.Lock()
         #: handle -> [object, names offered, references the other side holds (None: the root)]
         self._objects: dict[int, list[Any]] = {}
@@ -277,6 +433,8 @@ class Channel:
                     self._serve(message)
                 elif message[2] == call_id:
                     ok, value = self._payload(message[3], fallback=(False, None))
+                    if self._trusted_modules is not None:
+                        ok, value = self._accept_reply(ok, value, name or op)
                     if ok:
                         return value
                     raise value
@@ -301,8 +459,12 @@ class Channel:
         _, chain, call_id, data = message
         try:
             handle, op, name, args, kwargs = self._payload(data)
+            if self._trusted_modules is not None:
+                args, kwargs = self._accept_call(handle, op, name, args, kwargs)
             value, ok = self._perform(handle, op, name, args, kwargs), True
         except BaseException as exc:
+            if isinstance(exc, self._violations):
+                self._on_refused("", "", str(exc))
             value, ok = self._portable_error(exc), False
         try:
             self._send("reply", chain, call_id, (ok, value))
@@ -333,6 +495,83 @@ class Channel:
             raise Refused(f"{kind}.{name} cannot be set from the method's process")
         return getattr(obj, name)(*args, **kwargs)
 
+    # -- what an untrusted side sends ----------------------------------------------------------
+
+    def _accept_call(self, handle: int, op: str, name: str, args: Any, kwargs: Any
+                     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """A call's arguments with their references in place, where they may be: this side's
+        own objects as arguments, the other side's (proxies) only as a callable argument (a
+        policy, a callback) or a callable field of an argument (an EpisodeRequest's policy)."""
+        if not isinstance(args, tuple) or not isinstance(kwargs, dict) or not isinstance(handle, int):
+            raise RemoteError("Refused", f"{self.name}: a call that is not (arguments, keywords)")
+        args, kwargs = list(args), dict(kwargs)
+        entry = self._objects.get(handle)
+        callables = self._callable_slots(entry, op, name)
+        allowed: set[tuple[int, Any]] = set()
+        found: list[tuple[Any, Any, str, _Reference]] = []
+        for holder, key, value, label in [*((args, i, v, f"argument {i + 1}") for i, v in enumerate(args)),
+                                          *((kwargs, k, v, f"argument {k}") for k, v in kwargs.items())]:
+            if isinstance(value, _Reference):
+                found.append((holder, key, label, value))
+                if value.pid[0] == "yours" or key in callables:
+                    allowed.add((id(holder), key))
+            found.extend((inner, at, label + where, ref) for inner, at, where, ref in references_in(value))
+            for item in [value, *(value if isinstance(value, (list, tuple)) else ())]:
+                for field in self._callable_fields.get(type(item), ()):
+                    if isinstance(getattr(item, field, None), _Reference):
+                        allowed.add((id(item), field))
+        kind = type(entry[0]).__name__ if entry is not None else "?"
+        self._place(found, allowed, f"{kind}.{name or op}")
+        return tuple(args), kwargs
+
+    def _accept_reply(self, ok: bool, value: Any, call: str) -> tuple[bool, Any]:
+        """An answer holds no reference at all: it is data (a trajectory, an action)."""
+        found = [([value], 0, "the answer", value)] if isinstance(value, _Reference) else []
+        found += [(holder, key, f"the answer{where}", ref) for holder, key, where, ref in references_in(value)]
+        try:
+            self._place(found, set(), call)
+        except RemoteError as refused:
+            return False, refused
+        return ok, value
+
+    def _place(self, found: list[tuple[Any, Any, str, _Reference]], allowed: set[tuple[int, Any]],
+               call: str) -> None:
+        """Put each reference's object where it was found, if all are where they may be; else
+        refuse the payload (its references let go) and tell ``on_refused``."""
+        stray = [where for holder, key, where, _ in found if (id(holder), key) not in allowed]
+        if stray:
+            for reference in {id(ref): ref for _, _, _, ref in found}.values():
+                if reference.pid[0] == "mine":
+                    self.released.append(int(reference.pid[1]))
+            why = (f"sent a reference to an object of its own process in {stray[0]} of {call}: what a "
+                   "method sends the harness is plain data at every depth; only a policy or callback "
+                   "(run.play's policy, an EpisodeRequest's policy, play_many's on_done) may be a "
+                   "function of the method's")
+            self._on_refused(call.split(".")[0], call.split(".")[-1], why)
+            raise RemoteError("Refused", f"{self.name}: {why}.")
+        for holder, key, _, reference in found:
+            resolved = self._persistent_load(reference.pid)
+            if isinstance(holder, (list, dict)):
+                holder[key] = resolved
+            else:
+                object.__setattr__(holder, key, resolved)
+
+    def _callable_slots(self, entry: list[Any] | None, op: str, name: str) -> set[Any]:
+        """The arguments (positions and names) of ``entry``'s ``name`` that take a callable."""
+        if entry is None or op != "call" or name not in entry[1]:
+            return set()
+        names = frozenset().union(*(self._callable_parameters.get(f"{k.__module__}.{k.__qualname__}.{name}", ())
+                                    for k in type(entry[0]).__mro__))
+        if not names:
+            return set()
+        try:
+            parameters = list(inspect.signature(getattr(entry[0], name)).parameters.values())
+        except (TypeError, ValueError, AttributeError):
+            return set(names)
+        positions = {index for index, parameter in enumerate(parameters)
+                     if parameter.name in names and parameter.kind is parameter.POSITIONAL_OR_KEYWORD}
+        return set(names) | positions
+
     # -- the wire ----------------------------------------------------------------------------
 
     def _send(self, kind: str, chain: str, call_id: int, payload: tuple[Any, ...]) -> None:
@@ -355,9 +594,9 @@ class Channel:
     def _payload(self, data: bytes, fallback: tuple[Any, ...] | None = None) -> Any:
         """Build a payload; one this side refuses becomes the error its call ends with."""
         if self._trusted_modules is None:
-            unpickler: pickle.Unpickler = _TrustedUnpickler(io.BytesIO(data), self._persistent_load)
-        else:
-            unpickler = SafeUnpickler(io.BytesIO(data), self._trusted_modules, self._persistent_load)
+            unpickler: pickle.Unpickler | pickle._Unpickler = _TrustedUnpickler(io.BytesIO(data), self._persistent_load)
+        else:  # references stay inert until _accept has seen where they are
+            unpickler = SafeUnpickler(io.BytesIO(data), self._trusted_modules, _inert_reference)
         try:
             return unpickler.load()
         except Exception as exc:
@@ -472,6 +711,12 @@ class _TrustedUnpickler(pickle.Unpickler):
 
     def persistent_load(self, pid: Any) -> Any:
         return self._persistent(pid)
+
+
+def _inert_reference(pid: Any) -> _Reference:
+    if not isinstance(pid, tuple) or len(pid) not in (2, 3) or pid[0] not in ("mine", "yours"):
+        raise pickle.UnpicklingError("bad reference")
+    return _Reference(pid)
 
 
 def _no_reference(pid: Any) -> Any:

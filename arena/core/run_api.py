@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from arena.core.types import EpisodeResult, Trajectory
     from arena.core.views import EnvironmentView
 
-__all__ = ["STANDARD", "BudgetView", "EpisodeRequest", "PolicyChoice", "Run", "Store"]
+__all__ = ["STANDARD", "BudgetView", "EpisodeRequest", "PolicyChoice", "Run", "Store", "protocol_names"]
 
 #: ``run.play(..., policy=STANDARD)``: the harness's standard solver, not the method's ``solve``.
 STANDARD: Final = "standard"
@@ -87,6 +87,17 @@ class BudgetView(Protocol):
     def used(self) -> Mapping[str, int]: ...
     def left(self, key: str) -> int | None: ...
     def exhausted(self) -> list[str]: ...
+
+
+def protocol_names(*protocols: type) -> frozenset[str]:
+    """The public names a protocol (or ABC) declares in its own body and its bases'."""
+    names: set[str] = set()
+    for protocol in protocols:
+        for klass in protocol.__mro__:
+            if klass.__module__ in ("typing", "builtins", "abc"):
+                continue
+            names.update(name for name in vars(klass) if not name.startswith("_"))
+    return frozenset(names)
 
 
 class Run(Protocol):

@@ -3,7 +3,9 @@
 Episode records are appended and fsynced one line at a time, so a run killed at any point loses
 at most the episode in flight; ``--resume`` reads them back and skips every finished episode.
 Each record is chained to the one before it and signed with this machine's record key
-(``arena.core.integrity``): ``--resume`` refuses a record that was changed.
+(``arena.core.integrity``): ``--resume`` refuses a record that was changed. The harness's
+violations are lines of the same chain (``violations.jsonl``): a resumed run takes them from
+there, and a state.json that lists others is itself a violation.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from arena.core.results import validate as validate_results
 from arena.core.types import EpisodeResult, RolloutTokens, Trajectory
 
 EPISODES = "episodes.jsonl"
+#: The harness's violations, chained with the episode lines (``arena.core.integrity``).
+VIOLATIONS = "violations.jsonl"
 TRAJECTORIES = "trajectories.jsonl"
 CONFIG = "config.yaml"
 STATE = "state.json"
@@ -194,6 +198,23 @@ def running_pid(path: Path | str) -> int | None:
         os.close(fd)
 
 
+def record_disagreement(recorded: list[str], listed: list[str], where: str) -> str | None:
+    """The violation to add where ``listed`` (state.json's or results.json's list) differs
+    from the violations on record; None where they agree (as sets: a list has no repeats)."""
+    missing = [m for m in recorded if m not in listed]
+    extra = [m for m in listed if m not in recorded]
+    if not missing and not extra:
+        return None
+    parts = []
+    if missing:
+        parts.append(f"lacks {len(missing)} the signed record holds (e.g. {missing[0][:160]!r})")
+    if extra:
+        parts.append(f"lists {len(extra)} the record does not (e.g. {extra[0][:160]!r})")
+    return (f"The violations of {where} disagree with the run's signed record of violations "
+            f"({VIOLATIONS}): it {' and '.join(parts)}. A violation cannot be erased; the file was "
+            "edited, or the run was stopped between the two writes.")
+
+
 def unfinished_message(path: Path | str) -> str:
     """What to tell a user who asks for the results of a run that has none yet."""
     pid = running_pid(path)
@@ -219,7 +240,11 @@ class RunDir:
         self.path = Path(path)
         self._lock = threading.Lock()
         self._episodes: dict[tuple, EpisodeResult] = {}
-        self._head = integrity.GENESIS  # the chain hash of the last episode line
+        self._head = integrity.GENESIS  # the chain hash of the last line (episode or violation)
+        #: Whether ``_head`` is the record's: a new run's, or a resumed one's once its record
+        #: was read (:meth:`load_episodes`). Until then a violation waits in ``_unsealed``.
+        self._head_known = False
+        self._unsealed: list[str] = []
         self._key: bytes | None = None  # the record key, made on first write (readers need none)
         self._key_loaded = False
 
@@ -235,6 +260,7 @@ class RunDir:
             )
         self.path.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(cfg, self.path / CONFIG)
+        self._head_known = True  # a new record: it starts at GENESIS
         self.write_first_state(**state)
 
     def write_first_state(self, **state: Any) -> None:
@@ -289,7 +315,9 @@ class RunDir:
             key = self._signing_key()
             report = integrity.verify(lines, self.path / EPISODES, key=key,
                                       expected_key_id=integrity.key_id(key),
-                                      breaks=set(self.state().get("record_breaks", [])))
+                                      breaks=set(self.state().get("record_breaks", [])),
+                                      violations=read_jsonl(self.path / VIOLATIONS),
+                                      violations_path=self.path / VIOLATIONS)
         except integrity.RecordError as exc:
             raise RunDirError(f"{exc} Start a new run; this one cannot be resumed (a run resumes "
                               "only on the machine that started it).") from exc
@@ -301,7 +329,60 @@ class RunDir:
         with self._lock:
             self._episodes = {r.key: r for r in records}
             self._head = report.head
+            self._head_known = True
+            waiting, self._unsealed = self._unsealed, []
+            for message in waiting:  # violations found before the record was read: sealed now
+                self._seal_violation(message)
         return records
+
+    # -- violations ---------------------------------------------------------------------------
+
+    def violations_on_record(self) -> tuple[list[str], list[str]]:
+        """The violations a resumed run starts from: (those in the signed record, those to
+        record now). The record (``violations.jsonl``, each line's hash and MAC checked here,
+        its links with the episodes by :meth:`load_episodes`) is the truth; state.json's list
+        only adds: an entry the record lacks (a run from before violations were recorded) is
+        kept, and any disagreement between the two is a violation of its own, since only an
+        edit (or a run killed between the two writes, already invalid) makes them differ."""
+        path = self.path / VIOLATIONS
+        try:
+            lines = read_jsonl(path)
+        except RunDirError as exc:
+            raise RunDirError(f"{exc} The run's violations cannot be read: start a new run.") from exc
+        key = self._signing_key()
+        recorded: list[str] = []
+        for number, line in enumerate(lines, start=1):
+            try:
+                integrity.check_line(line, f"{path}, line {number}", key)
+            except integrity.RecordError as exc:
+                raise RunDirError(f"{exc} Start a new run; this one cannot be resumed (a run "
+                                  "resumes only on the machine that started it).") from exc
+            message = line.get(integrity.VIOLATION)
+            if isinstance(message, str) and message not in recorded:
+                recorded.append(message)
+        listed = [str(m) for m in self.state().get("violations", []) or []]
+        extra = [m for m in dict.fromkeys(listed) if m not in recorded]
+        disagreement = record_disagreement(recorded, listed, "state.json")
+        return recorded, extra + ([disagreement] if disagreement else [])
+
+    def record_violation(self, message: str, messages: list[str]) -> None:
+        """Sign ``message`` into the record, then list ``messages`` (all so far) in state.json:
+        the record first, so state.json never lists one the record lacks."""
+        with self._lock:
+            if not self._head_known and not (self.path / EPISODES).exists() \
+                    and not (self.path / VIOLATIONS).exists():
+                self._head_known = True  # nothing recorded yet: the chain starts here
+            if self._head_known:
+                self._seal_violation(message)
+            else:
+                self._unsealed.append(message)
+        self.update_state(violations=messages)
+
+    def _seal_violation(self, message: str) -> None:
+        """Append ``message``'s line to the chain (the caller holds the lock)."""
+        sealed = integrity.seal_violation(message, self._head, self._signing_key())
+        self._append(VIOLATIONS, sealed)
+        self._head = sealed[integrity.CHAIN]["hash"]
 
     def move_damaged_lines(self) -> int:
         """Move the lines of episodes.jsonl that are not JSON records to episodes.damaged.jsonl
@@ -326,6 +407,13 @@ class RunDir:
             good.append(raw)
         if not damaged:
             return 0
+        # A violation recorded right after a damaged line links to it: a break too.
+        chains = [record[integrity.CHAIN] for _, _, record in lines
+                  if record is not None and isinstance(record.get(integrity.CHAIN), dict)]
+        violations = [line[integrity.CHAIN] for line in read_jsonl(self.path / VIOLATIONS)
+                      if isinstance(line.get(integrity.CHAIN), dict)]
+        known = {integrity.GENESIS, *(chain.get("hash") for chain in chains + violations)}
+        breaks += [chain.get("hash") for chain in violations if chain.get("prev") not in known]
         if not self.state().get("learn_done"):
             raise RunDirError(
                 f"{path} has damaged lines ({', '.join(str(d['line']) for d in damaged)}) from before "
@@ -344,7 +432,7 @@ class RunDir:
 
     @property
     def head(self) -> str:
-        """The chain hash of the last episode line (results.json records it)."""
+        """The chain hash of the last line, episode or violation (results.json records it)."""
         return self._head
 
     def record_key_id(self) -> str | None:
@@ -481,8 +569,14 @@ class RunDir:
         return path.read_text() if path.exists() else None
 
     def restore_state_text(self, text: str) -> None:
+        """Put state.json back as a step's journal kept it, but for its violations: a violation
+        is never undone (the record keeps it), so state.json's list stays as it is now."""
         with self._lock:
-            write_json_atomic(self.path / STATE, json.loads(text))
+            state = json.loads(text)
+            now = self.state()
+            if "violations" in now:
+                state["violations"] = now["violations"]
+            write_json_atomic(self.path / STATE, state)
 
     def update_state(self, **changes: Any) -> dict[str, Any]:
         with self._lock:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from arena.core.errors import NotTrainable
 from arena.core.llm import LLMBackend, TrainableBackend, WrappingBackend
+from arena.core.method_state import FOLDER, confined
 from arena.core.progress import ProgressTask, Reporter, complete
 
 if TYPE_CHECKING:
@@ -25,13 +26,17 @@ class GuardedStore:
     """The run's experience store as methods see it: writable while learning, frozen otherwise.
 
     It is one object for the whole run, so a method that kept a reference from the learning phase
-    is still refused (and the run marked invalid) when it writes during frozen evaluation.
+    is still refused (and the run marked invalid) when it writes during frozen evaluation. The
+    files it writes or reads for the method (``snapshot``, ``restore``) are in the method's
+    ``folder`` only: the harness writes there with its own rights (a snapshot to
+    ``../eval_salt`` would replace the run's secret salt).
     """
 
-    def __init__(self, store: ExperienceStore, frozen: Callable[[], bool]) -> None:
+    def __init__(self, store: ExperienceStore, frozen: Callable[[], bool], folder: Path) -> None:
         self._store = store
         self._view = store.read_only()
         self._frozen = frozen
+        self._folder = Path(folder)
 
     @property
     def violations(self) -> list[str]:
@@ -40,6 +45,18 @@ class GuardedStore:
     def __getattr__(self, name: str) -> Any:
         target = self._view if self._frozen() else self._store
         return getattr(target, name)
+
+    def snapshot(self, path: str | Path) -> Path:
+        """Write the store to ``path`` in the method's folder (relative: in that folder);
+        :class:`~arena.core.method_state.OutsideFolder` for a path outside it."""
+        self._folder.mkdir(parents=True, exist_ok=True)
+        target = confined(self._folder, path, "Store snapshot")
+        return self._store.snapshot(target, within=self._folder.resolve())
+
+    def restore(self, path: str | Path) -> None:
+        """Replace the store with a snapshot in the method's folder (refused when frozen)."""
+        target = confined(self._folder, path, "Store snapshot")
+        (self._view if self._frozen() else self._store).restore(target)
 
 
 class Services:
@@ -56,9 +73,12 @@ class Services:
         frozen: Callable[[], bool],
         make_backend: Callable[[Mapping[str, Any]], LLMBackend] | None = None,
         reporter: Reporter | None = None,
+        method_folder: Path | None = None,
     ) -> None:
         self.llm = llm
         self._store_path = store_path
+        #: Where the store writes for the method (its snapshots): the run's ``method/`` folder.
+        self._method_folder = method_folder if method_folder is not None else store_path.parent / FOLDER
         self._make_embedder = make_embedder
         self._make_store = make_store
         self._before_store_write = before_store_write
@@ -91,7 +111,7 @@ class Services:
         with self._lock:
             if self._store is None:
                 self._raw_store = self._make_store(embedder, self._before_store_write)
-                self._store = GuardedStore(self._raw_store, self._frozen)
+                self._store = GuardedStore(self._raw_store, self._frozen, self._method_folder)
             return self._store
 
     def raw_store(self) -> ExperienceStore:

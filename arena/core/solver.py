@@ -91,12 +91,17 @@ def play(
     max_steps: int,
     max_invalid_actions: int,
     experience_ids: list[str] | None = None,
+    shown_task: Task | None = None,
 ) -> Trajectory:
-    """Run one episode to its end. Exceptions in the policy or environment end it as ``error``."""
+    """Run one episode to its end. Exceptions in the policy or environment end it as ``error``.
+
+    ``shown_task`` is the task the policy sees in the trajectory it is handed (the public copy
+    of a test task: the episode's own task carries the game's hidden payload); by default the
+    episode's."""
     started = time.perf_counter()
     observation = episode.reset()
     trajectory = Trajectory(
-        task=episode.task,
+        task=episode.task if shown_task is None else shown_task,
         initial_observation=observation.text,
         experience_ids=list(experience_ids or []),
     )

@@ -20,8 +20,10 @@ and reloaded bit for bit (same digest).
 from __future__ import annotations
 
 import base64
+import contextlib
 import gzip
 import hashlib
+import io
 import json
 import os
 import uuid
@@ -607,16 +609,43 @@ class ExperienceStore:
 
     # -- snapshot and restore ------------------------------------------------------------------
 
-    def snapshot(self, path: str | Path) -> Path:
+    def snapshot(self, path: str | Path, *, within: str | Path | None = None) -> Path:
         """Write the whole store to one file (gzipped JSON lines if the name ends in ``.gz``).
 
         The first line says what made it (embedder, count, digest); then one line per
         experience with its stored metadata and float32 vector, in id order. Reading never
         changes the store, so a frozen store can be snapshotted too. The file is written to a
         temporary name and renamed, so a killed run never leaves half a snapshot.
+
+        ``within``: a folder ``path`` (resolved) lies in, that someone else may change while the
+        snapshot is written (a method's folder): the file is then reached from it one folder at a
+        time without following a link, and made new, so a link put there never redirects it.
         """
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if within is None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        else:
+            folder = _open_beneath(Path(within), path.parent)
+        partial = path.name + ".partial"
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(partial, dir_fd=folder)  # a killed run's; a link is removed, not followed
+            descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666,
+                                 dir_fd=folder)
+            try:
+                with os.fdopen(descriptor, "wb") as raw:
+                    self._write_snapshot(raw, gzipped=path.suffix == ".gz")
+                os.replace(partial, path.name, src_dir_fd=folder, dst_dir_fd=folder)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(partial, dir_fd=folder)
+                raise
+        finally:
+            os.close(folder)
+        return path
+
+    def _write_snapshot(self, raw: io.BufferedWriter, gzipped: bool) -> None:
         result = self._collection.get(include=["documents", "metadatas", "embeddings"])
         rows = sorted(
             zip(result["ids"], result["documents"], result["metadatas"], result["embeddings"]),
@@ -631,17 +660,14 @@ class ExperienceStore:
             "count": len(rows),
             "digest": self.digest(),
         }
-        partial = path.with_name(path.name + ".partial")
-        opener = gzip.open if path.suffix == ".gz" else open
-        with opener(partial, "wt", encoding="utf-8") as handle:
+        binary: Any = gzip.GzipFile(fileobj=raw, mode="wb") if gzipped else raw
+        with io.TextIOWrapper(binary, encoding="utf-8") as handle:
             handle.write(json.dumps(header, sort_keys=True) + "\n")
             for experience_id, document, metadata, embedding in rows:
                 vector = np.asarray(embedding, dtype="<f4").tobytes()
                 line = {"id": experience_id, "document": document, "metadata": metadata,
                         "embedding": base64.b64encode(vector).decode("ascii")}
                 handle.write(json.dumps(line, sort_keys=True) + "\n")
-        os.replace(partial, path)
-        return path
 
     @staticmethod
     def read_snapshot_header(path: str | Path) -> dict[str, Any]:
@@ -701,6 +727,23 @@ class ExperienceStore:
     def read_only(self) -> ReadOnlyExperienceStore:
         """A view for frozen evaluation: reads pass through, every write is refused and logged."""
         return ReadOnlyExperienceStore(self)
+
+
+def _open_beneath(root: Path, folder: Path) -> int:
+    """A descriptor of ``folder`` (inside ``root``), made where missing, reached from ``root``
+    one name at a time with ``O_NOFOLLOW``: a link on the way fails, it is never followed."""
+    descriptor = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for name in folder.relative_to(root).parts:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, dir_fd=descriptor)
+            inner = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=descriptor)
+            os.close(descriptor)
+            descriptor = inner
+    except BaseException:
+        os.close(descriptor)
+        raise
+    return descriptor
 
 
 class ReadOnlyExperienceStore:
@@ -772,8 +815,8 @@ class ReadOnlyExperienceStore:
                      ) -> list[tuple[Experience, float]]:
         return self._store.query_vector(vector, k, **filters)
 
-    def snapshot(self, path: str | Path) -> Path:
-        return self._store.snapshot(path)
+    def snapshot(self, path: str | Path, *, within: str | Path | None = None) -> Path:
+        return self._store.snapshot(path, within=within)
 
     read_snapshot_header = staticmethod(ExperienceStore.read_snapshot_header)
 

@@ -12,6 +12,7 @@ stops it then: replay verification and digests).
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 from arena.core.env import POOL_SPLIT, TEST_SPLITS, TRAIN_SPLIT, VALID_SPLIT, Environment, Episode
 from arena.core.phase import PhaseGuard, ViolationLog
@@ -21,6 +22,12 @@ from arena.core.types import Task
 def public_task(task: Task) -> Task:
     """The task as a method sees it at evaluation: id, split, type and goal, no payload."""
     return dataclasses.replace(task, payload={}) if task.payload else task
+
+
+def shown_task(task: Task) -> Task:
+    """The copy of the harness's ``task`` a method is handed: a test or pool task without its
+    payload (layout seed, objects, target), a learning task whole (its payload is no secret)."""
+    return public_task(task) if task.split in (*TEST_SPLITS, POOL_SPLIT) else task
 
 
 class TaskGate:
@@ -35,6 +42,9 @@ class TaskGate:
         self._violations = violations
         self._source_pool = source_pool
         self._test_tasks: dict[str, Task] = {}
+        self._index: dict[str, Task] | None = None  # every split's tasks by id, built once
+        self._pool_indexed = False
+        self._lock = threading.Lock()
         #: The splits a method learned from (train, and valid if it asked for it).
         self.used_for_learning: set[str] = set()
 
@@ -69,9 +79,28 @@ class TaskGate:
     def is_test_task(self, task_id: str) -> bool:
         return task_id in self._test_tasks
 
-    def full_task(self, task: Task) -> Task:
-        """The harness's own copy of a test task (a method's copy has no payload)."""
-        return self._test_tasks.get(task.task_id, task) if task.split in TEST_SPLITS else task
+    def own_task(self, task: Task) -> Task:
+        """The harness's own copy of ``task``, found by its id (the evaluation's test tasks
+        first, then every split of the environment, then its pool): its split, type, goal and
+        payload are the environment's, whatever the copy a method passes claims. So a test task
+        relabelled ``train`` is still a test task, and a result's split and type are never the
+        method's word. An id of no split is refused (on record)."""
+        found = self._test_tasks.get(task.task_id)
+        if found is not None:
+            return found
+        with self._lock:
+            if self._index is None:
+                self._index = {t.task_id: t for split in self._env.split_names() for t in self._env.tasks(split)}
+            found = self._index.get(task.task_id)
+            if found is None and not self._pool_indexed:
+                self._pool_indexed = True
+                self._index.update({t.task_id: t for t in self._env.pool_tasks()})
+                found = self._index.get(task.task_id)
+        if found is None:
+            raise self._violations.refusal(
+                f"Method '{self._violations.method}' asked to play task {task.task_id!r}, which is no "
+                f"task of environment '{self._env.name}'; play the tasks run.tasks(...) returns.")
+        return found
 
 
 class EnvironmentView:

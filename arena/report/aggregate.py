@@ -198,6 +198,11 @@ class Row:
     verification: dict[str, Any] | None = None
 
     @property
+    def isolation(self) -> dict[str, Any]:
+        """How the row's methods ran (:func:`row_isolation`)."""
+        return row_isolation(self.runs)
+
+    @property
     def name(self) -> str:
         return self.method + (f" ({self.preset})" if self.preset else "")
 
@@ -220,9 +225,34 @@ class Row:
             "runs": [run.label for run in self.runs], "splits": self.splits,
             "variants": self.variants, "cost": self.cost, "flags": self.flags,
             "provenance": self.provenance, "protocol": self.protocol,
-            "learning_curves": self.learning_curves,
+            "learning_curves": self.learning_curves, "isolation": self.isolation,
             **({} if self.verification is None else {"verification": self.verification}),
         }
+
+
+#: A row's isolation: every run's method in a worker process of its own (``run.isolation=process``),
+#: every run in Arena's process, runs from before Arena recorded it (they ran in Arena's process),
+#: or a row that pools runs of two of these.
+ISOLATED, IN_PROCESS, UNKNOWN_ISOLATION, MIXED_ISOLATION = "process", "in_process", "unknown", "mixed"
+
+
+def row_isolation(runs: list[Run]) -> dict[str, Any]:
+    """The row's isolation mode (``process``, ``in_process``, ``unknown`` or ``mixed``) and each
+    run's (results.json's ``provenance.isolation.mode``)."""
+    modes = {run.label: run.isolation for run in runs}
+    kinds = set(modes.values())
+    return {"mode": kinds.pop() if len(kinds) == 1 else MIXED_ISOLATION, "runs": modes}
+
+
+def unisolated_rows(tables: list[Table]) -> list[tuple[Row, list[str]]]:
+    """Each row with a run whose method did not run isolated, and those runs' labels."""
+    found = []
+    for table in tables:
+        for row in table.rows:
+            runs = [label for label, mode in row.isolation["runs"].items() if mode != ISOLATED]
+            if runs:
+                found.append((row, runs))
+    return found
 
 
 #: A row's dtype where no run of it called the model (the random policy), or where the backend

@@ -135,12 +135,32 @@ def verification_cell(row: Row) -> str:
     return status if len(runs) < 2 or done in (0, len(runs)) else f"{status} ({done} of {len(runs)} runs)"
 
 
+#: Said below every table: what the Isolation column means.
+ISOLATION_NOTE = ("Isolation: process when the method's hooks ran in a worker process of their own "
+                  "(run.isolation=process: no reach into the harness, the record or the run directory, "
+                  "docs/security.md); in process when they ran in Arena's process, with its full "
+                  "reach; unknown (in process) for runs made before Arena recorded it. `arena "
+                  "leaderboard --require-isolation` refuses a board with a row that was not isolated.")
+
+
+def isolation_cell(row: Row) -> str:
+    """How the row's methods ran; a mixed row counts its runs of each kind."""
+    isolation = row.isolation
+    named = {"process": "process", "in_process": "in process", "unknown": "unknown (in process)"}
+    if isolation["mode"] != "mixed":
+        return named.get(str(isolation["mode"]), str(isolation["mode"]))
+    counts: dict[str, int] = {}
+    for mode in isolation["runs"].values():
+        counts[mode] = counts.get(mode, 0) + 1
+    return "mixed: " + ", ".join(f"{named.get(mode, mode)} {n}" for mode, n in sorted(counts.items()))
+
+
 def main_columns(table: Table) -> list[str]:
     splits = table.splits
     joined = " / ".join(splits)
     return (["#", "Method", "Model", "Track", "Seeds"] + [f"{s} success [95 % CI]" for s in splits]
             + [f"Progress ({joined})", f"Valid actions ({joined})", f"Steps ({joined})",
-               "Learn episodes", "Learn tokens", "Hours (learn + eval)", "Memory"]
+               "Learn episodes", "Learn tokens", "Hours (learn + eval)", "Memory", "Isolation"]
             + (["Verified"] if shows_verification(table) else []) + ["Flags"])
 
 
@@ -151,7 +171,7 @@ def main_cells(table: Table, rank: int, row: Row) -> list[str]:
             + [success_cell(row.splits.get(s)) for s in splits]
             + [per_split(row, splits, "progress_rate", True), per_split(row, splits, "valid_action_rate", True),
                per_split(row, splits, "mean_steps", False), count(row.cost["learn_episodes"]),
-               count(row.cost["learn_tokens"]), hours_cell(row), memory_cell(row)]
+               count(row.cost["learn_tokens"]), hours_cell(row), memory_cell(row), isolation_cell(row)]
             + ([verification_cell(row)] if shows_verification(table) else [])
             + ["; ".join(row.flags) or "-"])
 
@@ -170,6 +190,12 @@ EXPERIMENTS_NOTE = (
 def notes(tables: list[Table]) -> list[str]:
     """The board's notes; the one on verification only where a table shows it."""
     return NOTES + ([VERIFY_NOTE] if any(shows_verification(table) for table in tables) else [])
+
+
+def page_notes(tables: list[Table]) -> list[str]:
+    """The notes of README.md and index.html: the board's, and what the Isolation column means
+    (leaderboard.json says it per row, in ``isolation``)."""
+    return notes(tables) + [ISOLATION_NOTE]
 
 
 def type_columns(table: Table, split: str) -> list[str]:
@@ -281,7 +307,7 @@ def markdown(tables: list[Table], plots: dict[str, list[Plot]],
         lines += ["", "<details>", "<summary>per task type</summary>", ""]
         lines += _md_table(["Task type", *EXPERIMENT_COLUMNS], experiment_rows(report, overall=False))
         lines += ["", "</details>", ""]
-    lines += ["Notes:", ""] + [f"- {note}" for note in notes(tables)] + [""]
+    lines += ["Notes:", ""] + [f"- {note}" for note in page_notes(tables)] + [""]
     return "\n".join(lines)
 
 
@@ -390,7 +416,7 @@ def html_page(tables: list[Table], plots: dict[str, list[Plot]],
             parts.append(_html_table(["Task type", *EXPERIMENT_COLUMNS], experiment_rows(report, overall=False)))
             parts.append("</details>")
         parts.append("</section>")
-    parts.append('<ul class="note">' + "".join(f"<li>{_h(n)}</li>" for n in notes(tables)) + "</ul>")
+    parts.append('<ul class="note">' + "".join(f"<li>{_h(n)}</li>" for n in page_notes(tables)) + "</ul>")
     parts.append(f"<script>{JS}</script></body></html>")
     return "\n".join(parts) + "\n"
 

@@ -2,6 +2,10 @@
 
 ``RunDir.load_episodes`` repairs a torn file (it is the resume path); a report must never change a
 run it reads, so episode lines are parsed here without touching the file.
+
+A run's violations are on its signed record (``violations.jsonl``, one chain with the episodes):
+where results.json or state.json list other violations than the record, the run is reported
+invalid, with a violation that says so (:func:`violation_problems`).
 """
 
 from __future__ import annotations
@@ -20,9 +24,11 @@ from arena.core.rundir import (
     RESULTS,
     STATE,
     TRAJECTORIES,
+    VIOLATIONS,
     RunDirError,
     read_json,
     read_jsonl,
+    record_disagreement,
     unfinished_message,
 )
 from arena.core.types import EpisodeResult
@@ -51,6 +57,16 @@ class Run:
     chained: bool = True
     #: The run's verification.json (``arena verify``) where it has one of this very record.
     verification: dict[str, Any] | None = None
+    #: Where results.json or state.json disagree with the violations on record: each is also
+    #: in ``results["violations"]`` (and the run invalid), as the harness would have added it.
+    record_problems: list[str] = field(default_factory=list)
+
+    @property
+    def isolation(self) -> str:
+        """How the method ran (``provenance.isolation.mode``): ``process`` or ``in_process``;
+        ``unknown`` for a run from before Arena recorded it (it ran in Arena's process)."""
+        mode = ((self.results.get("provenance") or {}).get("isolation") or {}).get("mode")
+        return str(mode) if mode in ("process", "in_process") else "unknown"
 
     @property
     def verification_status(self) -> str:
@@ -151,7 +167,8 @@ def load_run(path: Path | str, verification: bool = True) -> Run:
     try:
         results = read_json(results_file, "its results")
         lines = read_episode_lines(path / EPISODES) if (path / EPISODES).is_file() else None
-        state = read_json(path / STATE, "its state") if (path / STATE).is_file() else {}
+        violation_lines = read_episode_lines(path / VIOLATIONS) if (path / VIOLATIONS).is_file() else None
+        state = read_json(path / STATE, "its state") if (path / STATE).is_file() else None
         metrics = read_metrics(path)
     except RunDirError as exc:
         raise ReportError(str(exc)) from exc
@@ -161,23 +178,34 @@ def load_run(path: Path | str, verification: bool = True) -> Run:
         raise ReportError(str(exc)) from exc
     episodes = None
     chained = False
+    on_record = None  # the violations on record; None where the run keeps no record of them
     if lines is not None:
-        chained = check_record(path, lines, results.get("record"))
+        chained, on_record = check_record(path, lines, results.get("record"), violation_lines)
         episodes = [EpisodeResult.from_dict(r) for r in lines]
+    elif violation_lines is not None:  # no episodes to chain them with: their messages only
+        on_record = [str(v.get(integrity.VIOLATION)) for v in violation_lines]
+    problems = violation_problems(on_record if violation_lines is not None else None,
+                                  results, state)
+    if problems:  # as the harness would have: the run is invalid, and says why
+        results = {**results, "valid": False,
+                   "violations": [*results.get("violations", []), *problems]}
     from arena.report.verify import VerifyError, read_verification
 
     try:
         verified = read_verification(path, (results.get("record") or {}).get("head")) if verification else None
     except VerifyError as exc:
         raise ReportError(str(exc)) from exc
-    return Run(path=path, results=results, episodes=episodes, state=state, metrics=metrics,
-               chained=chained, verification=verified)
+    return Run(path=path, results=results, episodes=episodes, state=state or {}, metrics=metrics,
+               chained=chained, verification=verified, record_problems=problems)
 
 
-def check_record(path: Path, lines: list[dict[str, Any]], record: dict[str, Any] | None) -> bool:
-    """Check episodes.jsonl's chain (and its trajectories and MACs where they can be checked)
-    against results.json's ``record``; True if chained, False for a run from before chaining.
-    A broken chain, or one that does not end where results.json says, is a ReportError."""
+def check_record(path: Path, lines: list[dict[str, Any]], record: dict[str, Any] | None,
+                 violations: list[dict[str, Any]] | None = None) -> tuple[bool, list[str]]:
+    """Check the chain of episodes.jsonl and violations.jsonl (and the trajectories and MACs
+    where they can be checked) against results.json's ``record``: (chained, the violations on
+    record); chained is False for a run from before chaining. A broken chain, or one that does
+    not end where results.json says, is a ReportError; violation lines only past that end (one
+    recorded as results.json was written) are returned, for :func:`violation_problems` to name."""
     episodes_file = path / EPISODES
     trajectories_file = path / TRAJECTORIES
     trajectories = trajectories_file.read_bytes().splitlines() if trajectories_file.is_file() else None
@@ -185,19 +213,42 @@ def check_record(path: Path, lines: list[dict[str, Any]], record: dict[str, Any]
         report = integrity.verify(lines, episodes_file, trajectories=trajectories,
                                   key=integrity.record_key(create=False),
                                   expected_key_id=(record or {}).get("key_id"),
-                                  breaks=set((record or {}).get("breaks", [])))
+                                  breaks=set((record or {}).get("breaks", [])),
+                                  violations=violations, violations_path=path / VIOLATIONS)
     except integrity.RecordError as exc:
         raise ReportError(str(exc)) from exc
     if record is None:
         if report.chained:
             raise ReportError(f"{path / RESULTS} has no record of its episodes' chain while "
                               f"{EPISODES} is chained: results.json was replaced.")
-        return False
-    if not report.chained or report.head != record.get("head") or report.lines != record.get("episodes"):
+        return False, report.violations
+    head = record.get("head")
+    ends_there = report.head == head or (
+        head in report.hashes and not any(report.is_episode[report.hashes.index(head) + 1:]))
+    if not report.chained or not ends_there or report.lines != record.get("episodes"):
         raise ReportError(f"{episodes_file} does not end where {path / RESULTS} says it does "
                           f"({record.get('episodes')} lines): lines were added, dropped or the file "
                           "was replaced. The run cannot be trusted.")
-    return True
+    return True, report.violations
+
+
+def violation_problems(on_record: list[str] | None, results: dict[str, Any],
+                       state: dict[str, Any] | None) -> list[str]:
+    """What makes a run invalid beyond what results.json says: results.json or state.json
+    listing other violations than the record (``on_record``; None for a run that keeps no
+    record of violations, made before Arena kept one or with none: then state.json's list is
+    the truth, and results.json must hold every entry of it)."""
+    listed = [str(v) for v in results.get("violations", [])]
+    in_state = None if state is None else [str(v) for v in state.get("violations", []) or []]
+    if on_record is None:
+        missing = [v for v in in_state or [] if v not in listed]
+        return [f"state.json lists {len(missing)} violations results.json does not (e.g. "
+                f"{missing[0][:160]!r}): results.json was edited."] if missing else []
+    problems = [record_disagreement(on_record, listed, "results.json")]
+    if in_state is not None:
+        problems.append(record_disagreement(on_record, in_state, "state.json"))
+    shown = [v for v in on_record if v not in listed]  # the record's own, shown with the rest
+    return [p for p in problems if p] + (shown if any(problems) else [])
 
 
 def load_runs(paths: list[Path | str]) -> list[Run]:

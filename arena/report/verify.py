@@ -13,6 +13,12 @@ and observations (a digest of the played episode), experiences shown.
 Outcomes (:data:`VERIFIED`, :data:`UNVERIFIED`, :data:`UNVERIFIABLE`) are written to the run's
 ``verification.json``, beside the signed record and never inside it. docs/security.md says what
 this stops and what it cannot.
+
+A board's committed run keeps its small files only (no trajectories.jsonl, no learned state). It
+re-verifies where it sits once its learned state (``store/``, ``method/``, kept by whoever made
+the run) is put back beside them, or right away for a method that learns nothing: the replay must
+hash to the ``digest_before_eval`` the committed state.json holds, and each episode's outcome is
+compared (its actions and observations only where trajectories.jsonl was kept).
 """
 
 from __future__ import annotations
@@ -49,22 +55,28 @@ from arena.core.rundir import (
     write_json_atomic,
 )
 from arena.core.salt import SALT_FILE
-from arena.core.types import EpisodeResult, Trajectory
+from arena.core.types import EpisodeResult, Task, Termination, Trajectory
 from arena.report.runs import ReportError, load_run
 
 VERIFICATION = "verification.json"
 VERIFIED, UNVERIFIED, UNVERIFIABLE = "verified", "unverified", "unverifiable"
 #: ``arena verify``'s exit status for each outcome.
 EXIT_CODES = {VERIFIED: 0, UNVERIFIED: 1, UNVERIFIABLE: 3}
-#: state.json keys that evaluation added (or a repair): the replay starts without them.
+#: state.json keys that evaluation added (or a repair): the replay starts without them. And the
+#: run's violations: they belong to its own record (violations.jsonl), which the replay does
+#: not copy; a violation the replay commits is its own.
 EVALUATION_STATE_KEYS = ("digest_after_eval", "cost_evaluate", "record_breaks", "record_damaged",
-                         "resumed_by")
+                         "resumed_by", "violations")
 #: The harness's message when a resumed method does not hash to the state learning ended with
 #: (``Session._evaluate``): the learned state could not be restored.
 NOT_RESTORED = "The method's state on resume differs from the state learning ended with"
 #: Fields of an episode's record compared with the replay's (costs and clocks are not).
 COMPARED_FIELDS = ("status", "success", "steps", "valid_actions", "reward", "progress",
                    "experience_ids", "copy_of")
+#: Said where the run kept no trajectories.jsonl (a board's committed run).
+OUTCOMES_ONLY = ("outcomes compared, not actions: the run keeps no trajectories.jsonl (a board's "
+                 "committed run), so each episode's status, success, steps, valid actions, reward, "
+                 "progress and experiences shown were compared, not what was played step by step")
 #: At most this many differing episodes are listed in verification.json (all are counted).
 MAX_LISTED = 200
 EVALUATE = "evaluate"
@@ -196,13 +208,25 @@ def prepare_replay(run_path: Path, replay: Path, results: dict[str, Any],
         if (run_path / name).is_dir():
             shutil.copytree(run_path / name, replay / name)
     directory = RunDir(replay)
+    kept_trajectories = (run_path / TRAJECTORIES).is_file()
     for record in records:
         if record.phase == EVALUATE:
             continue
         trajectory = trajectories.get(record.key)
-        if trajectory is None:
+        if trajectory is None and kept_trajectories:
             raise VerifyError(f"{run_path / TRAJECTORIES} lacks the learning episode {record.key}.")
-        directory.record(record, Trajectory.from_dict(trajectory))
+        directory.record(record, Trajectory.from_dict(trajectory) if trajectory is not None
+                         else outcome_only(record, str(results.get("env"))))
+
+
+def outcome_only(record: EpisodeResult, env: str) -> Trajectory:
+    """A learning episode's trajectory where the run kept none (a board's committed run): its
+    outcome without its steps. The replay resumes after learning, so no learning episode is
+    played or read again; the record keeps its count and cost."""
+    task = Task(task_id=record.task_id, env=env, split=record.split, task_type=record.task_type, goal="")
+    return Trajectory(task=task, initial_observation="", status=Termination(record.status),
+                      reward=record.reward, progress=record.progress,
+                      experience_ids=list(record.experience_ids), error=record.error)
 
 
 def _replay_in_subprocess(replay: Path) -> None:
@@ -259,11 +283,12 @@ def episode_name(key: tuple) -> str:
     return f"{split}/{task_id} seed {seed}" + ("" if variant == "default" else f" ({variant})")
 
 
-def compare_episodes(recorded: list[EpisodeResult], recorded_trajectories: dict[tuple, dict[str, Any]],
+def compare_episodes(recorded: list[EpisodeResult], recorded_trajectories: dict[tuple, dict[str, Any]] | None,
                      replayed: list[EpisodeResult], replayed_trajectories: dict[tuple, dict[str, Any]],
                      ) -> tuple[int, list[dict[str, Any]]]:
     """(episodes compared, the differing ones): every evaluation episode of the run against the
-    replay's of the same key, and every replayed key the run does not have."""
+    replay's of the same key, and every replayed key the run does not have. Without
+    ``recorded_trajectories`` (a run that kept none) outcomes are compared, not the play."""
     ours = {r.key: r for r in recorded if r.phase == EVALUATE}
     theirs = {r.key: r for r in replayed if r.phase == EVALUATE}
     differing: list[dict[str, Any]] = []
@@ -277,8 +302,8 @@ def compare_episodes(recorded: list[EpisodeResult], recorded_trajectories: dict[
             continue
         a, b = ours[key].to_dict(), theirs[key].to_dict()
         fields = {name: [a.get(name), b.get(name)] for name in COMPARED_FIELDS if a.get(name) != b.get(name)}
-        traj_a, traj_b = recorded_trajectories.get(key), replayed_trajectories.get(key)
-        if played_digest(traj_a) != played_digest(traj_b):
+        traj_a, traj_b = (recorded_trajectories or {}).get(key), replayed_trajectories.get(key)
+        if recorded_trajectories is not None and played_digest(traj_a) != played_digest(traj_b):
             fields["played"] = [played_digest(traj_a), played_digest(traj_b)]
             step = _first_differing_step(traj_a, traj_b)
             if step is not None:
@@ -333,6 +358,12 @@ def verify_run(path: Path | str, *, plugins: Any = None, keep: Path | str | None
         if write:
             write_verification(run_path, outcome.to_json(record_head))
         return outcome
+    if run.record_problems:  # its violations were edited: the record is not what results say
+        outcome = Verification(UNVERIFIED, f"The run's violations do not match its record: "
+                               f"{run.record_problems[0]}")
+        if write:
+            write_verification(run_path, outcome.to_json(record_head))
+        return outcome
     try:
         outcome = _verify(run_path, run.results, run.episodes or [], plugins, keep)
     except VerifyError as exc:
@@ -346,11 +377,13 @@ def _verify(run_path: Path, results: dict[str, Any], records: list[EpisodeResult
             keep: Path | str | None) -> Verification:
     if not records:
         raise VerifyError(f"{run_path} has no {EPISODES}: nothing to compare a replay with.")
-    if not (run_path / TRAJECTORIES).is_file():
-        raise VerifyError(f"{run_path} has no {TRAJECTORIES}: the actions it played are not kept, so "
-                          "a replay cannot be compared with them (a board keeps only the small files "
-                          "of its runs; verify the run where it was made).")
-    trajectories = trajectories_by_key(run_path)
+    salt = str((results.get("protocol") or {}).get("eval_salt") or "public")
+    if salt.startswith("secret") and not (run_path / SALT_FILE).is_file():
+        raise VerifyError(f"{run_path} was evaluated on a secret test draw ({salt}) whose salt is not "
+                          f"here ({SALT_FILE} is never committed): verify it where it was made, or "
+                          "evaluate its learned state anew with `arena evaluate --state`.")
+    kept_trajectories = (run_path / TRAJECTORIES).is_file()
+    trajectories = trajectories_by_key(run_path) if kept_trajectories else {}
     if keep is not None and Path(keep).exists():
         raise VerifyError(f"{keep} exists; the replay needs a new folder.")
     replay = Path(keep) if keep is not None else Path(tempfile.mkdtemp(prefix="arena-verify-")) / "replay"
@@ -363,14 +396,19 @@ def _verify(run_path: Path, results: dict[str, Any], records: list[EpisodeResult
         replayed_results = read_json(replay / RESULTS, "the replay's results")
         not_restored = [v for v in replayed_results.get("violations", []) if v.startswith(NOT_RESTORED)]
         if not_restored:
+            absent = [name for name in LEARNED_STATE if not (run_path / name).is_dir()]
+            where = (f" {run_path} has no {' or '.join(f'{name}/' for name in absent)}: a board keeps "
+                     "only its runs' small files, so put back the learned state the run's maker kept "
+                     "(it must hash to state.json's digest_before_eval) and verify again."
+                     if absent else "")
             raise VerifyError(
                 "The method's learned state could not be restored from the run directory: "
                 f"{not_restored[0]} Its learned state is not (all) on disk (e.g. weights not saved, "
                 "or a method that does not reload them when built), so its evaluation cannot be "
-                "replayed.")
+                f"replayed.{where}")
         replayed = [EpisodeResult.from_dict(r) for r in read_jsonl(replay / EPISODES, repair=False)]
-        compared, differing = compare_episodes(records, trajectories, replayed,
-                                               trajectories_by_key(replay))
+        compared, differing = compare_episodes(records, trajectories if kept_trajectories else None,
+                                               replayed, trajectories_by_key(replay))
         summary = {"arena_version": arena.__version__,
                    "run_arena_version": results.get("provenance", {}).get("arena_version"),
                    "valid": replayed_results.get("valid"),
@@ -382,6 +420,9 @@ def _verify(run_path: Path, results: dict[str, Any], records: list[EpisodeResult
         changed = [f"{k} {made.get(k)} -> {v}" for k, v in now.items() if made.get(k) not in (None, v)]
         versions = ([f"replayed by another Arena than the run's ({'; '.join(changed)}): a difference "
                      "may come from a change of Arena itself"] if changed else [])
+        if not kept_trajectories:
+            versions.append(OUTCOMES_ONLY)
+            summary["compared"] = "outcomes"
         new_violations = [v for v in replayed_results.get("violations", [])
                           if v not in results.get("violations", [])]
         if differing or new_violations:
@@ -395,7 +436,8 @@ def _verify(run_path: Path, results: dict[str, Any], records: list[EpisodeResult
             return Verification(UNVERIFIED, "; ".join(parts) + ".", compared, differing,
                                 (dtype_notes(results, replayed_results) if differing else []) + versions,
                                 summary)
-        return Verification(VERIFIED, f"All {compared} evaluation episodes replay exactly from the "
+        exactly = "exactly" if kept_trajectories else "with the same outcomes (no trajectories kept)"
+        return Verification(VERIFIED, f"All {compared} evaluation episodes replay {exactly} from the "
                             "run's learned state.", compared, [], versions, summary)
     finally:
         if keep is None:

@@ -9,6 +9,7 @@ A task's seed fixes its layout and mission; its level is its task type.
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.metadata
 from typing import Any, cast
 
@@ -29,6 +30,7 @@ from arena.core.env import (
     Episode,
     Instructions,
     SaltedTestDraws,
+    draw_games,
     drawn_seed,
 )
 from arena.core.types import Observation, Task
@@ -37,9 +39,12 @@ from arena.envs.babyai.levels import DEFAULT_SEEN, DEFAULT_UNSEEN, check_held_ou
 from arena.envs.babyai.view import egocentric_view
 
 #: Bump when a change alters any task or reply. Task ids carry it with minigrid's version, whose
-#: level generators define the layouts.
-VERSION = f"1.0-minigrid{importlib.metadata.version('minigrid')}"
-#: Minigrid seeds of task ``i`` of split ``s``: ``world seed * WORLD_STRIDE + SPLIT_SEED_BASE[s] + i``.
+#: level generators define the layouts. 2.0: splits keep only games of their family, so no valid
+#: or test game is a train game (1.0's test_seen 00024 was train 00956: same grid, position and
+#: direction).
+VERSION = f"2.0-minigrid{importlib.metadata.version('minigrid')}"
+#: Minigrid seeds of split ``s`` are drawn from ``world seed * WORLD_STRIDE + SPLIT_SEED_BASE[s] +
+#: draw``; a split keeps the draws whose game is of its family (:func:`~arena.core.env.draw_games`).
 SPLIT_SEED_BASE = {
     TRAIN_SPLIT: 0,
     VALID_SPLIT: 1_000_000,
@@ -112,9 +117,20 @@ def _mission_env(level: str) -> Any:
 
 def mission_of(level: str, seed: int) -> tuple[str, int]:
     """The mission and step limit of ``level`` at ``seed`` (what a task records)."""
+    mission, limit, _ = game_of(level, seed)
+    return mission, limit
+
+
+def game_of(level: str, seed: int) -> tuple[str, int, str]:
+    """The mission, step limit and game identity of ``level`` at ``seed``: the level, the
+    mission, the whole grid (every cell's object, colour and state) and the agent's start."""
     env = _mission_env(level)
     observation = _reset(env, seed)
-    return str(observation["mission"]), int(env.max_steps)
+    world = env.unwrapped
+    grid = hashlib.sha256(world.grid.encode().tobytes()).hexdigest()
+    identity = repr((level, str(observation["mission"]), grid, tuple(int(v) for v in world.agent_pos),
+                     int(world.agent_dir)))
+    return str(observation["mission"]), int(env.max_steps), identity
 
 
 class BotStuck(RuntimeError):
@@ -274,11 +290,11 @@ class BabyAIEnvironment(SaltedTestDraws, Environment):
     def levels_of(self, split: str) -> tuple[str, ...]:
         return self.unseen_levels if split in (TEST_SPLITS[1], POOL_SPLIT) else self.seen_levels
 
-    def _make_task(self, split: str, index: int) -> Task:
+    def _make_task(self, split: str, index: int, draw: int) -> tuple[Task, str]:
         levels = self.levels_of(split)
         level = levels[index % len(levels)]
-        seed = drawn_seed(self._salt, split, index, self.seed * WORLD_STRIDE + SPLIT_SEED_BASE[split] + index)
-        mission, limit = mission_of(level, seed)
+        seed = drawn_seed(self._salt, split, draw, self.seed * WORLD_STRIDE + SPLIT_SEED_BASE[split] + draw)
+        mission, limit, identity = game_of(level, seed)
         return Task(
             task_id=f"babyai/{VERSION}/s{self.seed}/{split}/{index:05d}",
             env=self.name,
@@ -286,22 +302,27 @@ class BabyAIEnvironment(SaltedTestDraws, Environment):
             task_type=level,
             goal=text.recolour(mission) if self.recolour else mission,
             payload={"level": level, "seed": seed, "max_steps": limit},
-        )
+        ), identity
+
+    def _draw(self, split: str, size: int) -> list[Task]:
+        return draw_games("babyai", split, size, lambda index, draw: self._make_task(split, index, draw))
+
+    def game_identity(self, task: Task) -> str:
+        return game_of(str(task.payload["level"]), int(task.payload["seed"]))[2]
 
     def tasks(self, split: str) -> list[Task]:
         if split not in self.sizes:
             raise ValueError(f"unknown split {split!r} for env {self.name!r}; "
                              f"available splits: {', '.join(self.split_names())}")
         if split not in self._tasks:
-            self._tasks[split] = [self._make_task(split, i) for i in range(self.sizes[split])]
+            self._tasks[split] = self._draw(split, self.sizes[split])
         return list(self._tasks[split])
 
     def pool_tasks(self) -> list[Task]:
         """The held-out levels with as many tasks per level as train has, from their own seeds."""
         per_level = -(-self.sizes[TRAIN_SPLIT] // len(self.seen_levels))
         if POOL_SPLIT not in self._tasks:
-            self._tasks[POOL_SPLIT] = [self._make_task(POOL_SPLIT, i)
-                                       for i in range(per_level * len(self.unseen_levels))]
+            self._tasks[POOL_SPLIT] = self._draw(POOL_SPLIT, per_level * len(self.unseen_levels))
         return list(self._tasks[POOL_SPLIT])
 
     @functools.cached_property

@@ -1,4 +1,5 @@
-"""The household environment: four splits of generated tasks over disjoint ranges of layouts."""
+"""The household environment: four splits of generated tasks, none of whose valid or test games
+is a train game (each split keeps only games of its family: :func:`arena.core.env.draw_games`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from arena.core.env import (
     Environment,
     Instructions,
     SaltedTestDraws,
+    draw_games,
     drawn_seed,
 )
 from arena.core.types import Task
@@ -19,11 +21,14 @@ from arena.envs.household.layout import generate
 from arena.envs.household.levels import HARD, get_level
 from arena.envs.household.world import HouseholdEpisode
 
-#: Bump when a change alters any task, room or reply; task ids carry it.
-VERSION = "1.0"
+#: Bump when a change alters any task, room or reply; task ids carry it. 2.0: splits keep only
+#: games of their family, so no valid or test game is a train game (1.0's ``easy`` level had 21
+#: test_seen games of 120 equal to train games, 39 with the same first prompt).
+VERSION = "2.0"
 
-#: Layout seeds of split ``s`` are ``SPLIT_SEED_BASE[s] + index``: disjoint ranges, so a test
-#: room is never a train or valid room.
+#: Layout seeds of split ``s`` are drawn from ``SPLIT_SEED_BASE[s] + draw``: disjoint ranges of
+#: seeds. A small level has far fewer distinct games than seeds, so disjoint seeds alone do not
+#: keep a test game out of train: the game's identity decides (``game_identity``).
 SPLIT_SEED_BASE = {
     TRAIN_SPLIT: 0,
     VALID_SPLIT: 1_000_000,
@@ -44,15 +49,17 @@ SPLIT_TASK_TYPES = {
 }
 
 
-def make_task(world_seed: int, split: str, index: int, level: str = HARD, salt: str | None = None) -> Task:
-    """Task ``index`` of ``split`` at ``level``; it depends on nothing else, so sizes only cut
-    lists short. The original level's ids and payloads are those of the world before levels
-    existed (so its split hashes, and the runs made on it, stay valid); the others name their
-    level in both. Under an evaluation ``salt`` a test task's room comes from the salt
+def make_task(world_seed: int, split: str, index: int, level: str = HARD, salt: str | None = None,
+              draw: int | None = None) -> Task:
+    """Task ``index`` of ``split`` at ``level``, its room from the split's ``draw``-th layout seed
+    (by default ``index``-th: :meth:`HouseholdEnvironment.tasks` passes the draw its game was
+    kept at). The levels other than ``hard`` name themselves in ids and payloads. Under an
+    evaluation ``salt`` a test task's room comes from the salt
     (:func:`~arena.core.env.salted_seed`); its id and type do not change."""
     types = SPLIT_TASK_TYPES[split]
     task_type = types[index % len(types)]
-    layout_seed = drawn_seed(salt, split, index, SPLIT_SEED_BASE[split] + index)
+    draw = index if draw is None else draw
+    layout_seed = drawn_seed(salt, split, draw, SPLIT_SEED_BASE[split] + draw)
     layout, goal = generate(world_seed, layout_seed, task_type, level)
     level_part = "" if level == HARD else f"{level}/"
     payload: dict[str, object] = {
@@ -74,6 +81,17 @@ def make_task(world_seed: int, split: str, index: int, level: str = HARD, salt: 
         goal=goal.text,
         payload=payload,
     )
+
+
+def game_identity(task: Task) -> str:
+    """The game of a household task: its type and goal, the room and its receptacles, and
+    which kinds of object start where. Copies of one kind and their numbers are left out: a room
+    with two breads on the table is the same game as one with one bread there."""
+    payload = task.payload
+    layout, goal = generate(int(payload["world_seed"]), int(payload["layout_seed"]), task.task_type,
+                            str(payload.get("level", HARD)))
+    starts = sorted({(kind, layout.receptacles[where]) for kind, where in zip(layout.object_types, layout.start)})
+    return repr((task.task_type, goal.object_type, goal.target, goal.lamp, layout.room, layout.receptacles, starts))
 
 
 class HouseholdEnvironment(SaltedTestDraws, Environment):
@@ -125,10 +143,18 @@ class HouseholdEnvironment(SaltedTestDraws, Environment):
                 f"available splits: {', '.join(self.split_names())}"
             )
         if split not in self._tasks:
-            self._tasks[split] = [
-                make_task(self.seed, split, i, self.level, self._salt) for i in range(self.sizes[split])
-            ]
+            self._tasks[split] = self._draw(split, self.sizes[split])
         return list(self._tasks[split])
+
+    def _draw(self, split: str, size: int) -> list[Task]:
+        def candidate(index: int, draw: int) -> tuple[Task, str]:
+            task = make_task(self.seed, split, index, self.level, self._salt, draw)
+            return task, game_identity(task)
+
+        return draw_games(f"household {self.level}", split, size, candidate)
+
+    def game_identity(self, task: Task) -> str:
+        return game_identity(task)
 
     def pool_tasks(self) -> list[Task]:
         """The held-out types with as many tasks per type as train has (600 at the default
@@ -136,8 +162,7 @@ class HouseholdEnvironment(SaltedTestDraws, Environment):
         per_type = -(-self.sizes[TRAIN_SPLIT] // len(cat.SEEN_TASK_TYPES))
         size = per_type * len(cat.UNSEEN_TASK_TYPES)
         if POOL_SPLIT not in self._tasks:
-            self._tasks[POOL_SPLIT] = [make_task(self.seed, POOL_SPLIT, i, self.level)
-                                       for i in range(size)]
+            self._tasks[POOL_SPLIT] = self._draw(POOL_SPLIT, size)
         return list(self._tasks[POOL_SPLIT])
 
     def instructions(self) -> Instructions:

@@ -2,7 +2,7 @@
 
 A level is defined by world parameters alone (how many receptacles a room keeps, how many
 distractor object types it holds, whether goal objects start in view), never by how any method
-scores on it. ``hard`` is the original world, generated exactly as before (same rooms, task ids
+scores on it. ``hard`` is the original world: its rooms are drawn as before levels existed (its task ids
 and split hashes); the easier levels trim what ``hard`` would draw, with their own random stream,
 so that ``hard`` never consumes a draw it did not consume before.
 

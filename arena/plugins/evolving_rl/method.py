@@ -412,6 +412,11 @@ class EvolvingRL:
     # -- evaluation ---------------------------------------------------------------------------
 
     @arena.hookimpl
+    def evaluation_variants(self, run: Run) -> list[str]:
+        """The without-skill episode :meth:`solve` plays beside each result, declared before play."""
+        return [] if self.cfg.mode == "grpo" or not self.cfg.eval_with_skill else ["without_skill"]
+
+    @arena.hookimpl
     def solve(self, run: Run, task: Task, experiences: list[Experience],
               seed: int) -> Trajectory | None:
         """Paired evaluation with a skill extracted from the most similar train task."""
