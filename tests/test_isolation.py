@@ -340,3 +340,21 @@ def test_an_isolated_command_line_run_imports_arena_wherever_it_is_installed(tmp
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["valid"] is True and results["provenance"]["isolation"]["mode"] == "process"
+
+
+def test_a_closed_channels_reader_ends_before_its_descriptor_can_be_reused():
+    """A connection closed under a reader blocked in recv freed its descriptor while the recv
+    still waited on the number; the next pipe opened (a replacement worker's, the next test's)
+    could get the number, and the old reader then took that pipe's frames (an answer never
+    arrived: a hang). Closing now wakes the reader and waits for it to end first."""
+    import multiprocessing
+
+    from arena.core.rpc import Channel
+
+    ours, theirs = multiprocessing.Pipe()
+    channel = Channel(ours, "h", lambda obj: None).start()
+    time.sleep(0.05)  # the reader is now blocked in recv
+    channel.close()
+    assert not channel._reader.is_alive()
+    assert channel.closed == "closed"
+    theirs.close()

@@ -525,3 +525,23 @@ def test_require_isolation_refuses_rows_that_were_not_isolated(runs, isolated, t
                                         "--require-isolation"])
     assert accepted.exit_code == 0, accepted.output
     assert (out / "README.md").is_file()
+
+
+def test_a_row_says_where_its_runs_ran_and_when_learning_spans_commits():
+    """Issue 55: float32 kernels differ by instruction set and a row's runs may have run on two
+    machines, or learned across commits; the row says so, and says nothing for runs made before
+    Arena recorded it."""
+    from arena.report.aggregate import row_flags, row_provenance
+
+    xeon = {"git_sha": "a" * 40, "cpu": {"model": "Xeon", "isa": ["avx2", "avx512f"]}}
+    epyc = {"git_sha": "b" * 40, "cpu": {"model": "EPYC", "isa": ["avx2"]}}
+    first, second = (_constructed_run(label, seed, {"a": True}, 10) for label, seed in (("s0", 0), ("s1", 1)))
+    assert not [f for f in row_flags([first, second], {}) if "machines" in f or "commits" in f]
+    assert "machines" not in row_provenance([first, second])
+    first.results["provenance"]["phases"] = {"learn": [xeon], "evaluate": [xeon]}
+    second.results["provenance"]["phases"] = {"learn": [xeon, epyc], "evaluate": [epyc]}
+    flags = row_flags([first, second], {})
+    assert "ran on 2 machines: EPYC (avx2); Xeon (avx2+avx512f)" in flags
+    assert f"learning spans commits: s1 ({'a' * 12}, {'b' * 12})" in flags
+    assert not any(f.startswith("learning spans commits: s0") for f in flags)
+    assert row_provenance([first, second])["machines"] == ["EPYC (avx2)", "Xeon (avx2+avx512f)"]

@@ -25,8 +25,10 @@ import enum
 import inspect
 import io
 import itertools
+import os
 import pickle
 import queue
+import socket
 import threading
 import time
 import traceback
@@ -392,6 +394,12 @@ class Channel:
     def close(self, why: str = "closed") -> None:
         if self._closed is None:
             self._closed = why
+        # Wake the reader first and let it end: a connection closed under a reader blocked in
+        # recv frees its file descriptor while that recv still waits on the number, and the next
+        # pipe or socket opened (a replacement worker's) can get the number and lose frames to it.
+        self._shut_down()
+        if self._reader.is_alive() and threading.current_thread() is not self._reader:
+            self._reader.join(timeout=10)
         try:
             self._connection.close()
         except OSError:
@@ -399,6 +407,15 @@ class Channel:
         for inbox in list(self._inboxes.values()):
             inbox.put(("closed", why))
         self._ended.set()
+
+    def _shut_down(self) -> None:
+        """End both directions of the connection's socket (a reader blocked on it gets EOF) while
+        its descriptor stays open; nothing where the connection is no socket."""
+        try:
+            with socket.socket(fileno=os.dup(self._connection.fileno())) as end:
+                end.shutdown(socket.SHUT_RDWR)
+        except (OSError, ValueError):
+            pass
 
     @property
     def closed(self) -> str | None:

@@ -425,7 +425,27 @@ def row_flags(runs: list[Run], mixed: dict[str, Any]) -> list[str]:
         flags.append(f"record not chained (made before Arena chained its records): {', '.join(unchained)}")
     for name, value in mixed.items():
         flags.append(f"mixed: {name}={_show(value)}")
+    machines = sorted({_machine(session) for run in runs for session in _sessions(run)})
+    if len(machines) > 1:  # float32 kernels round differently by instruction set (docs/numerics.md)
+        flags.append(f"ran on {len(machines)} machines: {'; '.join(machines)}")
+    for run in runs:
+        learned_at = sorted({str(s.get("git_sha") or s.get("arena_version"))[:12]
+                             for s in _sessions(run, "learn")})
+        if len(learned_at) > 1:
+            flags.append(f"learning spans commits: {run.label} ({', '.join(learned_at)})")
     return flags
+
+
+def _sessions(run: Run, phase: str | None = None) -> list[dict[str, Any]]:
+    """The sessions of a run's phases (``provenance.phases``; none for runs made before it)."""
+    phases = run.results.get("provenance", {}).get("phases") or {}
+    return [s for name, sessions in phases.items() if phase in (None, name) for s in sessions]
+
+
+def _machine(session: dict[str, Any]) -> str:
+    cpu = session.get("cpu") or {}
+    isa = "+".join(cpu.get("isa") or []) or "unknown instruction set"
+    return f"{cpu.get('model', 'unknown CPU')} ({isa})" + (f", {session['gpu']}" if session.get("gpu") else "")
 
 
 def _short(values: Iterable[Any]) -> list[str]:
@@ -441,6 +461,8 @@ def row_provenance(runs: list[Run]) -> dict[str, Any]:
         "model": _short(p.get("model", {}).get("id") for p in provenances),
         "dtype": sorted({r.model_dtype or (NO_DTYPE if r.called_model else NO_MODEL_CALL) for r in runs}),
         "weights_sha256": _short(p.get("model", {}).get("weights_sha256") for p in provenances),
+        # Where each phase ran (runs made before Arena recorded it add nothing).
+        **({"machines": machines} if (machines := sorted({_machine(s) for r in runs for s in _sessions(r)})) else {}),
         "seeds": sorted(seed for r in runs for seed in r.seeds),
         "runs": [r.label for r in runs],
     }

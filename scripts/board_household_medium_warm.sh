@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The household `medium` board (world 2.0) on its warm-start base (docs/warmstart.md): every row
+# under one protocol (full test splits, the environment's step limit, float32, every method
+# isolated on the board's public draw, SkillRL excepted: it cannot run isolated yet) and one
+# learning budget, B = 72 train episodes learned from: what `grpo --preset cpu` plays (3
+# iterations x 3 tasks x groups of 8; its 48 greedy valid episodes only draw the learning curve).
+# docs/board_budget.md says what each row spends B on and why each override is arithmetic on B.
+# Rows already finished are skipped; an interrupted one is resumed.
+# Usage: bash scripts/board_household_medium_warm.sh [ROW ...] (default: all rows). One run at a
+# time: two share 2 cores badly.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNS="${RUNS:-/work/runs/household-medium-warm}"
+BOARD=leaderboards/household-medium-warm
+COMMON=(--env household env.level=medium eval.limit=null llm.dtype=float32)
+ISOLATED=(run.isolation=process eval.salt=public)
+mkdir -p "$RUNS"
+
+if [[ -f "$BOARD/base/manifest.json" ]]; then WARM="$BOARD/base"; else WARM=household-medium; fi
+
+run_row() {  # run_row ROW METHOD [ARGS...]
+    local row=$1 method=$2; shift 2
+    local out="$RUNS/$row"
+    if [[ -f "$out/results.json" ]]; then echo "[board] $row: done" >&2; return; fi
+    if [[ -d "$out" ]]; then
+        echo "[board] $row: resuming" >&2
+        arena run --resume "$out" ${RESUME_ARGS:-}
+    else
+        echo "[board] $row: arena run --method $method ${COMMON[*]} llm.warmstart=$WARM $*" >&2
+        arena run --method "$method" "${COMMON[@]}" "llm.warmstart=$WARM" --out "$out" "$@"
+    fi
+}
+
+# ROW-seedS: the row's method and budget overrides at seed S (run.seeds=[S] learn.seed=S: the test
+# tasks are the board's public draw whatever S; greedy evaluation; S varies what learning samples,
+# and runs of one row with different seeds pool into the row).
+row_args() {  # row_args ROW -> METHOD ARGS...
+    case "$1" in
+        base) echo base ;;
+        random) echo random ;;
+        rag|memrl) echo "$1 learn.budget.episodes=72" ;;
+        mem0|reflexion) echo "$1 --preset cpu learn.budget.episodes=72" ;;
+        expel) echo "expel method.train_tasks=24 learn.budget.episodes=72" ;;
+        grpo|gigpo) echo "$1 --preset cpu" ;;
+        evolving_rl) echo "evolving_rl --preset cpu method.n_skills=7" ;;
+        skillrl) echo "skillrl method.rl.steps=5" ;;
+        *) return 1 ;;
+    esac
+}
+
+rows=("$@")
+if [[ ${#rows[@]} -eq 0 ]]; then
+    rows=(base-seed0 random-seed0 random-seed1 random-seed2)
+    for method in rag memrl mem0 reflexion expel grpo gigpo evolving_rl skillrl; do rows+=("$method-seed0"); done
+fi
+for row in "${rows[@]}"; do
+    name=${row%-seed*} seed=${row##*-seed}
+    if ! read -r -a args <<<"$(row_args "$name")" || [[ ${#args[@]} -eq 0 ]]; then echo "unknown row $row" >&2; exit 2; fi
+    isolation=("${ISOLATED[@]}")
+    [[ "$name" == skillrl ]] && isolation=(eval.salt=public)
+    run_row "$row" "${args[@]}" "run.seeds=[$seed]" "learn.seed=$seed" "${isolation[@]}"
+done
