@@ -57,7 +57,7 @@ from arena.core.env import Episode, Instructions
 from arena.core.llm import LLMBackend
 from arena.core.method_state import Checkpoints, MethodState, OutsideFolder
 from arena.core.progress import ProgressTask
-from arena.core.run_api import BudgetView, EpisodeRequest, Run, Store
+from arena.core.run_api import BudgetView, EpisodeRequest, Run, Store, protocol_names
 from arena.core.services import GuardedStore
 from arena.core.views import EnvironmentView
 
@@ -69,17 +69,6 @@ WORKER_DATA_MODULES = ("arena.core.types", "arena.core.llm", "arena.core.run_api
                        "arena.core.rpc", "arena.core.solver", "arena.core.rl.data")
 #: Top-level packages whose objects the harness sends by value (plain data and configs).
 HARNESS_DATA_PACKAGES = ("builtins", "collections", "typing", "omegaconf", "numpy")
-
-
-def protocol_names(*protocols: type) -> frozenset[str]:
-    """The public names a protocol (or ABC) declares in its own body and its bases'."""
-    names: set[str] = set()
-    for protocol in protocols:
-        for klass in protocol.__mro__:
-            if klass.__module__ in ("typing", "builtins", "abc"):
-                continue
-            names.update(name for name in vars(klass) if not name.startswith("_"))
-    return frozenset(names)
 
 
 #: What the worker may use of each harness object it is handed, by the object's class.
