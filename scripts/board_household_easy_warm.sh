@@ -18,18 +18,8 @@ mkdir -p "$RUNS"
 # The base every run serves: the committed one where it exists, else the recipe (built on first use).
 if [[ -f "$BOARD/base/manifest.json" ]]; then WARM="$BOARD/base"; else WARM=household-easy; fi
 
-run_row() {  # run_row ROW METHOD [ARGS...]
-    local row=$1 method=$2; shift 2
-    local out="$RUNS/$row"
-    if [[ -f "$out/results.json" ]]; then echo "[board] $row: done" >&2; return; fi
-    if [[ -d "$out" ]]; then
-        echo "[board] $row: resuming" >&2
-        arena run --resume "$out" ${RESUME_ARGS:-}
-    else
-        echo "[board] $row: arena run --method $method ${COMMON[*]} llm.warmstart=$WARM $*" >&2
-        arena run --method "$method" "${COMMON[@]}" "llm.warmstart=$WARM" --out "$out" "$@"
-    fi
-}
+# shellcheck source=board_rows.sh
+source scripts/board_rows.sh  # from the repository root (the cd above)
 
 rows=("$@")
 if [[ ${#rows[@]} -eq 0 ]]; then

@@ -18,18 +18,8 @@ mkdir -p "$RUNS"
 
 if [[ -f "$BOARD/base/manifest.json" ]]; then WARM="$BOARD/base"; else WARM=household-medium; fi
 
-run_row() {  # run_row ROW METHOD [ARGS...]
-    local row=$1 method=$2; shift 2
-    local out="$RUNS/$row"
-    if [[ -f "$out/results.json" ]]; then echo "[board] $row: done" >&2; return; fi
-    if [[ -d "$out" ]]; then
-        echo "[board] $row: resuming" >&2
-        arena run --resume "$out" ${RESUME_ARGS:-}
-    else
-        echo "[board] $row: arena run --method $method ${COMMON[*]} llm.warmstart=$WARM $*" >&2
-        arena run --method "$method" "${COMMON[@]}" "llm.warmstart=$WARM" --out "$out" "$@"
-    fi
-}
+# shellcheck source=board_rows.sh
+source scripts/board_rows.sh  # from the repository root (the cd above)
 
 # ROW-seedS: the row's method and budget overrides at seed S (run.seeds=[S] learn.seed=S: the test
 # tasks are the board's public draw whatever S; greedy evaluation; S varies what learning samples,

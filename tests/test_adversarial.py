@@ -55,6 +55,18 @@ class Hostile:
         self.run = run
 
 
+def following(shadow):
+    """A policy that plays the expert's move of ``shadow`` (a copy of the game the method got
+    hold of) and keeps the copy in step: what every expert-copying attack below plays."""
+
+    def follow(observation, trajectory):
+        action = shadow.expert_action() or "look"
+        shadow.step(action)
+        return Action(action)
+
+    return follow
+
+
 # -- 1. a made-up trajectory ----------------------------------------------------------------------
 
 
@@ -100,13 +112,7 @@ class ShadowExpert(Hostile):
         ShadowExpert.payloads.append(dict(task.payload))
         shadow = run.env.open(task)
         shadow.reset()
-
-        def copy_expert(observation, trajectory):
-            action = shadow.expert_action() or "look"
-            shadow.step(action)
-            return Action(action)
-
-        return run.play_policy(task, copy_expert, experiences)
+        return run.play_policy(task, following(shadow), experiences)
 
 
 def test_a_shadow_episode_at_evaluation_is_refused_and_test_payloads_are_hidden(plugins, fast, tmp_path):
@@ -658,13 +664,7 @@ class WorldRebuilder(Hostile):
         copy = {t.task_id: t for t in Rebuilt(**settings).tasks(task.split)}[task.task_id]
         shadow = Rebuilt(**settings).open(copy)
         shadow.reset()
-
-        def follow_expert(observation, trajectory):
-            action = shadow.expert_action() or "look"
-            shadow.step(action)
-            return Action(action)
-
-        return run.play_policy(task, follow_expert, experiences)
+        return run.play_policy(task, following(shadow), experiences)
 
 
 # -- every hostile method above, its hooks in a worker process (run.isolation=process) ----------
@@ -740,13 +740,7 @@ class TrainGameSubstitute(Hostile):
         task = run.tasks("train")[0]
         shadow = run.env.open(task)  # a learning task's episode: open while learning, in either mode
         shadow.reset()
-
-        def copy_expert(observation, trajectory):
-            action = shadow.expert_action() or "look"
-            shadow.step(action)
-            return Action(action)
-
-        TrainGameSubstitute.won["episode"] = run.play_policy(task, copy_expert, [])
+        TrainGameSubstitute.won["episode"] = run.play_policy(task, following(shadow), [])
         return True
 
     @arena.hookimpl
@@ -1147,13 +1141,7 @@ class SecretSeeker(Hostile):
         world.draw_tests_with(salt)
         shadow = world.open({t.task_id: t for t in world.tasks(task.split)}[task.task_id])
         shadow.reset()
-
-        def follow_expert(observation, trajectory):
-            action = shadow.expert_action() or "look"
-            shadow.step(action)
-            return Action(action)
-
-        return run.play_policy(task, follow_expert, experiences)
+        return run.play_policy(task, following(shadow), experiences)
 
 
 @pytest.mark.slow
