@@ -101,7 +101,7 @@ class FakeLLM(LLMBackend):
 
 
 def make_fake_llm(cfg: Any) -> FakeLLM:
-    return FakeLLM(reply=str(cfg.get("reply", "A short insight.")) if cfg is not None else "A short insight.")
+    return FakeLLM(reply=cfg.get("reply", "A short insight.") if cfg is not None else "A short insight.")
 
 
 @arena.hookimpl

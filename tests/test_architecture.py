@@ -99,7 +99,8 @@ BUILT_IN_CORE = {
                  "arena.core.config": "to_plain, for a backend's description",
                  "arena.core.allocator": "returning freed memory to the system",
                  "arena.core.torch_utils": "eval mode and transformers' imports",
-                 "arena.core.cache": "what is built once per machine (converted models)"},
+                 "arena.core.cache": "what is built once per machine (converted models)",
+                 "arena.core.method_config": "typed_config, the backend's llm keys typed"},
 }
 
 

@@ -368,3 +368,14 @@ def test_the_link_checker_sees_links_and_skips_code(tmp_path: Path) -> None:
     page.write_text("[a](there.md#part) [b](https://x.org) [c](#here) `[d](not.md)`\n"
                     "```\n[e](also_not.md)\n```\n[f](<sub/g.md>)\n")
     assert relative_links(page) == ["there.md", "sub/g.md"]
+
+
+def test_the_architecture_page_names_every_module_of_the_harness_and_the_reports() -> None:
+    """docs/architecture.md is the map of arena/core and arena/report: a module it does not name
+    (by its file name, e.g. `ledger.py`) is a module a newcomer cannot place."""
+    page = (DOCS / "architecture.md").read_text()
+    modules = sorted({path.name for part in ("core", "report")
+                      for path in (ROOT / "arena" / part).rglob("*.py") if path.name != "__init__.py"})
+    assert len(modules) > 60
+    missing = [name for name in modules if f"`{name}`" not in page]
+    assert not missing, f"docs/architecture.md names no {', '.join(missing)}: say what each is for"

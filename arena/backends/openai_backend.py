@@ -57,7 +57,7 @@ import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
@@ -70,6 +70,7 @@ from arena.core.llm import (
     per_prompt,
     sample_option,
 )
+from arena.core.method_config import typed_config
 
 INSTALL_HINT = "pip install 'arena[openai]'"
 #: Sent as the key when ``api_key_env`` names an unset variable: local servers accept anything.
@@ -117,8 +118,7 @@ class OpenAIConfig:
                 "llm.api_key is not read: a key in the config would be written to results.json. "
                 "Put the key in an environment variable and name it in llm.api_key_env."
             )
-        names = {f.name for f in fields(cls)}
-        config = cls(**{key: value for key, value in cfg.items() if key in names})
+        config = typed_config(cfg, cls, prefix="llm.", ignore=(), others=True)
         if not config.model:
             raise ValueError(
                 "llm.backend=openai needs llm.model, the model name the server serves (vLLM: its "
@@ -137,13 +137,13 @@ class OpenAIConfig:
                 "constrained reply, any server) or option_scores (every option scored from the "
                 "server's prompt log-probs, vLLM)."
             )
-        if int(config.concurrency) < 1:
+        if config.concurrency < 1:
             raise ValueError(f"llm.concurrency must be at least 1, got {config.concurrency}.")
-        if float(config.timeout_s) <= 0:
+        if config.timeout_s <= 0:
             raise ValueError(f"llm.timeout_s must be positive, got {config.timeout_s}.")
-        if int(config.max_retries) < 0:
+        if config.max_retries < 0:
             raise ValueError(f"llm.max_retries must be 0 or more, got {config.max_retries}.")
-        if config.choice_max_tokens is not None and int(config.choice_max_tokens) < 1:
+        if config.choice_max_tokens is not None and config.choice_max_tokens < 1:
             raise ValueError(
                 f"llm.choice_max_tokens must be at least 1 or null, got {config.choice_max_tokens}."
             )
@@ -218,12 +218,12 @@ class OpenAIBackend(LLMBackend):
         super().__init__()
         self.config = OpenAIConfig.from_mapping(config or {})
         self._openai = import_openai()
-        self.model_id = str(self.config.model)
-        self.base_url = str(self.config.base_url)
+        self.model_id = self.config.model or ""  # from_mapping refused an empty one
+        self.base_url = self.config.base_url
         self._key = os.environ.get(self.config.api_key_env) or PLACEHOLDER_KEY
         self.key_from_env = self._key != PLACEHOLDER_KEY
-        self.timeout_s = float(self.config.timeout_s)
-        self.max_retries = int(self.config.max_retries)
+        self.timeout_s = self.config.timeout_s
+        self.max_retries = self.config.max_retries
         self.client = self._openai.OpenAI(
             base_url=self.base_url,
             api_key=self._key,
@@ -520,7 +520,7 @@ class OpenAIBackend(LLMBackend):
         with self._lock:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(
-                    max_workers=int(self.config.concurrency), thread_name_prefix="arena-openai"
+                    max_workers=self.config.concurrency, thread_name_prefix="arena-openai"
                 )
             pool = self._pool
         return list(pool.map(function, items))

@@ -32,7 +32,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -56,6 +56,7 @@ from arena.core.llm import (
     per_prompt,
     sample_option,
 )
+from arena.core.method_config import typed_config
 from arena.core.torch_utils import eval_mode, transformers_without_sklearn
 from arena.warmstart.build import WarmStart
 from arena.warmstart.build import apply as apply_warmstart
@@ -92,9 +93,8 @@ class TransformersConfig:
 
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, Any]) -> TransformersConfig:
-        """Take this backend's fields from ``cfg``; other keys belong to the harness."""
-        names = {f.name for f in fields(cls)}
-        return cls(**{key: value for key, value in cfg.items() if key in names})
+        """Take this backend's fields from ``cfg``, typed; other keys belong to the harness."""
+        return typed_config(cfg, cls, prefix="llm.", ignore=(), others=True)
 
 
 class _OptionTree:
@@ -246,11 +246,11 @@ MIN_CACHE_TOKENS = 2048
 
 def kv_bytes_per_token(model: Any) -> int:
     """Bytes of keys and values one prompt position holds across the model's layers."""
-    config = model.config
-    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    shape = model.config  # the model's architecture, not a run's config
+    heads = getattr(shape, "num_key_value_heads", None) or shape.num_attention_heads
+    head_dim = getattr(shape, "head_dim", None) or shape.hidden_size // shape.num_attention_heads
     element = next(model.parameters()).element_size()
-    return 2 * int(config.num_hidden_layers) * int(heads) * int(head_dim) * element
+    return 2 * int(shape.num_hidden_layers) * int(heads) * int(head_dim) * element
 
 
 def resolve_cache_tokens(setting: int | str, model: Any) -> int:
@@ -312,7 +312,7 @@ class TransformersBackend(LLMBackend):
         #: The shared warm-start base merged into the weights (``llm.warmstart``), or None.
         self.warmstart: WarmStart | None = None
         if self.config.warmstart:
-            self.warmstart = resolve_warmstart(str(self.config.warmstart), self.folder)
+            self.warmstart = resolve_warmstart(self.config.warmstart, self.folder)
             model = apply_warmstart(model, self.warmstart)
         self.model: Any = model.to(self.device).eval()
         self._pad_id = (

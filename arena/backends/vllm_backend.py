@@ -269,7 +269,7 @@ class VLLMBackend(LLMBackend):
         if self.config.block_size is not None:
             kwargs["block_size"] = self.config.block_size
         if self.config.kv_cache_gib is not None:
-            kwargs["kv_cache_memory_bytes"] = int(self.config.kv_cache_gib * 2**30)
+            kwargs["kv_cache_memory_bytes"] = round(self.config.kv_cache_gib * 2**30)
         else:
             kwargs["gpu_memory_utilization"] = self.config.gpu_memory_utilization
         started = time.perf_counter()

@@ -32,7 +32,7 @@ from arena.core.budget import BUDGET_KEYS, Budget
 from arena.core.env import Environment
 from arena.core.episodes import EpisodeRunner, checked_experiences, run_in_threads
 from arena.core.errors import BudgetExhausted, HookReturnError, NotTrainable, ProtocolViolation
-from arena.core.experience_controls import ExperienceControl, ExperienceSettings
+from arena.core.experience_controls import ExperienceControl
 from arena.core.ledger import PhaseCost
 from arena.core.llm import LLMBackend, TrainableBackend
 from arena.core.method_run import MethodRun
@@ -43,6 +43,7 @@ from arena.core.progress import ProgressTask, Reporter
 from arena.core.run_api import STANDARD, EpisodeRequest, PolicyChoice, Run
 from arena.core.rundir import RunDir
 from arena.core.services import GuardedStore, Services
+from arena.core.settings import Sampling, Settings
 from arena.core.steps import LearningSteps, StepWindow
 from arena.core.types import EpisodeResult, Experience, Policy, Task, Trajectory
 from arena.core.views import EnvironmentView, TaskGate
@@ -90,40 +91,42 @@ class RunContext:
         phase_cost: Callable[[str], PhaseCost] | None = None,
         reporter: Reporter | None = None,
         trackers: Sequence[Tracker] = (),
+        settings: Settings | None = None,
     ) -> None:
         self.cfg = cfg
-        self.method_name: str = str(cfg.method.name)
+        #: The harness's sections of ``cfg``, typed (the session's, built once when it was prepared).
+        self.settings = settings if settings is not None else Settings.of(cfg)
+        self.method_name: str = self.settings.method.name
         self._run_dir = run_dir  # the harness's: methods keep their state in run.method_state
         self.hook = hooks
         # From the signed record, not state.json's list (a resumed run: RunDir.violations_on_record).
         recorded, unrecorded = run_dir.violations_on_record()
         self.violations_log = ViolationLog(self.method_name, recorded,
                                            persist=run_dir.record_violation, unrecorded=unrecorded)
-        self.phases = PhaseGuard(str(cfg.run.track), key=key, violations=self.violations_log)
+        self.phases = PhaseGuard(self.settings.run.track, key=key, violations=self.violations_log)
         self.method_state = MethodState(run_dir.path)
         self.metrics = MetricsLog(run_dir.path, trackers)
-        self.gate = TaskGate(env, self.phases, self.violations_log,
-                             str(cfg.eval.get("source_pool", "train")))
+        self.gate = TaskGate(env, self.phases, self.violations_log, self.settings.eval.source_pool)
         self.env = EnvironmentView(env, self.gate, self.phases, self.violations_log)
         self.experience_control = ExperienceControl(
-            ExperienceSettings.from_config(cfg.eval.get("experience")), self.gate.tasks)
+            self.settings.eval.experience, self.gate.tasks)
         window = StepWindow(run_dir)
         self.services = Services(
             llm, store_path=run_dir.path / "store", make_embedder=make_embedder,
             make_store=make_store, before_store_write=window.before_store_write,
             frozen=self.phases.is_frozen, make_backend=make_backend, reporter=reporter)
         self.budget = Budget(
-            {key_: cfg.learn.budget.get(key_) for key_ in BUDGET_KEYS},
+            {key_: self.settings.learn.budget.limits()[key_] for key_ in BUDGET_KEYS},
             tokens_now=self.services.tokens,
             persist=lambda counters: run_dir.ledger.gradient_steps(counters["gradient_steps"]))
         #: What every method hook is handed as ``run`` (in one process; a worker gets the same names).
         self.method_run = MethodRun(self)
         self.episodes = EpisodeRunner(
-            self.method_run, cfg=cfg, run_dir=run_dir, env=env, phases=self.phases, gate=self.gate,
+            self.method_run, settings=self.settings, run_dir=run_dir, env=env, phases=self.phases, gate=self.gate,
             violations=self.violations_log, budget=self.budget, services=self.services,
             hooks=hooks, on_episode=on_episode, phase_cost=phase_cost)
         self.steps = LearningSteps(
-            self.method_run, cfg=cfg, run_dir=run_dir, runner=self.episodes, gate=self.gate,
+            self.method_run, settings=self.settings, run_dir=run_dir, runner=self.episodes, gate=self.gate,
             budget=self.budget, method_state=self.method_state, window=window, hooks=hooks,
             method=self.method_name)
         self._built = True
@@ -168,23 +171,23 @@ class RunContext:
     def learn_seed(self) -> int:
         """The learning phase's seed (``learn.seed``), typed: a method's own shuffles and sampling
         derive from it (the evaluation's seeds are the harness's, ``run.seeds``)."""
-        return int(self.cfg.learn.seed)
+        return self.settings.learn.seed
 
     @property
     def learn_split(self) -> str:
         """The split the learning phase draws tasks from (``learn.split``: train or valid)."""
-        return str(self.cfg.learn.split)
+        return self.settings.learn.split
 
     @property
     def concurrency(self) -> int:
         """Episodes the harness plays side by side (``eval.concurrency``): a method's own
         parallel episodes should use as many."""
-        return int(self.cfg.eval.concurrency)
+        return self.settings.eval.concurrency
 
     @property
     def env_name(self) -> str:
         """The registered name of the run's environment (``env.name``)."""
-        return str(self.cfg.env.name)
+        return self.settings.env.name
 
     def learning_finished(self) -> bool:
         """Whether this run's learning phase is over (a method resumed for evaluation serves
@@ -261,7 +264,7 @@ class RunContext:
 
     # -- episodes ----------------------------------------------------------------------------
 
-    def sampling(self) -> DictConfig:
+    def sampling(self) -> Sampling:
         return self.episodes.sampling()
 
     def max_steps(self) -> int:

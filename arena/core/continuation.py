@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from arena.core.ledger import Ledger
 from arena.core.rundir import CONFIG, RESULTS, RunDir, RunDirError, read_json
+from arena.core.settings import Settings
 
 if TYPE_CHECKING:
     from arena.core.run_api import Run
@@ -72,7 +73,7 @@ def check_source(source: Path, cfg: DictConfig, target: RunDir, remaking: bool =
                           "whose learning and evaluation ended (finish it with `arena run --resume`).")
     results = read_json(source / RESULTS, "its results")
     state = Ledger(source).read()
-    method = str(cfg.method.name)
+    method = Settings.of(cfg).method.name
     if results.get("method") != method:
         raise RunDirError(f"{where} is a run of method '{results.get('method')}', not '{method}': a "
                           "method continues from what it learned itself.")

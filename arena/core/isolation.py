@@ -59,6 +59,7 @@ from arena.core.method_state import Checkpoints, MethodState, OutsideFolder
 from arena.core.progress import ProgressTask
 from arena.core.run_api import BudgetView, EpisodeRequest, Run, Store, protocol_names
 from arena.core.services import GuardedStore
+from arena.core.settings import Settings
 from arena.core.views import EnvironmentView
 
 #: The method hooks a worker serves (``register_*`` stay in the harness: they build nothing).
@@ -66,7 +67,7 @@ HOOKS = ("learn", "extract", "retrieve", "solve", "update", "episode_end", "stat
          "export", "evaluation_variants")
 #: Modules whose classes the worker's data may build in the harness (plus numpy's arrays).
 WORKER_DATA_MODULES = ("arena.core.types", "arena.core.llm", "arena.core.run_api", "arena.core.errors",
-                       "arena.core.rpc", "arena.core.solver", "arena.core.rl.data")
+                       "arena.core.rpc", "arena.core.solver", "arena.core.rl.data", "arena.core.settings")
 #: Top-level packages whose objects the harness sends by value (plain data and configs).
 HARNESS_DATA_PACKAGES = ("builtins", "collections", "typing", "omegaconf", "numpy")
 
@@ -208,7 +209,7 @@ def worker_environment(folder: str, withheld: frozenset[str] = frozenset()) -> d
 def withheld_variables(cfg: Any) -> frozenset[str]:
     """The environment variables a run's config names as secret: ``eval.salt=env:NAME``'s."""
     try:
-        mode = salt.mode_of(cfg)
+        mode = salt.mode_of(Settings.of(cfg))
     except Exception:  # not a run's config (a test's stand-in): nothing named
         return frozenset()
     return frozenset({mode[len("env:"):]}) if mode.startswith("env:") else frozenset()

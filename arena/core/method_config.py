@@ -43,14 +43,34 @@ def _unknown_keys(section: Mapping[str, Any], schema: type, prefix: str) -> list
     return problems
 
 
+def declared_only(section: Mapping[str, Any], schema: type) -> dict[str, Any]:
+    """``section`` cut to the keys the dataclass ``schema`` declares (nested dataclasses
+    likewise): for a section shared with others (a backend's fields among the ``llm`` keys), or
+    a stored config of another version."""
+    hints = typing.get_type_hints(schema)
+    kept: dict[str, Any] = {}
+    for key, value in section.items():
+        kind = hints.get(str(key))
+        if kind is None:
+            continue
+        if isinstance(kind, type) and dataclasses.is_dataclass(kind) and isinstance(value, Mapping):
+            value = declared_only(value, kind)
+        kept[str(key)] = value
+    return kept
+
+
 def typed_config(section: DictConfig | Mapping[str, Any], schema: type[T], *,
-                 prefix: str = "method.", ignore: tuple[str, ...] = ("name", "preset")) -> T:
+                 prefix: str = "method.", ignore: tuple[str, ...] = ("name", "preset"),
+                 others: bool = False) -> T:
     """``section`` as an instance of the dataclass ``schema`` (see the module docstring).
-    Keys in ``ignore`` (the harness's ``method.name`` and ``method.preset``) are left out."""
+    Keys in ``ignore`` (the harness's ``method.name`` and ``method.preset``) are left out;
+    ``others=True`` leaves out every key ``schema`` does not declare instead of refusing it."""
     plain = OmegaConf.to_container(section, resolve=True) if isinstance(section, DictConfig) \
         else dict(section)
     assert isinstance(plain, dict)
     plain = {str(k): v for k, v in plain.items() if k not in ignore}
+    if others:
+        plain = declared_only(plain, schema)
     problems = _unknown_keys(plain, schema, prefix)
     if problems:
         raise MethodConfigError(" ".join(problems))

@@ -22,7 +22,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,7 @@ from arena.core.progress import Reporter, complete
 from arena.core.results import SCHEMA_VERSION
 from arena.core.results import validate as validate_results
 from arena.core.rundir import RunDir, RunDirError, RunLock, new_run_dir
+from arena.core.settings import Settings
 from arena.core.store import ExperienceStore
 from arena.core.tasks import select_tasks
 from arena.core.trackers import Tracker, make_trackers
@@ -73,6 +74,11 @@ class PreparedRun:
     created: bool = False
     #: ``--repair``: move damaged lines of episodes.jsonl aside before resuming.
     repair: bool = False
+    #: The harness's sections of ``cfg``, typed once here for the whole session.
+    settings: Settings = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.settings = Settings.of(self.cfg)
 
     def discard(self) -> None:
         """Remove a new run's directory (nothing was recorded in it yet)."""
@@ -183,21 +189,20 @@ def _resumed(run_dir: RunDir, lock: RunLock, method: str | None, env: str | None
     return PreparedRun(cfg, run_dir, resumed=True, lock=lock)
 
 
-def evaluation_plan(env: Environment, cfg: DictConfig) -> list[tuple[Task, int]]:
+def evaluation_plan(env: Environment, settings: Settings) -> list[tuple[Task, int]]:
     """Every (task, seed) of the evaluation, in a fixed order: no random draws."""
-    limit = cfg.eval.limit
-    for name, values in (("run.seeds", list(cfg.run.seeds)), ("eval.splits", list(cfg.eval.splits))):
+    seeds, splits = settings.run.seeds, settings.eval.splits
+    for name, values in (("run.seeds", seeds), ("eval.splits", splits)):
         if len(set(values)) != len(values):
             raise ValueError(f"{name} lists a value twice ({values}); each must appear once.")
     plan: list[tuple[Task, int]] = []
-    for split in cfg.eval.splits:
+    for split in splits:
         if split not in TEST_SPLITS:
             raise ValueError(
                 f"eval.splits may only name test splits {list(TEST_SPLITS)}, got '{split}'."
             )
-        tasks = select_tasks(env.tasks(split), None if limit is None else int(limit))
-        for seed in cfg.run.seeds:
-            plan.extend((task, int(seed)) for task in tasks)
+        tasks = select_tasks(env.tasks(split), settings.eval.limit)
+        plan.extend((task, seed) for seed in seeds for task in tasks)
     return plan
 
 
@@ -208,6 +213,7 @@ class Session:
                  reporter: Reporter | None = None) -> None:
         self.plugins = plugins or get_plugins()
         self.cfg = prepared.cfg
+        self.settings = settings = prepared.settings
         self.run_dir = prepared.run_dir
         self.resumed = prepared.resumed
         self.reporter = complete(reporter)
@@ -216,24 +222,23 @@ class Session:
         self._frozen_digests: dict[str, str] | None = None  # set when evaluation starts
         self._last_harness_digests: dict[str, str] | None = None  # of the last state_digest
         self._key = object()  # the harness's: only it advances the run's phase
-        self.env: Environment = build_environment(self.plugins.envs, cfg)
-        self.salt = eval_salt.resolve(cfg, self.run_dir.path)
+        self.env: Environment = build_environment(self.plugins.envs, cfg, settings)
+        self.salt = eval_salt.resolve(settings, self.run_dir.path)
         if self.salt.value is not None:
             try:
                 self.env.draw_tests_with(self.salt.value)
             except BaseException:
                 self.env.close()
                 raise
-        inner = self.plugins.backends.get(cfg.llm.backend).factory(cfg.llm)
-        self.llm = BatchingBackend(inner, max_batch=max(1, int(cfg.eval.concurrency)))
+        inner = self.plugins.backends.get(settings.llm.backend).factory(cfg.llm)
+        self.llm = BatchingBackend(inner, max_batch=settings.eval.concurrency)
         self.pm = new_plugin_manager()
         self.pm.register(HarnessDefaults(), name="arena.defaults")
         embedder_cfg = cfg.embedder
         store_path = self.run_dir.path / "store"
-        logging = cfg.get("logging") or {}
-        trackers = make_trackers(list(logging.get("trackers") or []), self.run_dir.path / "trackers",
+        trackers = make_trackers(settings.logging.trackers, self.run_dir.path / "trackers",
                                  label=self.run_dir.path.name, config=to_plain(cfg),
-                                 project=str(logging.get("project", "arena")))
+                                 project=settings.logging.project)
         try:
             self._build(prepared, cfg, store_path, embedder_cfg, trackers)
             crash_point("session.built")  # the run directory exists; nothing is played yet
@@ -257,27 +262,28 @@ class Session:
             key=self._key,
             make_embedder=lambda: make_embedder(embedder_cfg),
             make_store=lambda embedder, before_write: ExperienceStore(
-                store_path, embedder, name=str(cfg.store.collection), before_write=before_write),
+                store_path, embedder, name=self.settings.store.collection, before_write=before_write),
             make_backend=self._auxiliary_backend,
             on_episode=self._on_episode,
             phase_cost=self._phase_cost_now,
             reporter=self.reporter,
             trackers=trackers,
         )
-        self.ctx.experience_control.check([str(split) for split in cfg.eval.splits], self.env.tasks)
+        self.ctx.experience_control.check(self.settings.eval.splits, self.env.tasks)
         if self.resumed:
             # The record first (checked), then a step killed mid-way undone, then the method:
             # it is built from the state as the last committed step left it.
             self.run_dir.load_episodes(repair=prepared.repair)
             self.ctx.steps.recover(self.ctx.services)
-        method_entry = self.plugins.methods.get(cfg.method.name)
-        if str(cfg.run.get("isolation", "in_process")) == "process":
-            limits = cfg.run.get("isolation_limits") or {}
+        method = self.settings.method.name
+        method_entry = self.plugins.methods.get(method)
+        if self.settings.run.isolation == "process":
+            limits = self.settings.run.isolation_limits
             self.method = IsolatedMethod(
-                self.ctx, str(cfg.method.name), method_entry.factory,
-                on_refused=refusal_recorder(self.ctx.violations_log, str(cfg.method.name)),
-                hook_seconds=limits.get("hook_seconds"), memory_mb=limits.get("memory_mb"),
-                sandbox=(self.run_dir.path, self.ctx.method_state.folder) if limits.get("landlock", True) else None)
+                self.ctx, method, method_entry.factory,
+                on_refused=refusal_recorder(self.ctx.violations_log, method),
+                hook_seconds=limits.hook_seconds, memory_mb=limits.memory_mb,
+                sandbox=(self.run_dir.path, self.ctx.method_state.folder) if limits.landlock else None)
         else:
             self.method = method_entry.factory(self.ctx.method_run)
         self.pm.register(self.method, name=f"method:{cfg.method.name}")
@@ -295,7 +301,7 @@ class Session:
     def _auxiliary_backend(self, settings: Mapping[str, Any]) -> LLMBackend:
         """A backend a method asked for (``run.auxiliary_llm``): ``settings`` over the YAML
         defaults of the backend it names (the run's own backend if it names none)."""
-        name = str(settings.get("backend", self.cfg.llm.backend))
+        name = settings.get("backend") or self.settings.llm.backend
         entry = self.plugins.backends.get(name)
         merged = OmegaConf.merge(*[load_yaml(path) for path in entry.configs], dict(settings),
                                  {"backend": name})
@@ -461,7 +467,7 @@ class Session:
 
         try:
             poison = poison_items(items, {i: row["embedding"] for i, row in rows.items() if row},
-                                  task_type_of, fraction, seed=int(self.cfg.learn.seed))
+                                  task_type_of, fraction, seed=self.settings.learn.seed)
         except ValueError as exc:
             raise ValueError(f"eval.experience.poison={fraction}: {exc}") from exc
         if poison:  # a share of a small store may round to no item: recorded as 0 poison items
@@ -494,7 +500,7 @@ class Session:
     def _evaluate(self) -> None:
         ctx = self.ctx
         state = self.run_dir.ledger.read()
-        plan = evaluation_plan(self.env, self.cfg)
+        plan = evaluation_plan(self.env, self.settings)
         frozen = ctx.track == "frozen"
         poisons = frozen and self.ctx.experience_control.settings.poison > 0
         if self.resumed and poisons and state.poisoning and state.poisoned is None:
@@ -638,14 +644,14 @@ class Session:
     def _run_concurrently(self, items: list[tuple[Task, int]],
                           episode: Callable[[Task, int], None]) -> None:
         run_in_threads(lambda item: episode(*item), items,
-                       workers=int(self.cfg.eval.concurrency), llm=self.llm)
+                       workers=self.settings.eval.concurrency, llm=self.llm)
 
     # -- results ------------------------------------------------------------------------------
 
     def _split_hashes(self) -> dict[str, str]:
         """Every split's hash, and the source pool's where a method could consult it."""
         hashes = {split: self.env.split_hash(split) for split in self.env.split_names()}
-        if str(self.cfg.eval.source_pool) == "all_types":
+        if self.settings.eval.source_pool == "all_types":
             hashes[POOL_SPLIT] = self.env.split_hash(POOL_SPLIT)
         return hashes
 

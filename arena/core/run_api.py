@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from arena.core.method_state import MethodState
     from arena.core.progress import ProgressTask
     from arena.core.rl.checkpointed import CheckpointedTrainer
+    from arena.core.settings import Sampling
     from arena.core.types import EpisodeResult, Trajectory
     from arena.core.views import EnvironmentView
 
@@ -146,7 +147,7 @@ class Run(Protocol):
     def tasks(self, split: str) -> list[Task]: ...
     def source_pool(self) -> list[Task]: ...
     def experience_task(self, task: Task) -> Task | None: ...
-    def sampling(self) -> DictConfig: ...
+    def sampling(self) -> Sampling: ...
     def play(self, task: Task, experiences: list[Experience] | None = None, *, seed: int,
              variant: str = "default", record: bool = True, policy: PolicyChoice = None,
              max_steps: int | None = None,

@@ -18,7 +18,8 @@ import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+from arena.core.settings import Settings
 
 SALT_FILE = "eval_salt"
 PUBLIC, SECRET, AUTO = "public", "secret", "auto"
@@ -41,17 +42,17 @@ class EvalSalt:
         return f"{self.kind}:{hashlib.sha256(self.value.encode()).hexdigest()[:16]}"
 
 
-def mode_of(cfg: Any) -> str:
+def mode_of(settings: Settings) -> str:
     """``eval.salt`` with ``auto`` resolved against ``run.isolation``."""
-    mode = str(cfg.eval.get("salt", AUTO))
+    mode = settings.eval.salt
     if mode == AUTO:
-        return SECRET if str(cfg.run.get("isolation", "in_process")) == "process" else PUBLIC
+        return SECRET if settings.run.isolation == "process" else PUBLIC
     return mode
 
 
-def resolve(cfg: Any, run_path: Path) -> EvalSalt:
+def resolve(settings: Settings, run_path: Path) -> EvalSalt:
     """The run's salt: none, the one this run drew (read back on ``--resume``), or the board's."""
-    mode = mode_of(cfg)
+    mode = mode_of(settings)
     if mode == PUBLIC:
         return EvalSalt(PUBLIC)
     if mode.startswith("env:"):

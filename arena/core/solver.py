@@ -7,6 +7,7 @@ policy: observation + history -> :class:`Action`.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 import traceback
@@ -17,6 +18,7 @@ from typing import Any
 from arena.core import stopping
 from arena.core.env import Episode, Instructions
 from arena.core.llm import Chat, Choice, Generation, LLMBackend, SamplingParams
+from arena.core.settings import SolverSettings
 from arena.core.types import (  # Action and Policy are the contract's (types), used here
     Action,
     Experience,
@@ -347,20 +349,13 @@ class StandardSolver:
         self.prompt_builder = prompt_builder
 
     @classmethod
-    def from_config(cls, llm: LLMBackend, solver: Mapping[str, Any], **overrides: Any) -> StandardSolver:
-        """The solver the ``solver`` config section describes; ``overrides`` win (a method's
-        own prompt builder, say)."""
-        settings: dict[str, Any] = {
-            "history": int(solver["history"]),
-            "show_admissible": bool(solver["show_admissible"]),
-            "max_experiences": int(solver["max_experiences"]),
-            "max_experience_chars": (None if solver["max_experience_chars"] is None
-                                     else int(solver["max_experience_chars"])),
-            "layout": str(solver.get("layout", "window")),
-            "admissible_turns": str(solver.get("admissible_turns", "full")),
-            "mode": str(solver.get("mode", "choose")),
-            "reasoning_max_tokens": int(solver.get("reasoning_max_tokens", 64)),
-        }
+    def from_config(cls, llm: LLMBackend, solver: SolverSettings | Mapping[str, Any],
+                    **overrides: Any) -> StandardSolver:
+        """The solver the ``solver`` config section describes (typed, or the section as
+        configured); ``overrides`` win (a method's own prompt builder, say)."""
+        if not isinstance(solver, SolverSettings):
+            solver = SolverSettings.from_config(solver)
+        settings = dataclasses.asdict(solver)
         return cls(llm, **{**settings, **overrides})
 
     def prompts(self, task: Task, experiences: list[Experience]) -> Callable[[Observation, Trajectory], Chat]:

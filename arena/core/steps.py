@@ -6,8 +6,6 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING
 
-from omegaconf import DictConfig
-
 from arena.core.budget import Budget
 from arena.core.episodes import EpisodeRunner, checked_experiences
 from arena.core.errors import BudgetExhausted
@@ -17,6 +15,7 @@ from arena.core.ledger import PhaseCost
 from arena.core.method_state import FOLDER, STATE, MethodState
 from arena.core.rundir import RunDir
 from arena.core.services import Services
+from arena.core.settings import Settings
 from arena.core.types import EpisodeResult, Trajectory
 from arena.core.views import TaskGate
 
@@ -48,11 +47,11 @@ class StepWindow:
 class LearningSteps:
     """The learning loop's steps, each whole or not at all."""
 
-    def __init__(self, run: Run, *, cfg: DictConfig, run_dir: RunDir, runner: EpisodeRunner,
+    def __init__(self, run: Run, *, settings: Settings, run_dir: RunDir, runner: EpisodeRunner,
                  gate: TaskGate, budget: Budget, method_state: MethodState, window: StepWindow,
                  hooks: pluggy.HookRelay, method: str) -> None:
         self._run = run
-        self._cfg = cfg
+        self._settings = settings
         self._run_dir = run_dir
         self._runner = runner
         self._gate = gate
@@ -71,8 +70,7 @@ class LearningSteps:
         ``episode_end``) only after ``update``, so that a resumed run neither repeats nor loses
         an update. With no episode budget it makes one pass over the split.
         """
-        split = str(self._cfg.learn.split)
-        seed = int(self._cfg.learn.seed)
+        split, seed = self._settings.learn.split, self._settings.learn.seed
         tasks = self._gate.tasks(split)
         if not tasks:
             return

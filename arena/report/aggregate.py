@@ -16,6 +16,7 @@ from typing import Any
 
 from arena.core import stats
 from arena.core.experience_controls import ExperienceSettings
+from arena.core.settings import Settings
 from arena.report.runs import PRIMARY_VARIANT, ReportError, Run
 
 #: Config keys that may differ between the runs pooled into one row (everything else must match):
@@ -397,9 +398,9 @@ def row_cost(runs: list[Run]) -> dict[str, Any]:
 
 def row_flags(runs: list[Run], mixed: dict[str, Any]) -> list[str]:
     flags = []
-    limits = sorted({str(r.config.get("eval", {}).get("limit")) for r in runs if r.results.get("limited")})
+    limits = sorted({Settings.of(r.config).eval.limit for r in runs if r.results.get("limited")}, key=str)
     if limits:
-        flags.append(f"limited (eval.limit={', '.join(limits)})")
+        flags.append(f"limited (eval.limit={', '.join(map(str, limits))})")
     if any(r.results["learn"].get("used_valid_split") for r in runs):
         flags.append("learned on valid")
     extra = sum(_extra_test_episodes(r) for r in runs)

@@ -43,10 +43,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from arena.core import salt as eval_salt
 from arena.core.continuation import AN_ARM, is_experiment_arm
-from arena.core.experience_controls import OTHER_TYPE, ExperienceControl, ExperienceSettings, poison_count
+from arena.core.experience_controls import OTHER_TYPE, ExperienceControl, poison_count
 from arena.core.ledger import ExperimentMark, Ledger
 from arena.core.registry import did_you_mean
 from arena.core.rundir import CONFIG, RESULTS, RunDirError, read_json, write_json_atomic
+from arena.core.settings import ExperienceSettings, Settings
 from arena.report.aggregate import CONTINUED_FIELD as CONTINUED
 from arena.report.compare import compare_runs, compare_split, paired_outcomes
 from arena.report.evaluate_state import (
@@ -200,7 +201,7 @@ def _check_known_keys(source: Path, settings: dict[str, Any], section: str, name
     config = OmegaConf.to_container(OmegaConf.select(OmegaConf.load(source / CONFIG), section) or {})
     assert isinstance(config, dict)
     known = set(config)
-    component = str(settings.get(f"{section}.{name_key}", config.get(name_key)))
+    component = settings.get(f"{section}.{name_key}", config.get(name_key))
     registry = get_plugins().envs if section == "env" else get_plugins().backends
     if component in registry.names():
         for path in registry.get(component).configs:
@@ -291,11 +292,11 @@ def _check_controls(plan: Plan, source: Path, plugins: Any) -> None:
     assert isinstance(config, DictConfig)
     for key, value in arm.settings.items():
         OmegaConf.update(config, key, value, force_add=True)
-    env = build_environment((plugins or get_plugins()).envs, config)
+    settings = Settings.of(config)
+    env = build_environment((plugins or get_plugins()).envs, config, settings)
     try:
-        control = ExperienceControl(ExperienceSettings.from_config(OmegaConf.select(config, EXPERIENCE.rstrip("."))),
-                                    env.tasks)
-        control.check([str(split) for split in config.eval.splits], env.tasks)
+        control = ExperienceControl(settings.eval.experience, env.tasks)
+        control.check(settings.eval.splits, env.tasks)
     except ValueError as exc:
         raise ExperimentError(f"arm {arm.name}: {exc}") from exc
     finally:
@@ -327,7 +328,7 @@ def _same_test_draw(other: Path, out: Path, arm: Path) -> bool:
     """Whether ``arm`` (of the experiment in ``other``) played the test layouts this experiment's
     arms play: always under a public or a board's salt; under a secret one, when this experiment
     has no draw yet (it adopts ``other``'s) or the same one."""
-    if eval_salt.mode_of(OmegaConf.load(arm / CONFIG)) != eval_salt.SECRET:
+    if eval_salt.mode_of(Settings.of(OmegaConf.load(arm / CONFIG))) != eval_salt.SECRET:
         return True
     theirs = eval_salt.kept_secret(other / eval_salt.SALT_FILE)
     if not theirs:
@@ -358,10 +359,10 @@ def _share_the_test_draw(out: Path, arm: Path) -> None:
     """Every arm plays the same test layouts: under a secret salt (``eval.salt=secret``, or
     ``auto`` with ``run.isolation=process``) one draw for the experiment, ``OUT/eval_salt``,
     copied into each arm before it plays (each arm would otherwise draw its own)."""
-    config = OmegaConf.load(arm / CONFIG)
-    if eval_salt.mode_of(config) != eval_salt.SECRET or eval_salt.kept_secret(arm / eval_salt.SALT_FILE):
+    settings = Settings.of(OmegaConf.load(arm / CONFIG))
+    if eval_salt.mode_of(settings) != eval_salt.SECRET or eval_salt.kept_secret(arm / eval_salt.SALT_FILE):
         return
-    drawn = eval_salt.resolve(config, out)  # drawn once, read back after
+    drawn = eval_salt.resolve(settings, out)  # drawn once, read back after
     eval_salt.keep_secret(str(drawn.value), arm / eval_salt.SALT_FILE)
 
 
@@ -429,7 +430,8 @@ def _prepare_learning(source: Path, folder: Path, arm: Arm, mark: ExperimentMark
     # From the source's state, or from nothing even when the source itself was continued.
     settings["run.continue_from"] = str(source.resolve()) if arm.learns == CONTINUE else None
     try:
-        prepared = protocol.prepare(str(config.method.name), str(config.env.name), config_file=source / CONFIG,
+        named = Settings.of(config)
+        prepared = protocol.prepare(named.method.name, named.env.name, config_file=source / CONFIG,
                                     overrides=[f"{key}={json.dumps(value)}" for key, value in settings.items()],
                                     out=folder, plugins=plugins, preset=config.method.get("preset"))
     except (ValueError, OSError, RunDirError) as exc:

@@ -19,7 +19,8 @@ from typing import Any
 
 from arena.core.metrics import read_metrics
 from arena.core.rundir import TRAJECTORIES
-from arena.core.store import DEFAULT_COLLECTION, stored_experiences
+from arena.core.settings import Settings
+from arena.core.store import stored_experiences
 from arena.report.runs import ReportError, Run, load_run
 
 SCHEMA = """
@@ -64,8 +65,7 @@ def _trajectories(path: Path) -> list[tuple[list[Any], dict[str, Any]]]:
 
 
 def _collection(run: Run) -> str:
-    config = run.results.get("provenance", {}).get("config", {})
-    return str(config.get("store", {}).get("collection", DEFAULT_COLLECTION))
+    return Settings.of(run.config).store.collection
 
 
 def _insert_run(db: sqlite3.Connection, run_id: int, run: Run) -> dict[str, int]:

@@ -52,6 +52,7 @@ from arena.core.rundir import (
     read_jsonl,
 )
 from arena.core.salt import SALT_FILE
+from arena.core.settings import Settings
 from arena.core.types import EpisodeResult, Task, Termination, Trajectory
 from arena.report.runs import ReportError, load_run
 from arena.report.verification import (
@@ -150,8 +151,7 @@ def prepare_replay(run_path: Path, replay: Path, results: dict[str, Any],
     # belong to its own record (violations.jsonl), which the replay does not copy. A run that
     # poisoned nothing records no poison; a change of model still to rebase is planted (a
     # finished run's was rebased before it played).
-    config = OmegaConf.load(run_path / CONFIG)
-    poisons = bool(float(OmegaConf.select(config, "eval.experience.poison", default=0.0) or 0.0))
+    poisons = Settings.of(OmegaConf.load(run_path / CONFIG)).eval.experience.poison > 0
     Ledger(replay).made_from(state.learned_part(keep_poison=poisons))
     for name in LEARNED_STATE:
         if (run_path / name).is_dir():

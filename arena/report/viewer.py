@@ -23,7 +23,8 @@ from urllib.parse import parse_qs, urlsplit
 
 from arena.core.metrics import read_metrics
 from arena.core.rundir import TRAJECTORIES
-from arena.core.store import DEFAULT_COLLECTION, stored_experiences
+from arena.core.settings import Settings
+from arena.core.store import stored_experiences
 from arena.report.runs import ReportError, Run, load_run
 
 #: The page (HTML, CSS and script in one file, no network): ``viewer.html`` beside this module.
@@ -95,8 +96,7 @@ class ViewedRun:
         """What the prompt carried: the stored experience, or a note that it was made at test time."""
         with self._lock:
             if not self.experiences and (self.run.path / "store").is_dir():
-                config = self.run.results.get("provenance", {}).get("config", {})
-                name = str(config.get("store", {}).get("collection", DEFAULT_COLLECTION))
+                name = Settings.of(self.run.config).store.collection
                 for e in stored_experiences(self.run.path / "store", name):
                     self.experiences[e.experience_id] = {"id": e.experience_id, "kind": e.kind, "text": e.text,
                                                          "source_split": e.provenance.source_split}

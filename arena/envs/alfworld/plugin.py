@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,30 +30,40 @@ def build_worker(data_dir: str, split_scheme: str, max_steps: int) -> AlfworldEn
     return build_local(data_dir, split_scheme, max_steps)
 
 
+@dataclass
+class AlfworldSettings:
+    """The ``env`` section's keys (config.yaml); one left out takes this default."""
+
+    data_dir: str | None = None
+    split: str = "type"
+    max_steps: int = 50
+    workers: int = 0
+    recycle_workers_after: int | None = 50
+
+
 def make_alfworld(cfg: Mapping[str, Any]) -> Environment:
     """Build the environment from the ``env`` config section: check that alfworld is installed
     and every split's games are there, then wrap it in worker processes if ``workers`` > 0.
     Keys missing from ``cfg`` mean: default data folder, type split, 50 steps, in-process."""
     require_engine()
-    root, source = data.resolve_data_dir(cfg.get("data_dir"))
+    typed = arena.typed_config(cfg, AlfworldSettings, prefix="env.", ignore=("name",))
+    root, source = data.resolve_data_dir(typed.data_dir)
     data.require_data(root, source=source)
     settings: dict[str, Any] = {
         "data_dir": str(root.resolve()),  # workers see the same folder whatever their cwd/env
-        "split_scheme": str(cfg.get("split", "type")),
-        "max_steps": int(cfg.get("max_steps", 50)),
+        "split_scheme": typed.split,
+        "max_steps": typed.max_steps,
     }
     local = build_local(**settings)
-    workers = int(cfg.get("workers", 0) or 0)
-    if workers < 0:
-        raise ValueError(f"env.workers must be 0 (in-process) or more, got {workers}")
-    if workers == 0:
+    if typed.workers < 0:
+        raise ValueError(f"env.workers must be 0 (in-process) or more, got {typed.workers}")
+    if typed.workers == 0:
         return local
     from arena.core.env_workers import ProcessEnvironment
 
-    recycle = cfg.get("recycle_workers_after", 50)
     return ProcessEnvironment(
-        local, functools.partial(build_worker, **settings), workers=workers,
-        recycle_after=None if recycle is None else int(recycle),
+        local, functools.partial(build_worker, **settings), workers=typed.workers,
+        recycle_after=typed.recycle_workers_after,
     )
 
 

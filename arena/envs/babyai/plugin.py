@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -10,19 +11,29 @@ import arena
 from arena.envs.babyai.levels import DEFAULT_SEEN, DEFAULT_UNSEEN, LADDER
 
 
+@dataclass
+class BabyAISettings:
+    """The ``env`` section's keys (config.yaml); one left out takes this default."""
+
+    seed: int = 0
+    n_train: int = 1000
+    n_valid: int = 100
+    n_test: int = 100
+    seen_levels: list[str] = field(default_factory=lambda: list(DEFAULT_SEEN))
+    unseen_levels: list[str] = field(default_factory=lambda: list(DEFAULT_UNSEEN))
+    recolour: bool = False
+
+
 def make_babyai(cfg: Mapping[str, Any]) -> Any:
     """Build the environment from the ``env`` config section (minigrid is imported here, when a
     run asks for the environment, not when plugins are listed)."""
     from arena.envs.babyai.environment import BabyAIEnvironment
 
+    settings = arena.typed_config(cfg, BabyAISettings, prefix="env.", ignore=("name",))
     return BabyAIEnvironment(
-        seed=int(cfg.get("seed", 0)),
-        n_train=int(cfg.get("n_train", 1000)),
-        n_valid=int(cfg.get("n_valid", 100)),
-        n_test=int(cfg.get("n_test", 100)),
-        seen_levels=tuple(str(name) for name in cfg.get("seen_levels", DEFAULT_SEEN)),
-        unseen_levels=tuple(str(name) for name in cfg.get("unseen_levels", DEFAULT_UNSEEN)),
-        recolour=bool(cfg.get("recolour", False)),
+        seed=settings.seed, n_train=settings.n_train, n_valid=settings.n_valid, n_test=settings.n_test,
+        seen_levels=tuple(settings.seen_levels), unseen_levels=tuple(settings.unseen_levels),
+        recolour=settings.recolour,
     )
 
 

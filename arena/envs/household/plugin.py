@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -10,17 +12,23 @@ import arena
 from arena.envs.household.environment import HouseholdEnvironment
 
 
+@dataclass
+class HouseholdSettings:
+    """The ``env`` section's keys (config.yaml); one left out is the world's own default."""
+
+    seed: int | None = None
+    n_train: int | None = None
+    n_valid: int | None = None
+    n_test: int | None = None
+    level: str | None = None
+    dialect: str | None = None
+
+
 def make_household(cfg: Mapping[str, Any]) -> HouseholdEnvironment:
-    """Build the environment from the ``env`` config section (other keys there are ignored)."""
-    defaults = HouseholdEnvironment()
-    return HouseholdEnvironment(
-        seed=int(cfg.get("seed", defaults.seed)),
-        n_train=int(cfg.get("n_train", defaults.sizes["train"])),
-        n_valid=int(cfg.get("n_valid", defaults.sizes["valid"])),
-        n_test=int(cfg.get("n_test", defaults.sizes["test_seen"])),
-        level=str(cfg.get("level", defaults.level)),
-        dialect=str(cfg.get("dialect", defaults.dialect)),
-    )
+    """Build the environment from the ``env`` config section."""
+    settings = arena.typed_config(cfg, HouseholdSettings, prefix="env.", ignore=("name",))
+    return HouseholdEnvironment(**{key: value for key, value in dataclasses.asdict(settings).items()
+                                   if value is not None})
 
 
 @arena.hookimpl
