@@ -427,7 +427,7 @@ class SkillRL:
         """``sft.target`` resolved: ``auto`` is what the run's solver writes (tags under react)."""
         target = self.cfg.sft.target
         if target == SFT_TARGET_AUTO:
-            return SFT_TARGET_TAGGED if str(run.cfg.solver.mode) == "react" else SFT_TARGET_ACTION
+            return SFT_TARGET_TAGGED if run.cfg.solver.mode == "react" else SFT_TARGET_ACTION
         return target
 
     # -- GRPO and evolution ----------------------------------------------------------------------
