@@ -458,11 +458,12 @@ def test_an_rl_step_makes_one_update_per_mini_batch_of_step_samples(plugins, tmp
 
 def test_skills_keep_the_banks_order_past_a_thousand():
     """Ids are numbered in order of addition; the number orders them, not the id's text."""
-    from arena.core.types import Experience
+    from arena.core.types import Experience, Provenance
     from arena.plugins.skillrl.retrieval import bank_order
 
     ids = ["skillrl:gen_1000", "skillrl:gen_999", "skillrl:dyn_002", "skillrl:gen_010"]
-    ordered = sorted((Experience(kind="skill", text=i, experience_id=i) for i in ids), key=bank_order)
+    ordered = sorted((Experience(kind="skill", text=i, provenance=Provenance(("t",), "train"), experience_id=i)
+                      for i in ids), key=bank_order)
     assert [e.experience_id for e in ordered] == ["skillrl:dyn_002", "skillrl:gen_010", "skillrl:gen_999",
                                                   "skillrl:gen_1000"]
 
