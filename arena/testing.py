@@ -218,7 +218,7 @@ PRESET_SIZES: dict[str, Any] = {
     "method.group_size": 2, "method.valid_tasks": 1, "method.mini_batch_size": None,
     "method.extractor_max_tokens": 12, "method.eval_extractor_max_tokens": 12,
     # SkillRL
-    "method.collect.tasks": 2, "method.sft.tasks": 2, "method.sft.steps": 1,
+    "method.collect.tasks": 2, "method.sft.tasks": 2, "method.sft.steps": 1, "method.sft.epochs": None,
     "method.sft.batch_size": 2, "method.rl.steps": 1, "method.rl.tasks_per_step": 1,
     "method.rl.group_size": 2, "method.evolution.valid_tasks": 1,
     "method.teacher.max_new_tokens": 8, "method.distill.consolidate_max_tokens": 8,

@@ -79,7 +79,7 @@ def test_gigpo_takes_its_penalty_off_the_steps_whose_reply_was_malformed_only(pl
     """The authors' "invalid" is a reply without its tags (or in another script): a
     well-formed inadmissible action is not penalised; a malformed one is, on its own step."""
     from arena.core.solver import well_formed
-    from arena.plugins.gigpo.method import step_rewards
+    from arena.plugins.gigpo.method import step_penalties, step_rewards
 
     assert well_formed("<reasoning>the mug is on the desk</reasoning> <Action>take mug 1</ACTION>")
     for reply in ("<action>take mug 1</action>", "<reasoning>x</reasoning> take mug 1",
@@ -91,9 +91,10 @@ def test_gigpo_takes_its_penalty_off_the_steps_whose_reply_was_malformed_only(pl
     episode.steps[1].well_formed = False
     cfg = gigpo_settings(plugins)
     assert cfg.invalid_action_penalty == 0.1  # the authors' coefficient
-    assert step_rewards(episode, 10.0, cfg) == pytest.approx([0.0, -0.1, 10.0])
+    assert step_rewards(episode, 10.0) == [0.0, 0.0, 10.0]
+    assert step_penalties(episode, cfg) == pytest.approx([0.0, 0.1, 0.0])  # off its own row only
     unpenalised = gigpo_settings(plugins, "method.invalid_action_penalty=0")
-    assert step_rewards(episode, 10.0, unpenalised) == [0.0, 0.0, 10.0]
+    assert step_penalties(episode, unpenalised) == [0.0, 0.0, 0.0]
     other = _episode(task, ["Nothing happens.", "x", "y"], False)  # its second decision shares the state
     penalised, _ = build_samples([episode, other], ["g", "g"], cfg)
     plain, _ = build_samples([episode, other], ["g", "g"], unpenalised)

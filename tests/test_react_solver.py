@@ -10,7 +10,7 @@ import pytest
 
 from arena.core import protocol
 from arena.core.plugins import Plugins
-from arena.core.solver import build_prompt, parse_action
+from arena.core.solver import build_prompt, parse_action, well_formed
 from arena.core.types import Observation, Step, Task, Trajectory
 from arena.envs.alfworld_tasks import HOUSEHOLD_INSTRUCTIONS
 from tests.helpers.overrides import SKILLRL_TINY
@@ -112,5 +112,9 @@ def test_skillrl_runs_and_trains_with_the_react_solver_on_the_tiny_model(plugins
     state = json.loads((path / "method" / "state.json").read_text())
     assert state["stage"] == "done" and state["steps_done"] == 1
     assert learned_metrics(path)[0]["samples"] > 0  # the RL step trained on react decisions
+    # SFT taught the form the react prompt asks for (sft.target auto): reasoning and action tags.
+    rows = [row for demo in (path / "method" / "demos").glob("*.json")
+            for row in json.loads(demo.read_text())["rows"]]
+    assert rows and all(well_formed(row["completion"][0]["content"]) for row in rows)
     evaluated = [e for e in lines(path / "episodes.jsonl") if e["phase"] != "learn"]
     assert evaluated and all(e["steps"] > 0 and e["tokens_out"] > 0 for e in evaluated)

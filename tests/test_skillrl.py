@@ -255,7 +255,8 @@ def test_the_authors_evolution_prompt_lists_failures_of_every_type_and_titles_on
 @pytest.mark.parametrize("visible_to", ["training", "all"])
 def test_evolved_skills_reach_only_rollouts_unless_visible_to_all(visible_to):
     method = object.__new__(skillrl.SkillRL)
-    method.cfg = OmegaConf.create({"retrieval": {"mode": "template", "top_general": 6, "max_mistakes": 0},
+    method.cfg = OmegaConf.create({"retrieval": {"mode": "template", "top_general": 6, "max_mistakes": 0,
+                                                 "routing": "task_type"},
                                    "evolution": {"visible_to": visible_to}})
     run = types.SimpleNamespace(store=store_with(constructed_bank()))
     rollout = {e.experience_id for e in method._experiences(run, task(HEAT), rollout=True)}
@@ -450,3 +451,48 @@ def test_an_rl_step_makes_one_update_per_mini_batch_of_step_samples(plugins, tmp
     assert metrics["updates"] == -(-metrics["samples"] // 2)
     assert results["learn"]["used"]["gradient_steps"] == metrics["updates"]
     assert results["valid"] is True, results["violations"]
+
+
+# -- the authors' routing, order and cold start ---------------------------------------------------
+
+
+def test_skills_keep_the_banks_order_past_a_thousand():
+    """Ids are numbered in order of addition; the number orders them, not the id's text."""
+    from arena.core.types import Experience, Provenance
+    from arena.plugins.skillrl.retrieval import bank_order
+
+    ids = ["skillrl:gen_1000", "skillrl:gen_999", "skillrl:dyn_002", "skillrl:gen_010"]
+    ordered = sorted((Experience(kind="skill", text=i, provenance=Provenance(("t",), "train"), experience_id=i)
+                      for i in ids), key=bank_order)
+    assert [e.experience_id for e in ordered] == ["skillrl:dyn_002", "skillrl:gen_010", "skillrl:gen_999",
+                                                  "skillrl:gen_1000"]
+
+
+def test_keyword_routing_files_and_finds_skills_by_the_goals_words():
+    from arena.plugins.skillrl.retrieval import keyword_category, skill_category
+
+    hot = task(HEAT, goal="put a hot apple in fridge.")
+    assert skill_category(hot, "task_type") == HEAT
+    assert skill_category(hot, "keywords") == "pick_and_place"  # no "heat" in the words, as theirs
+    assert keyword_category("pick up the ball", distilling=True) is None  # their generation skips it
+    assert keyword_category("pick up the ball") == "pick_and_place"
+    with pytest.raises(ValueError, match="routing must be one of"):
+        skill_category(hot, "oracle")
+
+
+def test_sft_steps_follow_the_epochs_and_the_target_follows_the_solver(plugins):
+    from arena.core.method_config import typed_config
+    from arena.plugins.skillrl.settings import SkillRLSettings
+
+    default = typed_config(compose(plugins, "skillrl").method, SkillRLSettings)
+    assert default.sft.epochs is None and default.sft.steps_for(1_000) == default.sft.steps
+    paper = typed_config(compose(plugins, "skillrl", preset="paper").method, SkillRLSettings)
+    assert paper.sft.steps_for(7_500) == 1_407  # 3 passes over 7,500 examples in batches of 16
+    method = object.__new__(skillrl.SkillRL)
+    for mode, target in (("choose", "action"), ("react", "tagged")):
+        method.cfg = default
+        run = types.SimpleNamespace(cfg=OmegaConf.create({"solver": {"mode": mode}}))
+        assert method.sft_target(run) == target
+    with pytest.raises(ValueError, match="sft.epochs must be > 0"):
+        compose_settings = compose(plugins, "skillrl", overrides=["method.sft.epochs=0"]).method
+        typed_config(compose_settings, SkillRLSettings)

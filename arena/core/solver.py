@@ -51,16 +51,16 @@ def _normal(text: str) -> str:
     return " ".join(re.sub(r"[^a-z0-9 ]", " ", text.lower()).split())
 
 
-_REASONING_TAG = re.compile(r"<reasoning>.*?</reasoning>", re.S)
 _CJK = re.compile(r"[\u4e00-\u9fff]")
 
 
 def well_formed(reply: str) -> bool:
-    """A ``react`` reply in the form its prompt asks for: reasoning inside its tags, an action
-    inside its tags, and no CJK characters (the check of GiGPO's and SkillRL's authors, in
-    verl-agent's action projection, with Arena's reasoning tag for their think tag)."""
+    """A ``react`` reply in the form its prompt asks for: both reasoning tags (case as written),
+    both action tags (any case) and no CJK ideographs, each tag merely present, as in
+    verl-agent's action projection (GiGPO's and SkillRL's authors), with Arena's reasoning tag
+    for their think tag."""
     action = reply.lower()
-    return (_REASONING_TAG.search(reply) is not None and "<action>" in action
+    return ("<reasoning>" in reply and "</reasoning>" in reply and "<action>" in action
             and "</action>" in action and not _CJK.search(reply))
 
 

@@ -95,10 +95,20 @@ class EpisodeSignal:
     reward: float
     step_rewards: Sequence[float]
     anchors: Sequence[Hashable]
+    #: Per decision, an amount taken off that decision's own row after discounting, at both
+    #: levels (verl-agent's invalid-action penalty: off the row's episode score and off its step
+    #: return, never carried back to earlier steps); empty for none. With
+    #: ``episode_level_over="episodes"`` it enters the step level only.
+    penalties: Sequence[float] = ()
 
     def __post_init__(self) -> None:
         if len(self.step_rewards) != len(self.anchors):
             raise ValueError(f"{len(self.step_rewards)} step rewards but {len(self.anchors)} anchors")
+        if self.penalties and len(self.penalties) != len(self.anchors):
+            raise ValueError(f"{len(self.penalties)} penalties but {len(self.anchors)} anchors")
+
+    def penalty(self, index: int) -> float:
+        return float(self.penalties[index]) if self.penalties else 0.0
 
 
 @dataclass(frozen=True)
@@ -163,15 +173,20 @@ def step_advantages(episodes: Sequence[EpisodeSignal], settings: AdvantageSettin
     ``gigpo``: that, plus ``step_weight`` times the step-level advantage: each decision's
     discounted return (``gamma``) normalised among the decisions of the same group taken in the
     same anchor state (a step group). A group, or step group, of one has no baseline and adds 0.
+    Each decision's ``penalties`` entry is taken off its own row at both levels, after
+    discounting (see :class:`EpisodeSignal`).
     """
     if settings.episode_level_over == "steps":
-        rows = [(index, e.reward, e.group) for index, e in enumerate(episodes) for _ in e.anchors]
-        normalised = _normalised([r for _, r, _ in rows], [g for _, _, g in rows], settings)
-        by_episode = {index: value for (index, _, _), value in zip(rows, normalised)}  # equal per episode
-        episode_level = [by_episode.get(index, 0.0) for index in range(len(episodes))]
+        # One row per decision, its episode's reward less the decision's own penalty.
+        rows = [(index, step, e.reward - e.penalty(step), e.group)
+                for index, e in enumerate(episodes) for step in range(len(e.anchors))]
+        normalised = _normalised([r for *_, r, _ in rows], [g for *_, g in rows], settings)
+        per_step = [[0.0] * len(e.anchors) for e in episodes]
+        for (index, step, _, _), value in zip(rows, normalised):
+            per_step[index][step] = value
     else:
         episode_level = _normalised([e.reward for e in episodes], [e.group for e in episodes], settings)
-    per_step = [[advantage] * len(e.anchors) for e, advantage in zip(episodes, episode_level)]
+        per_step = [[advantage] * len(e.anchors) for e, advantage in zip(episodes, episode_level)]
     if settings.estimator == "grpo":
         return per_step
     returns: list[float] = []
@@ -180,7 +195,7 @@ def step_advantages(episodes: Sequence[EpisodeSignal], settings: AdvantageSettin
     for e_index, episode in enumerate(episodes):
         for s_index, (value, anchor) in enumerate(
                 zip(discounted_returns(episode.step_rewards, settings.gamma), episode.anchors)):
-            returns.append(value)
+            returns.append(value - episode.penalty(s_index))
             keys.append((episode.group, anchor))
             where.append((e_index, s_index))
     for (e_index, s_index), step_level in zip(where, _normalised(returns, keys, settings)):

@@ -5,7 +5,8 @@ One learning iteration (``methods.md``-style defaults and the authors' values in
 1. ``tasks_per_iteration`` train tasks are each played ``group_size`` times by the standard
    solver at the learning temperature (an episode group per task);
 2. each episode's reward is ``win_reward`` x won (+ ``progress_reward`` x progress), given at its
-   last step;
+   last step; a step whose reply was malformed has ``invalid_action_penalty`` taken off its own
+   row at both levels (after discounting, as the authors);
 3. advantages (``arena.rl.step_advantages``): the episode-level one, the reward normalised within
    its episode group (GRPO's), plus ``step_weight`` x the step-level one, each decision's
    discounted return (``gamma``) normalised among the decisions of the same episode group taken
@@ -36,21 +37,27 @@ def episode_reward(trajectory: Trajectory, cfg: GiGPOSettings) -> float:
     return cfg.win_reward * trajectory.success + cfg.progress_reward * trajectory.progress
 
 
-def step_rewards(trajectory: Trajectory, reward: float, cfg: GiGPOSettings) -> list[float]:
-    """The episode's reward on its last step, less ``invalid_action_penalty`` on every step whose
-    reply was not in the asked form (the authors take it off that step's reward)."""
-    rewards = rl.terminal_rewards(trajectory, reward)
-    return [r - (0.0 if step.well_formed else cfg.invalid_action_penalty)
-            for r, step in zip(rewards, trajectory.steps)]
+def step_rewards(trajectory: Trajectory, reward: float) -> list[float]:
+    """The episode's reward on its last step (the environment's: 10 on the winning step)."""
+    return rl.terminal_rewards(trajectory, reward)
+
+
+def step_penalties(trajectory: Trajectory, cfg: GiGPOSettings) -> list[float]:
+    """``invalid_action_penalty`` on every step whose reply was not in the asked form, 0 on the
+    others. The authors take it off that step's row after the returns are discounted: off the
+    row's episode score and off its step return, never carried back to earlier steps
+    (``apply_invalid_action_penalty`` runs after ``compute_step_discounted_returns``)."""
+    return [0.0 if step.well_formed else cfg.invalid_action_penalty for step in trajectory.steps]
 
 
 def signals(episodes: list[Trajectory], groups: list[str], cfg: GiGPOSettings) -> list[rl.EpisodeSignal]:
-    """What the estimator needs of each episode: group, reward, per-step rewards, anchor states."""
+    """What the estimator needs of each episode: group, reward, per-step rewards, anchor states
+    and the per-step penalties."""
     result = []
     for trajectory, group in zip(episodes, groups):
         reward = episode_reward(trajectory, cfg)
-        result.append(rl.EpisodeSignal(group, reward, step_rewards(trajectory, reward, cfg),
-                                       rl.step_anchors(trajectory)))
+        result.append(rl.EpisodeSignal(group, reward, step_rewards(trajectory, reward),
+                                       rl.step_anchors(trajectory), step_penalties(trajectory, cfg)))
     return result
 
 

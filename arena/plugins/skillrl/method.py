@@ -11,11 +11,13 @@ runs these stages, each checkpointed in the method's state (``run.method_state``
    experience store (:mod:`.skillbank`);
 3. **sft**: demonstrations of ``sft.tasks`` train tasks, played by the teacher (or the
    environment's expert, ``sft.demonstrations``) with the skill-augmented prompt, become
-   prompt -> action examples for trl's SFTTrainer; the result is the RL reference (:mod:`.sft`);
+   prompt -> completion examples for trl's SFTTrainer (``sft.target``: the bare action, or the
+   reasoning and the action in the react solver's tags), for ``sft.steps`` steps or
+   ``sft.epochs`` passes; the result is the RL reference (:mod:`.sft`);
 4. **rl**: ``rl.steps`` GRPO steps on the trainer core: ``rl.tasks_per_step`` train tasks x
    ``rl.group_size`` rollouts with retrieved skills (from step ``inject_from_step`` of each
-   episode), reward ``win_reward`` x won minus ``invalid_action_penalty`` per inadmissible
-   action, groups per task; one checkpoint per step (``skillrl/checkpoint-NNNNN``);
+   episode), reward ``win_reward`` x won, less ``invalid_action_penalty`` on each step whose
+   reply was malformed, groups per task; one checkpoint per step (``skillrl/checkpoint-NNNNN``);
 5. **evolve** every ``evolution.every`` steps: the policy plays ``evolution.valid_tasks`` tasks of
    the **valid** split; for each task type under ``evolution.threshold`` the teacher proposes 1 to
    ``evolution.max_new_skills`` new (``dyn_NNN``) or revised skills from at most
@@ -32,6 +34,7 @@ import dataclasses
 import hashlib
 import json
 import random
+import re
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -68,11 +71,19 @@ from arena.plugins.skillrl.distill import (
     parse_skills,
     trajectory_prompt,
 )
-from arena.plugins.skillrl.retrieval import embedding_retrieve, make_prompt_builder, template_retrieve
+from arena.plugins.skillrl.retrieval import (
+    embedding_retrieve,
+    make_prompt_builder,
+    skill_category,
+    template_retrieve,
+)
 from arena.plugins.skillrl.settings import (
     ADVANTAGE_OVER,
     EVOLVE_AUTHORS,
     EVOLVE_PER_TYPE,
+    SFT_TARGET_ACTION,
+    SFT_TARGET_AUTO,
+    SFT_TARGET_TAGGED,
     VISIBLE_TO_ALL,
     SkillRLSettings,
 )
@@ -163,7 +174,8 @@ class SkillRL:
         self._trainer: rl.CheckpointedTrainer | None = None
         self._teacher: Teacher | None = None
         self.prompt_builder = make_prompt_builder(self.cfg.inject_from_step,
-                                                  self.cfg.retrieval.max_chars)
+                                                  self.cfg.retrieval.max_chars,
+                                                  self.cfg.retrieval.style)
         run.keep_rollouts()  # a kill mid-step must not lose the rollouts played
         state = self._state(run)
         if self._needs_model():
@@ -331,11 +343,13 @@ class SkillRL:
             task = trajectory.task
             if trajectory.success:
                 parsed["success"] += 1
-                if len(bank.for_type(task.task_type)) >= cfg.max_type_skills:
+                # Filed under the task's type, or its keyword category (retrieval.routing).
+                scope = skill_category(task, self.cfg.retrieval.routing, distilling=True)
+                if scope is None or len(bank.for_type(scope)) >= cfg.max_type_skills:
                     continue
                 for skill in parse_skills(answer, limit=1):
                     added = bank.add_skill(title=skill["title"], principle=skill["principle"],
-                                           when_to_apply=skill["when_to_apply"], scope=task.task_type,
+                                           when_to_apply=skill["when_to_apply"], scope=scope,
                                            source_split=split, source_task_ids=[task.task_id], added_at="distill")
                     parsed["skills"] += added is not None
             else:
@@ -392,7 +406,8 @@ class SkillRL:
             return summary
         backend = self._backend(run)
         settings: dict[str, Any] = dataclasses.asdict(cfg)
-        with run.progress("skillrl: SFT steps", total=cfg.steps) as shown:
+        settings["steps"] = cfg.steps_for(len(rows))  # sft.epochs passes, when set
+        with run.progress("skillrl: SFT steps", total=settings["steps"]) as shown:
             model, metrics = rl.sft.train_sft(backend.model, backend.tokenizer, rows,
                                                  settings, self.work, seed, on_step=shown.update)
         backend.model = model
@@ -406,7 +421,14 @@ class SkillRL:
         act = None if mode == "expert" else self._policy(run, self.teacher(run).backend, task,
                                                          experiences, seed)
         return DemonstrationPolicy(act, self._solver(run, run.llm).prompts(task, experiences),
-                                   env_name=run.env_name)
+                                   env_name=run.env_name, target=self.sft_target(run))
+
+    def sft_target(self, run: Run) -> str:
+        """``sft.target`` resolved: ``auto`` is what the run's solver writes (tags under react)."""
+        target = self.cfg.sft.target
+        if target == SFT_TARGET_AUTO:
+            return SFT_TARGET_TAGGED if run.cfg.solver.mode == "react" else SFT_TARGET_ACTION
+        return target
 
     # -- GRPO and evolution ----------------------------------------------------------------------
 
@@ -504,7 +526,9 @@ class SkillRL:
                 if not failures:
                     continue
                 failures_by_group[task_type] = failures
-                shown = bank.general() + bank.for_type(task_type)
+                scopes = {skill_category(t.task, self.cfg.retrieval.routing) for t in failures}
+                shown = bank.general() + [s for scope in sorted(x for x in scopes if x)
+                                          for s in bank.for_type(scope)]
                 prompts.append(evolve_prompt(task_type, accuracy[task_type], failures, shown, **limits))
         answers = teacher.ask(prompts, seed * 7 + step) if prompts else []
         added, revised = self.apply_evolution(bank, failures_by_group, answers, step,
@@ -568,7 +592,8 @@ class SkillRL:
             found = embedding_retrieve(run.store, task, top_k=cfg.top_k, threshold=cfg.threshold)
             return [e for e in found if evolved or not e.metadata.get("dynamic", False)]
         return template_retrieve(run.store, task, top_general=cfg.top_general,
-                                 max_mistakes=cfg.max_mistakes, evolved=evolved)
+                                 max_mistakes=cfg.max_mistakes, evolved=evolved,
+                                 category=skill_category(task, cfg.routing))
 
     def _solver(self, run: Run, backend: Any) -> StandardSolver:
         """The standard solver with SkillRL's prompt (every retrieved skill shown)."""
@@ -623,16 +648,38 @@ class SkillRL:
         return json.dumps(bank, sort_keys=True) if bank else ""
 
 
+_REASONING = re.compile(r"<reasoning>(.*?)</reasoning>", re.S)
+
+
+def sft_completion(action: str, *, target: str, goal: str, reply: str = "") -> str:
+    """An SFT example's completion. ``action``: the bare action (what constrained choice
+    scores). ``tagged``: reasoning then the action in the react solver's tags, the form the
+    prompt asks for (the authors' SFT rows: their teacher's think-tagged reasoning, then the
+    action in its tags). The reasoning is the demonstrator's own (a react teacher's ``reply``)
+    or, where it wrote none (the expert plan), one sentence naming the task and the step."""
+    if target == SFT_TARGET_ACTION:
+        return action
+    if target != SFT_TARGET_TAGGED:
+        raise ValueError(f"method.sft.target must be action or tagged here, not {target!r}")
+    found = _REASONING.search(reply)
+    reasoning = found.group(1).strip() if found else ""
+    if not reasoning:
+        reasoning = f"The task is to {goal.strip().rstrip('.')}. The next step toward it: {action}."
+    return f"<reasoning>{reasoning}</reasoning>\n<action>{action}</action>"
+
+
 class DemonstrationPolicy:
     """A demonstration's policy: ``act`` (the teacher's), or with ``act`` None the expert plan
     of the episode the harness gives it (``start``, learning only); every decision is kept as a
-    (SkillRL prompt, action) row for SFT."""
+    (SkillRL prompt, completion) row for SFT, the completion in the form ``target`` names
+    (:func:`sft_completion`)."""
 
     def __init__(self, act: Policy | None, prompt_of: Callable[[Observation, Trajectory], Any],
-                 env_name: str) -> None:
+                 env_name: str, target: str = SFT_TARGET_ACTION) -> None:
         self._act = act
         self._prompt_of = prompt_of
         self._env_name = env_name
+        self._target = target
         self._episode: Episode | None = None
         self.rows: list[dict[str, Any]] = []
 
@@ -648,7 +695,9 @@ class DemonstrationPolicy:
                 raise RuntimeError(f"Environment '{self._env_name}' has no expert; use "
                                    "method.sft.demonstrations=teacher.")
             action = Action(text=plan)
-        self.rows.append(rl.sft.example(self._prompt_of(observation, trajectory), action.text))
+        completion = sft_completion(action.text, target=self._target, goal=trajectory.task.goal,
+                                    reply=action.thought)
+        self.rows.append(rl.sft.example(self._prompt_of(observation, trajectory), completion))
         return action
 
 

@@ -3,11 +3,22 @@ and comments, the presets their alternatives."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 RETRIEVAL_MODES = ("template", "embedding")
+#: ``retrieval.routing``: a task's skills are those of its true task type, or of the category
+#: its goal's keywords name (the authors'; :func:`.retrieval.keyword_category`).
+ROUTING_TASK_TYPE, ROUTING_KEYWORDS = "task_type", "keywords"
+ROUTING = (ROUTING_TASK_TYPE, ROUTING_KEYWORDS)
+#: ``retrieval.style``: how the skill section reads (see :func:`.retrieval.render_skills`).
+STYLES = ("arena", "authors")
 DEMONSTRATIONS = ("teacher", "expert")
+#: ``sft.target``: what an SFT example's completion is: the bare action, the reasoning and the
+#: action in the react solver's tags, or whichever of the two the run's solver writes.
+SFT_TARGET_ACTION, SFT_TARGET_TAGGED, SFT_TARGET_AUTO = "action", "tagged", "auto"
+SFT_TARGETS = (SFT_TARGET_AUTO, SFT_TARGET_ACTION, SFT_TARGET_TAGGED)
 #: ``evolution.scheme``: the authors' one call on the first failures of any type, adding new
 #: general skills only; or one call per weak task type on its own failures, adding or revising.
 EVOLVE_AUTHORS, EVOLVE_PER_TYPE = "authors", "per_type"
@@ -54,9 +65,13 @@ class Retrieval:
     top_k: int
     threshold: float | None
     max_chars: int
+    routing: str
+    style: str
 
     def __post_init__(self) -> None:
         _one_of("retrieval.mode", self.mode, RETRIEVAL_MODES)
+        _one_of("retrieval.routing", self.routing, ROUTING)
+        _one_of("retrieval.style", self.style, STYLES)
 
 
 @dataclass
@@ -65,15 +80,27 @@ class SFT:
     demonstrations: str
     tasks: int
     steps: int
+    #: Passes over the examples; when set, the steps are as many as that takes (``steps`` unused).
+    epochs: float | None
     batch_size: int
     lr: float
     lr_scheduler: str
     weight_decay: float
     max_length: int | None
     lora: dict[str, Any] | None
+    target: str
 
     def __post_init__(self) -> None:
         _one_of("sft.demonstrations", self.demonstrations, DEMONSTRATIONS)
+        _one_of("sft.target", self.target, SFT_TARGETS)
+        if self.epochs is not None and self.epochs <= 0:
+            raise ValueError(f"method.sft.epochs must be > 0 or null (use sft.steps), got {self.epochs}")
+
+    def steps_for(self, examples: int) -> int:
+        """Optimizer steps: ``steps``, or ``epochs`` passes over ``examples`` in batches."""
+        if self.epochs is None:
+            return self.steps
+        return max(1, math.ceil(self.epochs * examples / self.batch_size))
 
 
 @dataclass

@@ -242,6 +242,7 @@ class SkillBank:
                 kind=SKILL, text=skill.render(),
                 provenance=Provenance(tuple(skill.source_task_ids), skill.source_split),
                 metadata={"scope": skill.scope, "task_type": skill.scope, "title": skill.title,
+                          "principle": skill.principle, "when_to_apply": skill.when_to_apply,
                           "dynamic": skill.dynamic, "version": skill.version,
                           "bank_version": skill.bank_version, "added_at": skill.added_at},
                 experience_id=f"skillrl:{skill.skill_id}",
@@ -250,7 +251,8 @@ class SkillBank:
             items.append(Experience(
                 kind=MISTAKE, text=mistake.render(),
                 provenance=Provenance(tuple(mistake.source_task_ids), mistake.source_split),
-                metadata={"scope": "mistake", "version": mistake.version,
+                metadata={"scope": "mistake", "description": mistake.description,
+                          "how_to_avoid": mistake.how_to_avoid, "version": mistake.version,
                           "bank_version": mistake.bank_version, "added_at": mistake.added_at},
                 experience_id=f"skillrl:{mistake.mistake_id}",
             ))
