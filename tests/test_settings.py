@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
+import arena.core.settings as settings_module
 from arena.core.config import compose, load_yaml
 from arena.core.plugins import get_plugins
-import arena.core.settings as settings_module
 from arena.core.settings import Sampling, Settings, SolverSettings
 
 ROOT = Path(__file__).resolve().parents[1]
