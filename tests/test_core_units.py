@@ -64,6 +64,20 @@ def test_episode_loop_statuses():
     assert run_policy(["look", "stop"], max_steps=2).status is Termination.FAILURE
 
 
+def test_a_policy_ends_its_episode_with_a_final_action():
+    """``Action.final``: the action is played, then the episode ends (policy_ended), unless that
+    action won or the environment ended the game."""
+    def final_on(actions, last):
+        script = iter(actions)
+        return play(CountingEpisode(), lambda obs, traj: Action(next(script), final=len(traj.steps) == last),
+                    max_steps=10, max_invalid_actions=3)
+
+    ended = final_on(["look", "look", "look"], last=1)
+    assert ended.status is Termination.POLICY_ENDED and [s.action for s in ended.steps] == ["look", "look"]
+    assert final_on(["look", "win"], last=1).status is Termination.SUCCESS
+    assert final_on(["look", "stop"], last=1).status is Termination.FAILURE
+
+
 def test_episode_loop_records_errors():
     def broken(obs, traj):
         raise RuntimeError("model exploded")

@@ -139,11 +139,13 @@ def test_invalid_operations_are_rejected_and_counted():
     assert report.applied["AGREE"] == 1 and book.insights[0].text == "Rule number 2." and book.insights[0].weight == 3
     report = book.apply([
         Operation("AGREE", 1, "Rule number 2."),
-        Operation("REMOVE", 1, "Rule number 2."),  # second operation on the same rule
+        Operation("REMOVE", 1, "Rule number 2."),  # a second operation on the same rule applies too
         Operation("ADD", None, "One."), Operation("ADD", None, "Two."), Operation("ADD", None, "Three."),
     ])
-    assert report.rejected == {"second_operation_on_rule": 1, "over_operation_limit": 1}
+    assert report.rejected == {"over_operation_limit": 1}
+    assert report.applied == {"ADD": 2, "AGREE": 1, "EDIT": 0, "REMOVE": 1}
     assert book.texts() == ["Rule number 2.", "Rule number 1.", "One.", "Two."]
+    assert book.insights[0].weight == 3  # 3 + 1 - 1, as the authors' update_rules
 
 
 def test_book_round_trips_through_state():

@@ -147,7 +147,7 @@ def test_phase_b_ranks_by_weighted_z_scores():
                 "D": 0.5 * (0.6 - 0.5187) / 0.1203}
     assert [c.memory.experience_id for c, _ in ranked] == ["A", "B", "D", "C"]
     assert {c.memory.experience_id: s for c, s in ranked} == pytest.approx(expected)
-    # Q alone, similarity alone: the order follows the one term (ties: more similar, then id).
+    # Q alone, similarity alone: the order follows the one term (ties: the candidates' order).
     q_only = rank_candidates(candidates, **{**kwargs, "weight_sim": 0.0})
     assert [c.memory.experience_id for c, _ in q_only] == ["B", "A", "D", "C"]
     sim_only = rank_candidates(candidates, **{**kwargs, "weight_q": 0.0})

@@ -1,8 +1,8 @@
 """The episode loop every solver shares, and the harness's standard solver.
 
-:func:`play` owns termination (success, step limit, invalid-action limit, errors) and per-episode
-cost, so that every method's episodes are ended and counted the same way. A solver only supplies a
-policy: observation + history -> :class:`Action`.
+:func:`play` owns termination (success, step limit, invalid-action limit, errors, a policy's
+``Action.final``) and per-episode cost, so that every method's episodes are ended and counted the
+same way. A solver only supplies a policy: observation + history -> :class:`Action`.
 """
 
 from __future__ import annotations
@@ -103,6 +103,7 @@ def play(
         experience_ids=list(experience_ids or []),
     )
     invalid_streak = 0
+    ended = False  # the policy's last action (Action.final) was played
     try:
         while True:
             if observation.won:
@@ -110,6 +111,9 @@ def play(
                 break
             if observation.done:
                 trajectory.status = Termination.STEP_LIMIT if observation.truncated else Termination.FAILURE
+                break
+            if ended:
+                trajectory.status = Termination.POLICY_ENDED
                 break
             if len(trajectory.steps) >= max_steps:
                 trajectory.status = Termination.STEP_LIMIT
@@ -122,6 +126,7 @@ def play(
             valid = action.text in observation.admissible_actions
             observation = episode.step(action.text)
             invalid_streak = 0 if valid else invalid_streak + 1
+            ended = action.final
             trajectory.steps.append(
                 Step(
                     action=action.text,

@@ -20,6 +20,7 @@ class Termination(str, enum.Enum):  # noqa: UP042 - StrEnum changes str() of mem
     FAILURE = "failure"  # the environment ended the episode without success
     STEP_LIMIT = "step_limit"
     INVALID_ACTION_LIMIT = "invalid_action_limit"
+    POLICY_ENDED = "policy_ended"  # the method's policy ended it (``Action.final``) without success
     ERROR = "error"  # an exception in the method or environment; the episode counts as failed
 
 
@@ -290,6 +291,10 @@ class Action:
     #: prompt's script (what GiGPO's and SkillRL's authors call a valid action; an inadmissible
     #: action in good form is one). Always true for a constrained choice.
     well_formed: bool = True
+    #: The policy's last action: the episode ends once it is played (status ``policy_ended``,
+    #: unless it won or the environment ended it), as ExpeL's and Reflexion's authors end an
+    #: episode on a repeated action.
+    final: bool = False
 
 
 class Policy(Protocol):

@@ -82,3 +82,34 @@ def play_script(env: Environment, task: Task, seed: int) -> list[tuple[Observati
     finally:
         episode.close()
     return seen
+
+
+# -- a game for episode-ending rules (the golden cases of ExpeL and Reflexion) -----------------
+
+
+class RepeatWinEpisode(Episode):
+    """Every action is admissible and answered; ``win_on`` wins when played twice in a row (so a
+    repeated action can be the winning one). The game never ends on its own otherwise."""
+
+    def __init__(self, actions: list[str], win_on: str | None = None) -> None:
+        self.task = Task("toy/train/repeat", "toy", "train", "toy", "play the script")
+        self.actions = tuple(dict.fromkeys(actions))
+        self.win_on = win_on
+        self.last: str | None = None
+
+    def reset(self) -> Observation:
+        self.last = None
+        return Observation("start", self.actions)
+
+    def step(self, action: str) -> Observation:
+        won = action == self.win_on and self.last == action
+        self.last = action
+        return Observation(f"obs of {action}", () if won else self.actions, reward=float(won),
+                           done=won, won=won)
+
+
+def scripted_policy(actions: list[str]):
+    """A policy that plays ``actions`` in order, one per step."""
+    from arena.core.types import Action
+
+    return lambda observation, trajectory: Action(actions[len(trajectory.steps)])

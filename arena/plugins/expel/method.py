@@ -28,6 +28,7 @@ few-shots by task similarity) and the transcript in their metadata.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -35,10 +36,13 @@ from typing import Any
 
 import arena
 from arena import (
+    Action,
     BudgetExhausted,
     EpisodeRequest,
     Experience,
     Instructions,
+    Observation,
+    Policy,
     Provenance,
     Run,
     SamplingParams,
@@ -143,6 +147,20 @@ def divide_in_chunks(items: list[Any], size: int, rng: random.Random) -> list[li
     return [items[i * per_chunk:(i + 1) * per_chunk] for i in range(count)]
 
 
+class EndOnRepeat:
+    """A policy that ends its episode on an action equal to the one before, once played (the
+    authors' ALFWorld environment: ``envs/alfworld/alfworld.py``, ``last_action``)."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+
+    def __call__(self, observation: Observation, trajectory: Trajectory) -> Action:
+        action = self.policy(observation, trajectory)
+        if trajectory.steps and trajectory.steps[-1].action == action.text:
+            return dataclasses.replace(action, final=True)
+        return action
+
+
 def fresh_state() -> dict[str, Any]:
     return {
         "stage": GATHER,
@@ -178,7 +196,8 @@ class ExpeL:
 
     def _book(self, state: dict[str, Any]) -> InsightBook:
         book = InsightBook(self.cfg.max_insights, weights=self.weights,
-                           max_operations=self.cfg.max_operations)
+                           max_operations=self.cfg.max_operations,
+                           parser=self.cfg.operation_parser, cap=self.cfg.cap_insights)
         book.load(state["book"])
         return book
 
@@ -376,7 +395,7 @@ class ExpeL:
                                    f"{job['ids']}. The run directory is incomplete; start a new run.")
             seed = run.learn_seed * 1_000_003 + index
             (generation,) = run.llm.generate([prompt], self._sampling(run, self.cfg.critique_max_tokens, seed))
-            parsed = parse_operations(generation.text)
+            parsed = parse_operations(generation.text, self.cfg.operation_parser)
             sources = sorted({str(e.metadata["task_id"]) for e in trials})
             report = book.apply(parsed.operations, sources=sources)
             self._count(state["critique"], parsed.malformed, len(parsed.operations), report)
@@ -433,7 +452,7 @@ class ExpeL:
         fewshots = select_fewshots(run.store, task, k=self.cfg.fewshots,
                                    candidates=self.cfg.fewshot_candidates,
                                    max_chars=self.cfg.fewshot_max_chars)
-        return insights[: self.cfg.max_insights] + fewshots
+        return (insights[: self.cfg.max_insights] if self.cfg.cap_insights else insights) + fewshots
 
     @arena.hookimpl
     def solve(self, run: Run, task: Task, experiences: list[Experience], seed: int) -> Trajectory:
@@ -441,8 +460,10 @@ class ExpeL:
         solver_cfg, sampling = run.cfg.solver, run.sampling()
         solver = StandardSolver.from_config(run.llm, solver_cfg, prompt_builder=solver_prompt,
                                             instructions=run.env.instructions)
-        policy = solver.policy(task, experiences, seed, temperature=float(sampling.temperature),
-                               top_p=float(sampling.top_p))
+        policy: Policy = solver.policy(task, experiences, seed, temperature=float(sampling.temperature),
+                                       top_p=float(sampling.top_p))
+        if self.cfg.end_on_repeated_action:
+            policy = EndOnRepeat(policy)
         return run.play_policy(task, policy, experiences)
 
     @arena.hookimpl

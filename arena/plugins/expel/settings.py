@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from arena.plugins.expel.insights import Weights
+from arena.plugins.expel.insights import Weights, check_parser
 
 
 @dataclass
@@ -22,10 +22,14 @@ class ExpeLSettings:
     fewshots: int
     fewshot_candidates: int
     fewshot_max_chars: int
+    operation_parser: str
+    cap_insights: bool
+    end_on_repeated_action: bool
 
     def __post_init__(self) -> None:
         for name in ("max_reflections", "fewshots", "fewshot_candidates"):
             if getattr(self, name) < 0:
                 raise ValueError(f"method.{name} must be >= 0, got {getattr(self, name)}")
+        check_parser(self.operation_parser)
         if self.success_chunk < 1:
             raise ValueError(f"method.success_chunk must be >= 1, got {self.success_chunk}")

@@ -124,7 +124,7 @@ class Mem0:
         replies = run.llm.generate(prompts, self._params(self.cfg.facts_max_tokens, self._seed(run, episodes[0])))
         facts = []
         for trajectory, reply in zip(episodes, replies):
-            for fact in parse_facts(prefix + reply.text, self.cfg.max_facts):
+            for fact in parse_facts(prefix + reply.text, self.cfg.max_facts, self.cfg.parser):
                 facts.append(Experience(FACT, fact, provenance_of([trajectory]),
                                         {"task_type": trajectory.task.task_type}))
         return facts
@@ -146,7 +146,7 @@ class Mem0:
             prompt = update_prompt([(key, m.text) for key, m in shown.items()], [f.text for f in facts], prefix)
             params = self._params(self.cfg.update_max_tokens, self._seed(run, trajectories[0]) + 1)
             (reply,) = run.llm.generate([prompt], params)
-            events = parse_events(prefix + reply.text)
+            events = parse_events(prefix + reply.text, self.cfg.parser)
             provenance = Provenance(tuple(dict.fromkeys(t for f in facts for t in f.provenance.source_task_ids)),
                                     facts[0].provenance.source_split)
             counts = apply_events(run, events, shown, provenance, str(facts[0].metadata.get("task_type", "")))

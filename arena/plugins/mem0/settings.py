@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from arena.plugins.mem0.prompts import check_parser
+
 
 @dataclass
 class Mem0Settings:
@@ -17,8 +19,10 @@ class Mem0Settings:
     transcript_steps: int
     reply_prefix: bool
     max_facts: int
+    parser: str
 
     def __post_init__(self) -> None:
+        check_parser(self.parser)
         for name in ("similar_per_fact", "search_limit", "max_facts"):
             if getattr(self, name) < 1:
                 raise ValueError(f"method.{name} must be >= 1, got {getattr(self, name)}")

@@ -85,7 +85,9 @@ def rank_candidates(
 
     Similarity is z-scored with fixed corpus statistics, Q with the candidates' own mean and
     (population) standard deviation, clipped to ``+-q_clip``; equal Q-values all score z = 0.
-    Ties go to the more similar memory, then to the smaller id, so the order is deterministic.
+    Equal scores keep the candidates' order (the authors' stable sort,
+    ``memory_service.py:1465``): intents most similar first, each intent's memories in the order
+    they were filed, so of two memories with the same Q the older is shown.
     """
     if not candidates:
         return []
@@ -99,8 +101,7 @@ def rank_candidates(
         (candidate, weight_sim * (candidate.similarity - sim_mean) / sim_std + weight_q * float(z))
         for candidate, z in zip(candidates, z_q)
     ]
-    return sorted(scored, key=lambda item: (-item[1], -item[0].similarity,
-                                            item[0].memory.experience_id))
+    return sorted(scored, key=lambda item: -item[1])
 
 
 def reward_of(trajectory: Trajectory, cfg: MemRLSettings) -> float:

@@ -24,18 +24,23 @@ Inside Arena's protocol:
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import Any
 
 import arena
 from arena import (
     LEARN,
+    Action,
     BudgetExhausted,
     EpisodeRequest,
     Experience,
+    Observation,
+    Policy,
     Provenance,
     Run,
     SamplingParams,
+    StandardSolver,
     Task,
     Termination,
     Trajectory,
@@ -66,6 +71,20 @@ def reflection_experience(trajectory: Trajectory, text: str, trial: int | str) -
                       {"task_id": task.task_id, "task_type": task.task_type, "goal": task.goal,
                        "trial": str(trial)},
                       reflection_id(task, trial))
+
+
+class EndOnRepeat:
+    """A policy that ends its trial on an action equal to the one before, once played (the
+    authors' ``EnvironmentHistory.check_is_exhausted``)."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+
+    def __call__(self, observation: Observation, trajectory: Trajectory) -> Action:
+        action = self.policy(observation, trajectory)
+        if trajectory.steps and trajectory.steps[-1].action == action.text:
+            return dataclasses.replace(action, final=True)
+        return action
 
 
 class Reflexion:
@@ -202,6 +221,17 @@ class Reflexion:
             run.store.add(new, index_texts=[str(e.metadata["goal"]) for e in new])
 
     # -- every phase ------------------------------------------------------------------------
+
+    @arena.hookimpl
+    def solve(self, run: Run, task: Task, experiences: list[Experience], seed: int) -> Trajectory:
+        """The standard solver; with ``end_on_repeated_action`` a repeated action ends the trial."""
+        if not self.cfg.end_on_repeated_action:
+            return run.standard_solve(task, experiences, seed)
+        sampling = run.sampling()
+        solver = StandardSolver.from_config(run.llm, run.cfg.solver, instructions=run.env.instructions)
+        policy = solver.policy(task, experiences, seed, temperature=float(sampling.temperature),
+                               top_p=float(sampling.top_p))
+        return run.play_policy(task, EndOnRepeat(policy), experiences)
 
     @arena.hookimpl
     def retrieve(self, run: Run, task: Task) -> list[Experience]:

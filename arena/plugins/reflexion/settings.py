@@ -15,6 +15,7 @@ class ReflexionSettings:
     transcript_chars: int
     test_memory: int
     test_same_task_type: bool
+    end_on_repeated_action: bool
 
     def __post_init__(self) -> None:
         if self.trials < 1:
