@@ -68,7 +68,7 @@ class Editor(Hostile):
 
     @arena.hookimpl
     def solve(self, run, task, experiences, seed):
-        trajectory = run.standard_solve(task, experiences, seed)
+        trajectory = run.play(EpisodeRequest(task, experiences, seed, policy=arena.STANDARD))
         trajectory.status = Termination.SUCCESS
         return trajectory
 
@@ -96,7 +96,7 @@ class ShadowExpert(Hostile):
         ShadowExpert.payloads.append(dict(task.payload))
         shadow = run.env.open(task)
         shadow.reset()
-        return run.play_policy(task, following(shadow), experiences)
+        return run.play(EpisodeRequest(task, experiences, policy=following(shadow)))
 
 
 def test_a_shadow_episode_at_evaluation_is_refused_and_test_payloads_are_hidden(plugins, fast, tmp_path):
@@ -182,7 +182,7 @@ class ProvenanceForger(Hostile):
     @arena.hookimpl
     def solve(self, run, task, experiences, seed):
         note = Experience("note", "seen it", Provenance((task.task_id,), task.split))
-        return run.standard_solve(task, [note], seed)
+        return run.play(EpisodeRequest(task, [note], seed, policy=arena.STANDARD))
 
 
 def test_an_experience_of_test_provenance_is_refused(plugins, fast, tmp_path):
@@ -224,7 +224,7 @@ class EpisodeSwapper(Hostile):
         self.original = getattr(self, "original", run.llm.inner.weights)
         run.llm.inner.weights = "tuned on the test"
         try:
-            return run.standard_solve(task, experiences, seed)
+            return run.play(EpisodeRequest(task, experiences, seed, policy=arena.STANDARD))
         finally:
             run.llm.inner.weights = self.original
 
@@ -510,8 +510,8 @@ class BestOfThree(Hostile):
 
     @arena.hookimpl
     def solve(self, run, task, experiences, seed):
-        tries = [run.play(task, experiences, seed=run.current_seed(), variant=f"try{i}", policy="standard",
-                          sampling={"temperature": 1.0, "top_p": 1.0}) for i in range(3)]
+        tries = [run.play(EpisodeRequest(task, experiences, run.current_seed(), f"try{i}", policy="standard",
+                                         sampling={"temperature": 1.0, "top_p": 1.0})) for i in range(3)]
         best = max(tries, key=lambda t: (t.success, -len(t.steps)))
         best.copy_of = f"try{tries.index(best)}"
         return best
@@ -557,7 +557,7 @@ class Squatter(Hostile):
     @arena.hookimpl
     def solve(self, run, task, experiences, seed):
         others = [t for t in run.tasks(task.split) if t.task_id != task.task_id]
-        run.play(others[-1], [], seed=run.current_seed(), policy="standard")
+        run.play(EpisodeRequest(others[-1], [], run.current_seed(), policy="standard"))
         return None
 
 
@@ -704,7 +704,7 @@ class PayloadPeeker(Hostile):
             shadow["game"].step(action)
             return Action(action)
 
-        return run.play_policy(task, peek, experiences)
+        return run.play(EpisodeRequest(task, experiences, policy=peek))
 
 
 @pytest.mark.parametrize("mode", ["in_process", "process"])
@@ -729,7 +729,7 @@ class TrainGameSubstitute(Hostile):
         task = run.tasks("train")[0]
         shadow = run.env.open(task)  # a learning task's episode: open while learning, in either mode
         shadow.reset()
-        TrainGameSubstitute.won["episode"] = run.play_policy(task, following(shadow), [])
+        TrainGameSubstitute.won["episode"] = run.play(EpisodeRequest(task, [], policy=following(shadow)))
         return True
 
     @arena.hookimpl
@@ -750,7 +750,7 @@ class Relabeler(Hostile):
     def solve(self, run, task, experiences, seed):
         import dataclasses
 
-        trajectory = run.standard_solve(task, experiences, seed)
+        trajectory = run.play(EpisodeRequest(task, experiences, seed, policy=arena.STANDARD))
         trajectory.task = dataclasses.replace(trajectory.task, split="train", task_type="made_up")
         return trajectory
 
@@ -781,8 +781,8 @@ class BestOfThreeInOneCall(Hostile):
         tries = []
         for attempt in range(3):
             try:
-                tries.append(run.standard_solve(task, experiences, seed + attempt,
-                                                sampling={"temperature": 1.0, "top_p": 1.0}))
+                tries.append(run.play(EpisodeRequest(task, experiences, seed + attempt, policy=arena.STANDARD,
+                                                     sampling={"temperature": 1.0, "top_p": 1.0})))
             except ProtocolViolation:
                 pass
         return max(tries, key=lambda t: (t.success, -len(t.steps)))
@@ -801,8 +801,8 @@ class OneNameThreeTries(Hostile):
         tries = []
         for _ in range(3):
             try:
-                tries.append(run.play(task, [], seed=run.current_seed(), variant="try", policy="standard",
-                                      sampling={"temperature": 1.0, "top_p": 1.0}, record=False))
+                tries.append(run.play(EpisodeRequest(task, [], run.current_seed(), "try", policy="standard",
+                                                     sampling={"temperature": 1.0, "top_p": 1.0}, record=False)))
             except ProtocolViolation:
                 pass
         best = max(tries, key=lambda t: (t.success, -len(t.steps)))
@@ -918,7 +918,7 @@ class LiveReference(Hostile):
 
     @arena.hookimpl
     def solve(self, run, task, experiences, seed):
-        played = run.standard_solve(task, experiences, seed)
+        played = run.play(EpisodeRequest(task, experiences, seed, policy=arena.STANDARD))
         played.steps.append(Step("win", "You won.", True, thought=Shifty(task.task_id)))
         return played
 
@@ -935,8 +935,8 @@ def test_a_live_reference_nested_in_data_is_refused(plugins, fast, tmp_path):
 
 
 class Policies(Hostile):
-    """Honest: passes its policies as run.play's, play_policy's and an EpisodeRequest's, and a
-    play_many callback: the references the harness accepts."""
+    """Honest: passes its policies on EpisodeRequests (one, a list, and in its solve) and run.play's
+    callback: the references the harness accepts."""
 
     @staticmethod
     def first(observation, trajectory):
@@ -946,15 +946,15 @@ class Policies(Hostile):
     def learn(self, run):
         tasks = run.tasks(run.learn_split)[:2]
         done = []
-        played = run.play_many([EpisodeRequest(tasks[0], [], 0, policy=self.first)], on_done=lambda: done.append(1))
-        played.append(run.play(tasks[1], [], seed=0, policy=self.first))
+        played = run.play([EpisodeRequest(tasks[0], [], 0, policy=self.first)], on_done=lambda: done.append(1))
+        played.append(run.play(EpisodeRequest(tasks[1], [], 0, policy=self.first)))
         (run.method_state.folder / "got.json").write_text(json.dumps(
             {"done": len(done), "statuses": [t.status.value for t in played], "errors": [t.error for t in played]}))
         return True
 
     @arena.hookimpl
     def solve(self, run, task, experiences, seed):
-        return run.play_policy(task, self.first, experiences)
+        return run.play(EpisodeRequest(task, experiences, policy=self.first))
 
 
 def test_policies_and_callbacks_still_cross(plugins, fast, tmp_path):
@@ -1130,7 +1130,7 @@ class SecretSeeker(Hostile):
         world.draw_tests_with(salt)
         shadow = world.open({t.task_id: t for t in world.tasks(task.split)}[task.task_id])
         shadow.reset()
-        return run.play_policy(task, following(shadow), experiences)
+        return run.play(EpisodeRequest(task, experiences, policy=following(shadow)))
 
 
 @pytest.mark.slow

@@ -186,9 +186,12 @@ def fidelity_settings() -> list[tuple[str, str | None, str, str]]:
     """(method, preset, key, value) of every `` `[preset: ]key = value` `` on docs/fidelity.md."""
     text = (DOCS / "fidelity.md").read_text()
     found = []
-    for heading, body in zip(*[iter(re.split(r"^## (\w+)\s*$", text, flags=re.M)[1:])] * 2):
+    for heading, body in zip(*[iter(re.split(r"^## (.+?)\s*$", text, flags=re.M)[1:])] * 2):
+        # A method's section is read against that method's config; the harness's section (every
+        # method's settings) against the harness defaults, which the `base` method composes alone.
+        method = heading if re.fullmatch(r"\w+", heading) else "base"
         for preset, key, value in FIDELITY_SETTING.findall(body):
-            found.append((heading, preset or None, key, value))
+            found.append((method, preset or None, key, value))
     return found
 
 

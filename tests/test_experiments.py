@@ -58,7 +58,7 @@ class NotesInSolve(TypeNotes):
               seed: int) -> arena.Trajectory:
         source = run.experience_task(task)
         found = [] if source is None else run.store.all(kind=NOTE, where={"task_type": source.task_type})
-        return run.standard_solve(task, found, seed)
+        return run.play(arena.EpisodeRequest(task, found, seed, policy=arena.STANDARD))
 
 
 @pytest.fixture
@@ -335,7 +335,8 @@ class PlacingRule:
     @arena.hookimpl
     def learn(self, run: arena.Run) -> bool:
         task = run.tasks("train")[0]
-        played = run.play(task, [], seed=0, max_steps=1, policy=lambda observation, trajectory: arena.Action("help"))
+        played = run.play(arena.EpisodeRequest(task, [], 0, max_steps=1,
+                                                policy=lambda observation, trajectory: arena.Action("help")))
         line = next(text.strip() for text in played.steps[0].observation.splitlines() if text.strip().startswith(("move", "put")))
         run.store.add([arena.Experience(kind=RULE, text=line, metadata={"task_type": task.task_type},
                                         provenance=arena.Provenance((task.task_id,), "train"))])
@@ -729,7 +730,7 @@ class WinsWithItsOwnNote(TypeNotes):
         from tests.helpers.runs import harness_of, oracle_episode
 
         if f"type {task.task_type}" not in {e.text for e in experiences}:
-            return run.standard_solve(task, experiences, seed)
+            return run.play(arena.EpisodeRequest(task, experiences, seed, policy=arena.STANDARD))
         episode = oracle_episode(run, task)
         return play(episode, lambda observation, trajectory: Action(text=episode.expert_action()),
                     max_steps=harness_of(run).max_steps(), max_invalid_actions=3, experience_ids=[e.experience_id for e in experiences])

@@ -66,7 +66,7 @@ def test_the_paper_preset_plays_the_authors_episode_rule_and_the_default_does_no
     def policy_of(cfg: Any) -> Any:
         run = types.SimpleNamespace(cfg=cfg, llm=FakeLLM(), sampling=lambda: cfg.learn.sampling,
                                     env=types.SimpleNamespace(instructions=HOUSEHOLD_INSTRUCTIONS),
-                                    play_policy=lambda task, policy, experiences: policy)
+                                    play=lambda request: request.policy)
         return ExpeL(run).solve(run, RepeatWinEpisode([]).task, [], 0)  # type: ignore[arg-type]
 
     assert isinstance(policy_of(paper(plugins)), EndOnRepeat)

@@ -84,8 +84,7 @@ def test_the_paper_preset_ends_trials_on_a_repeat_and_the_default_does_not(plugi
     def policy_of(cfg: Any) -> Any:
         run = types.SimpleNamespace(cfg=cfg, llm=FakeLLM(), sampling=lambda: cfg.learn.sampling,
                                     env=types.SimpleNamespace(instructions=HOUSEHOLD_INSTRUCTIONS),
-                                    play_policy=lambda task, policy, experiences: policy,
-                                    standard_solve=lambda task, experiences, seed: "standard")
+                                    play=lambda request: request.policy)
         return Reflexion(run).solve(run, TASK, [], 0)  # type: ignore[arg-type]
 
     assert isinstance(policy_of(paper(plugins)), EndOnRepeat)

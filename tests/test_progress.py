@@ -95,8 +95,8 @@ class HelperEpisodes:
 
         if run.phase == "evaluate":
             for helper in ("source", "without_skill"):
-                run.play(task, [], seed=run.current_seed(), variant=helper, policy=slow)
-        return run.play_policy(task, slow, experiences)
+                run.play(arena.EpisodeRequest(task, [], run.current_seed(), helper, policy=slow))
+        return run.play(arena.EpisodeRequest(task, experiences, policy=slow))
 
 
 class Timed(io.StringIO):

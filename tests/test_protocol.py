@@ -78,7 +78,7 @@ class DriftingMethod:
     def solve(self, run, task, experiences, seed):
         if task.split in TEST_SPLITS:
             self.counter += 1
-        return run.standard_solve(task, experiences, seed)
+        return run.play(arena.EpisodeRequest(task, experiences, seed, policy=arena.STANDARD))
 
     @arena.hookimpl
     def state_digest(self, run):
@@ -110,7 +110,7 @@ class GreedyLearner:
         tasks = run.tasks("train") + run.tasks("valid")
         try:
             for number in range(1000):
-                run.play(tasks[number % len(tasks)], seed=0, variant=f"v{number}")
+                run.play(arena.EpisodeRequest(tasks[number % len(tasks)], [], 0, f"v{number}"))
                 run.charge(gradient_steps=1)
         except BudgetExhausted:
             return True
@@ -127,7 +127,7 @@ class UnboundedLearner:
     def learn(self, run):
         task = run.tasks("train")[0]
         for number in range(1000):
-            run.play(task, seed=0, variant=f"v{number}")
+            run.play(arena.EpisodeRequest(task, [], 0, f"v{number}"))
         raise AssertionError("the budget was never enforced")
 
 
@@ -336,7 +336,7 @@ class PoolReader:
                 run.tasks("pool")
             with pytest.raises(ProtocolViolation, match="source pool while learning"):
                 run.env.pool_tasks()
-            run.play(run.env._env.pool_tasks()[0], seed=0)  # reached past the view: still refused
+            run.play(arena.EpisodeRequest(run.env._env.pool_tasks()[0], [], 0))  # reached past the view: still refused
         return True
 
     @arena.hookimpl
@@ -390,7 +390,7 @@ class HelperPlayer:
     def solve(self, run, task, experiences, seed):
         if run.phase == "evaluate":
             for helper in ("source", "without_skill"):
-                run.play(task, [], seed=run.current_seed(), variant=helper, policy="standard")
+                run.play(arena.EpisodeRequest(task, [], run.current_seed(), helper, policy="standard"))
         return None
 
 

@@ -45,8 +45,8 @@ HOSTILE = textwrap.dedent('''
 
         @arena.hookimpl
         def solve(self, run, task, experiences, seed):
-            return run.standard_solve(task, experiences, seed,
-                                      max_steps=None if self.built_before == 0 else 2)
+            return run.play(arena.EpisodeRequest(task, experiences, seed, policy=arena.STANDARD,
+                                                 max_steps=None if self.built_before == 0 else 2))
 
 
     @arena.hookimpl
@@ -180,7 +180,8 @@ class OtherEachTime:
 
     @arena.hookimpl
     def solve(self, run: Run, task: Any, experiences: list[Any], seed: int) -> Any:
-        return run.standard_solve(task, experiences, seed, max_steps=None if self.build == 0 else 2)
+        return run.play(arena.EpisodeRequest(task, experiences, seed, policy=arena.STANDARD,
+                                             max_steps=None if self.build == 0 else 2))
 
 
 @pytest.mark.parametrize(("method", "status", "says"), [

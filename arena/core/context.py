@@ -23,8 +23,10 @@ API; each forwards to the part that owns it. Methods are typed against
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from omegaconf import DictConfig
 
@@ -279,24 +281,66 @@ class RunContext:
     def recorded_trajectory(self, task: Task, seed: int, variant: str = "default") -> Trajectory | None:
         return self.episodes.recorded_trajectory(task, seed, variant)
 
-    def play(self, task: Task, experiences: list[Experience] | None = None, *, seed: int,
-             variant: str = "default", record: bool = True, policy: PolicyChoice = None,
-             max_steps: int | None = None, sampling: Mapping[str, float] | None = None,
-             standard: bool = False) -> Trajectory:
-        """Play one episode (:meth:`EpisodeRunner.play`): the method's ``solve``, the standard
-        solver (``policy="standard"``) or a policy of the method's. At evaluation every episode
-        a method plays is recorded (and counted on the board): ``record=False`` is for learning."""
-        if not record and not self.phases.is_learning():
-            raise self.violations_log.refusal(
-                f"Method '{self.method_name}' played {task.task_id} with record=False at evaluation; "
-                "every evaluation episode is recorded (drop record=False).")
-        return self.episodes.play(task, experiences, seed=seed, variant=variant, record=record,
-                                  policy=policy, max_steps=max_steps, sampling=sampling,
-                                  standard=standard)
+    @overload
+    def play(self, request: EpisodeRequest, *, on_done: Callable[[], object] | None = None) -> Trajectory: ...
+    @overload
+    def play(self, request: Sequence[EpisodeRequest], *,
+             on_done: Callable[[], object] | None = None) -> list[Trajectory]: ...
+    def play(self, request: EpisodeRequest | Sequence[EpisodeRequest], *,
+             on_done: Callable[[], object] | None = None, **legacy: Any) -> Trajectory | list[Trajectory]:
+        """Play one request, or many side by side (results in their order, ``on_done()`` after
+        each): the method's ``solve``, the standard solver or a policy of the method's; inside a
+        ``solve``, the episode it is solving (:class:`EpisodeRequest`). At evaluation every
+        episode a method plays is recorded (and counted on the board): ``record=False`` is for
+        learning. The 0.2 form ``run.play(task, experiences, seed=..., ...)`` still works, with
+        a ``DeprecationWarning``."""
+        if isinstance(request, Task):
+            request = self._legacy_request("run.play(task, ...)", request, **legacy)
+        elif legacy:
+            raise TypeError(f"run.play takes an EpisodeRequest (or a list of them) and on_done, not "
+                            f"{', '.join(sorted(legacy))}: put them on the request.")
+        requests = [request] if isinstance(request, EpisodeRequest) else list(request)
+        for one in requests:
+            if not one.record and not self.phases.is_learning():
+                raise self.violations_log.refusal(
+                    f"Method '{self.method_name}' played {one.task.task_id} with record=False at "
+                    "evaluation; every evaluation episode is recorded (drop record=False).")
+        if isinstance(request, EpisodeRequest):
+            trajectory = self.episodes.play_request(request)
+            if on_done is not None:
+                on_done()
+            return trajectory
+        return self.episodes.play_many(requests, on_done=on_done)
+
+    # -- the ways to play before one run.play(request): kept for plugins written for Arena 0.2 --
+
+    def _legacy_request(self, form: str, task: Task, experiences: list[Experience] | None = None, *,
+                        seed: int | None = None, variant: str = "default", record: bool = True,
+                        policy: PolicyChoice = None, max_steps: int | None = None,
+                        sampling: Mapping[str, float] | None = None, standard: bool = False) -> EpisodeRequest:
+        warnings.warn(f"{form} is run.play(EpisodeRequest(...)) since Arena 0.3 (docs/plugin_hooks.md)",
+                      DeprecationWarning, stacklevel=3)
+        return EpisodeRequest(task, list(experiences or []), seed, variant, sampling,
+                              STANDARD if standard else policy, max_steps, record)
 
     def play_many(self, requests: Sequence[EpisodeRequest], *, policy: PolicyChoice = None,
                   on_done: Callable[[], object] | None = None, standard: bool = False) -> list[Trajectory]:
-        return self.episodes.play_many(requests, policy=policy, on_done=on_done, standard=standard)
+        warnings.warn("run.play_many(requests) is run.play(requests) since Arena 0.3", DeprecationWarning,
+                      stacklevel=2)
+        chosen = STANDARD if standard else policy
+        return self.play([dataclasses.replace(r, policy=r.policy if r.policy is not None else chosen)
+                          for r in requests], on_done=on_done)
+
+    def standard_solve(self, task: Task, experiences: list[Experience], seed: int,
+                       max_steps: int | None = None,
+                       sampling: Mapping[str, float] | None = None) -> Trajectory:
+        return self.play(self._legacy_request("run.standard_solve", task, experiences, seed=seed,
+                                              policy=STANDARD, max_steps=max_steps, sampling=sampling))
+
+    def play_policy(self, task: Task, policy: Policy, experiences: list[Experience],
+                    max_steps: int | None = None) -> Trajectory:
+        return self.play(self._legacy_request("run.play_policy", task, experiences,
+                                              policy=policy, max_steps=max_steps))
 
     def record(self, trajectory: Trajectory, *, seed: int, variant: str = "default") -> EpisodeResult:
         """Record a learning episode played with ``record=False`` (after ``update``). At
@@ -315,15 +359,6 @@ class RunContext:
     def standard_policy(self, task: Task, experiences: list[Experience], seed: int,
                         sampling: Mapping[str, float] | None = None) -> Policy:
         return self.episodes.standard_policy(task, experiences, seed, sampling)
-
-    def standard_solve(self, task: Task, experiences: list[Experience], seed: int,
-                       max_steps: int | None = None,
-                       sampling: Mapping[str, float] | None = None) -> Trajectory:
-        return self.episodes.standard_solve(task, experiences, seed, max_steps, sampling)
-
-    def play_policy(self, task: Task, policy: Policy, experiences: list[Experience],
-                    max_steps: int | None = None) -> Trajectory:
-        return self.episodes.play_policy(task, policy, experiences, max_steps)
 
     def keep_rollouts(self) -> None:
         self.episodes.keep_rollouts()

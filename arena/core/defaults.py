@@ -7,7 +7,7 @@ implementing the same hook; what it leaves out behaves as here.
 from __future__ import annotations
 
 from arena.core.hookspecs import hookimpl
-from arena.core.run_api import Run
+from arena.core.run_api import STANDARD, EpisodeRequest, Run
 from arena.core.types import Experience, Task, Trajectory
 
 
@@ -16,7 +16,7 @@ class HarnessDefaults:
 
     @hookimpl(trylast=True)
     def solve(self, run: Run, task: Task, experiences: list[Experience], seed: int) -> Trajectory:
-        return run.standard_solve(task, experiences, seed)
+        return run.play(EpisodeRequest(task, experiences, seed, policy=STANDARD))
 
     @hookimpl(trylast=True)
     def retrieve(self, run: Run, task: Task) -> list[Experience]:

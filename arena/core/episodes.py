@@ -13,7 +13,6 @@ import json
 import secrets
 import threading
 import time
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -286,8 +285,7 @@ class EpisodeRunner:
 
     def play(self, task: Task, experiences: list[Experience] | None = None, *, seed: int,
              variant: str = "default", record: bool = True, policy: PolicyChoice = None,
-             max_steps: int | None = None, sampling: Mapping[str, float] | None = None,
-             standard: bool = False) -> Trajectory:
+             max_steps: int | None = None, sampling: Mapping[str, float] | None = None) -> Trajectory:
         """Play one episode and (by default) record it.
 
         ``policy`` says who acts: None, the method's ``solve`` hook; ``"standard"``, the
@@ -298,10 +296,6 @@ class EpisodeRunner:
         later with :meth:`record` (after ``update``, so a killed run never loses an update of a
         recorded episode).
         """
-        if standard:
-            warnings.warn("run.play(standard=True) is run.play(policy='standard') since Arena "
-                          "0.2", DeprecationWarning, stacklevel=2)
-            policy = STANDARD
         if max_steps is not None and policy is None:
             raise ValueError("max_steps applies to episodes played with a policy only")
         if isinstance(policy, str) and policy != STANDARD:
@@ -342,6 +336,31 @@ class EpisodeRunner:
         if record:
             self.record(trajectory, seed=seed, variant=variant)
         return trajectory
+
+    def play_request(self, request: EpisodeRequest) -> Trajectory:
+        """``run.play(request)``: the episode a ``solve`` is playing (inside its frame, the same
+        task, no seed or the seed ``solve`` was given, and the default variant or the frame's: a
+        ``solve`` is not told which variant it plays), played under the harness's rules and
+        returned unrecorded; otherwise an episode of its own (:meth:`play`)."""
+        frame: EpisodeFrame | None = getattr(self._local, "frame", None)
+        if frame is not None and request.task.task_id == frame.task_id \
+                and request.variant in (PRIMARY, frame.variant) \
+                and request.seed in (None, episode_seed(frame.seed, frame.task_id, frame.variant)):
+            if request.policy is None:
+                raise ValueError(f"run.play of {request.task.task_id} inside its own solve names no policy: "
+                                 "a solve plays its episode with policy='standard' or a policy of its own.")
+            seed = episode_seed(frame.seed, frame.task_id, frame.variant)
+            if isinstance(request.policy, str):
+                return self.standard_solve(request.task, request.experiences, seed,
+                                           max_steps=request.max_steps, sampling=request.sampling)
+            return self.play_policy(request.task, request.policy, request.experiences, request.max_steps)
+        if request.seed is None:
+            raise ValueError(f"EpisodeRequest of {request.task.task_id} has no seed: a new episode takes "
+                             "the run seed it is played for (only the episode a solve is playing may "
+                             "leave it out).")
+        return self.play(request.task, request.experiences, seed=request.seed, variant=request.variant,
+                         record=request.record, policy=request.policy, max_steps=request.max_steps,
+                         sampling=request.sampling)
 
     def _played(self, task: Task, experiences: list[Experience], seed: int, variant: str,
                 policy: PolicyChoice, max_steps: int | None,
@@ -413,21 +432,14 @@ class EpisodeRunner:
                 f"not declare (declared: {declared}); return the variant's name from the "
                 "evaluation_variants hook to play it.")
 
-    def play_many(self, requests: Sequence[EpisodeRequest], *, policy: PolicyChoice = None,
-                  on_done: Callable[[], object] | None = None, standard: bool = False) -> list[Trajectory]:
-        """Play and record many episodes side by side (``eval.concurrency`` threads, their LLM
-        calls batched); results come back in request order. ``policy`` applies to every request
-        that names none; ``on_done()`` after each episode (a progress bar's ``advance``)."""
-        if standard:
-            warnings.warn("run.play_many(standard=True) is run.play_many(policy='standard') "
-                          "since Arena 0.2", DeprecationWarning, stacklevel=2)
-            policy = STANDARD
+    def play_many(self, requests: Sequence[EpisodeRequest], *,
+                  on_done: Callable[[], object] | None = None) -> list[Trajectory]:
+        """Play many requests side by side (``eval.concurrency`` threads, their LLM calls
+        batched); results come back in request order; ``on_done()`` after each episode (a
+        progress bar's ``advance``)."""
 
         def play_one(request: EpisodeRequest) -> Trajectory:
-            chosen = request.policy if request.policy is not None else policy
-            trajectory = self.play(request.task, request.experiences, seed=request.seed,
-                                   variant=request.variant, policy=chosen,
-                                   sampling=request.sampling if chosen == STANDARD else None)
+            trajectory = self.play_request(request)
             if on_done is not None:
                 on_done()
             return trajectory

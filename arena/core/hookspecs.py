@@ -95,7 +95,7 @@ def learn(run: Run) -> bool | None:
     Override it for a method with its own training loop (e.g. RL over several roles). The default
     is ``run.experience_loop()``: train tasks within the learn budget, each
     ``retrieve -> solve -> extract -> update``, then recorded (``episode_end``). Play episodes
-    with ``run.play`` or ``run.play_many`` so budgets, costs and resume records are kept.
+    with ``run.play`` (one request or many) so budgets, costs and resume records are kept.
     Return True when handled.
     """
 

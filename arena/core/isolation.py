@@ -98,9 +98,7 @@ OFFERED_BY_NAME: dict[str, frozenset[str]] = {
 #: Where the worker may pass a callable of its own (a proxy in the harness): these arguments of
 #: these methods of the harness's objects (class path and method name), by name or position.
 CALLABLE_PARAMETERS: dict[str, frozenset[str]] = {
-    "arena.core.context.RunContext.play": frozenset({"policy"}),
-    "arena.core.context.RunContext.play_many": frozenset({"policy", "on_done"}),
-    "arena.core.context.RunContext.play_policy": frozenset({"policy"}),
+    "arena.core.context.RunContext.play": frozenset({"on_done"}),
     "arena.core.rl.checkpointed.CheckpointedTrainer.update": frozenset({"progress"}),
 }
 #: ... and these fields of an argument (or of an item of a list argument) of any call.

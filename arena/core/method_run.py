@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from arena.core.run_api import Run, protocol_names
+from arena.core.run_api import DEPRECATED_NAMES, Run, protocol_names
 
-#: What an in-process method may use of its run: the whole protocol.
-METHOD_RUN_NAMES = protocol_names(Run)
+#: What an in-process method may use of its run: the whole protocol (and, for plugins written for
+#: Arena 0.2, its ways to play, each warning that it is deprecated).
+METHOD_RUN_NAMES = protocol_names(Run) | DEPRECATED_NAMES
 
 
 class MethodRun:

@@ -562,7 +562,7 @@ class Channel:
                     self.released.append(int(reference.pid[1]))
             why = (f"sent a reference to an object of its own process in {stray[0]} of {call}: what a "
                    "method sends the harness is plain data at every depth; only a policy or callback "
-                   "(run.play's policy, an EpisodeRequest's policy, play_many's on_done) may be a "
+                   "(an EpisodeRequest's policy, run.play's on_done) may be a "
                    "function of the method's")
             self._on_refused(call.split(".")[0], call.split(".")[-1], why)
             raise RemoteError("Refused", f"{self.name}: {why}.")

@@ -14,9 +14,9 @@ This module is the bottom of the run's layers: at run time it imports the plain 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, overload
 
 from arena.core.types import Experience, Policy, Task
 
@@ -32,32 +32,45 @@ if TYPE_CHECKING:
     from arena.core.types import EpisodeResult, Trajectory
     from arena.core.views import EnvironmentView
 
-__all__ = ["STANDARD", "BudgetView", "EpisodeRequest", "PolicyChoice", "Run", "Store", "protocol_names"]
+__all__ = ["DEPRECATED_NAMES", "STANDARD", "BudgetView", "EpisodeRequest", "PolicyChoice", "Run", "Store",
+           "protocol_names"]
 
-#: ``run.play(..., policy=STANDARD)``: the harness's standard solver, not the method's ``solve``.
+#: ``EpisodeRequest(..., policy=STANDARD)``: the harness's standard solver, not the method's ``solve``.
 STANDARD: Final = "standard"
 PolicyChoice = Policy | Literal["standard"] | None
 
 
 @dataclass
 class EpisodeRequest:
-    """One episode for :meth:`Run.play_many`."""
+    """One episode for :meth:`Run.play`: which task, with what, played by whom.
+
+    Inside a method's ``solve``, a request for the task being solved (same variant, no seed, or
+    the seed ``solve`` was given) is that episode itself: played under the harness's rules and
+    returned, not recorded (the harness records what ``solve`` returns). Any other request is an
+    episode of its own, recorded (``record=False`` while learning records it later with
+    :meth:`Run.record`)."""
 
     task: Task
-    experiences: list[Experience]
-    seed: int
+    experiences: list[Experience] = field(default_factory=list)
+    #: The run seed of a new episode; None only for the episode a ``solve`` is playing.
+    seed: int | None = None
     variant: str = "default"
     #: Sampling of a standard-solver episode (``temperature``, ``top_p``); None: the phase's
     #: (e.g. a learning method's held-out check decoded as evaluation decodes).
     sampling: Mapping[str, float] | None = None
     #: Who plays it: None, the method's ``solve``; ``"standard"``; or a policy of the method's.
     policy: PolicyChoice = None
+    #: A step limit of the episode's own (with a policy); None: the phase's.
+    max_steps: int | None = None
+    #: Whether ``run.play`` records the episode (a new episode; at evaluation always).
+    record: bool = True
 
     def __post_init__(self) -> None:
         # Plain data, whatever mapping was given (``run.cfg.eval.sampling`` is a config section),
         # so a request crosses to the harness from an isolated worker as it is.
         if self.sampling is not None:
             self.sampling = {str(key): float(value) for key, value in self.sampling.items()}
+        self.experiences = list(self.experiences)
 
 
 class Store(Protocol):
@@ -90,6 +103,10 @@ class BudgetView(Protocol):
     def exhausted(self) -> list[str]: ...
 
 
+#: Ways to play of Arena 0.2 that an in-process method may still call (run.play(request) since 0.3).
+DEPRECATED_NAMES: Final = frozenset({"play_many", "play_policy", "standard_solve"})
+
+
 def protocol_names(*protocols: type) -> frozenset[str]:
     """The public names a protocol (or ABC) declares in its own body and its bases'."""
     names: set[str] = set()
@@ -103,8 +120,11 @@ def protocol_names(*protocols: type) -> frozenset[str]:
 
 class Run(Protocol):
     """What a method hook's ``run`` offers a method: exactly these members, documented one by one
-    in ``docs/plugin_hooks.md`` (``tests/test_docs.py`` keeps the two equal). The deprecated
-    ``standard=True`` of ``play``/``play_many`` still works on the context but is not offered."""
+    in ``docs/plugin_hooks.md`` (``tests/test_docs.py`` keeps the two equal). One way to play an
+    episode: ``play`` with an :class:`EpisodeRequest` (or several); the ways before it
+    (``play(task, ...)``, ``play_many``, ``play_policy``, ``standard_solve``) still work for a
+    method in the harness's process, with a ``DeprecationWarning`` (:data:`DEPRECATED_NAMES`),
+    and are not offered to an isolated one."""
 
     # -- configuration and phase ---------------------------------------------------------------
     @property
@@ -148,17 +168,13 @@ class Run(Protocol):
     def source_pool(self) -> list[Task]: ...
     def experience_task(self, task: Task) -> Task | None: ...
     def sampling(self) -> Sampling: ...
-    def play(self, task: Task, experiences: list[Experience] | None = None, *, seed: int,
-             variant: str = "default", record: bool = True, policy: PolicyChoice = None,
-             max_steps: int | None = None,
-             sampling: Mapping[str, float] | None = None) -> Trajectory: ...
-    def play_many(self, requests: Sequence[EpisodeRequest], *, policy: PolicyChoice = None,
-                  on_done: Callable[[], object] | None = None) -> list[Trajectory]: ...
-    def play_policy(self, task: Task, policy: Policy, experiences: list[Experience],
-                    max_steps: int | None = None) -> Trajectory: ...
-    def standard_solve(self, task: Task, experiences: list[Experience], seed: int,
-                       max_steps: int | None = None,
-                       sampling: Mapping[str, float] | None = None) -> Trajectory: ...
+    @overload
+    def play(self, request: EpisodeRequest, *, on_done: Callable[[], object] | None = None) -> Trajectory: ...
+    @overload
+    def play(self, request: Sequence[EpisodeRequest], *,
+             on_done: Callable[[], object] | None = None) -> list[Trajectory]: ...
+    def play(self, request: EpisodeRequest | Sequence[EpisodeRequest], *,
+             on_done: Callable[[], object] | None = None) -> Trajectory | list[Trajectory]: ...
     def record(self, trajectory: Trajectory, *, seed: int, variant: str = "default") -> EpisodeResult: ...
     def finished(self, task: Task, seed: int, variant: str = "default") -> EpisodeResult | None: ...
     def recorded_trajectory(self, task: Task, seed: int,

@@ -38,7 +38,7 @@ class WorldRebuilder(Hostile):
         copy = {t.task_id: t for t in Rebuilt(**settings).tasks(task.split)}[task.task_id]
         shadow = Rebuilt(**settings).open(copy)
         shadow.reset()
-        return run.play_policy(task, following(shadow), experiences)
+        return run.play(arena.EpisodeRequest(task, experiences, policy=following(shadow)))
 
 
 class HelperCopier:
@@ -54,5 +54,5 @@ class HelperCopier:
 
     @arena.hookimpl
     def solve(self, run, task, experiences, seed):
-        helper = run.play(task, experiences, seed=run.current_seed(), variant="without_skill", policy="standard")
+        helper = run.play(arena.EpisodeRequest(task, experiences, run.current_seed(), "without_skill", policy="standard"))
         return dataclasses.replace(helper, copy_of="without_skill", llm_calls=0, tokens_in=0, tokens_out=0)

@@ -33,7 +33,7 @@ class ScriptedMethod:
     @arena.hookimpl
     def learn(self, run: Any) -> bool:
         for iteration, task in enumerate(run.tasks("train")[:4]):
-            trajectory = run.play(task, [], seed=0)
+            trajectory = run.play(arena.EpisodeRequest(task, [], 0))
             run.log_metrics(iteration, {"success": float(trajectory.success), "time/x_s": 0.1})
         return True
 
@@ -45,7 +45,7 @@ class ScriptedMethod:
     def solve(self, run: Any, task: Any, experiences: Any, seed: int) -> Any:
         run_seed = run.current_seed()  # the run seed (``seed`` is the episode's sampling seed)
         if run.phase == "evaluate":
-            run.play(task, [], seed=run_seed, variant="without_skill", policy="standard")
+            run.play(arena.EpisodeRequest(task, [], run_seed, "without_skill", policy="standard"))
         if not scripted_success(task.task_id, run_seed, int(run.cfg.method.get("salt", 0))):
             return None  # the standard solver
         episode = oracle_episode(run, task)

@@ -13,7 +13,7 @@ The authors' algorithm (``methods.md`` section 4), inside Arena's protocol:
    ``fewshots`` most similar successful train trajectories of the same task type (never the task
    itself), found through the store by task similarity.
 
-Resume: every trial is an episode recorded through ``run.play_many`` (a finished one is read
+Resume: every trial is an episode recorded through ``run.play`` (a finished one is read
 back, never replayed); reflections sit in the stored trajectories; the insight list and the
 number of finished critiques are written to the method's state in one atomic write after each
 critique, and the store's insights are re-synced from it, so no critique is applied twice.
@@ -307,7 +307,7 @@ class ExpeL:
         ]
         played: dict[str, Trajectory] = {}
         try:
-            for request, trajectory in zip(requests, run.play_many(requests)):
+            for request, trajectory in zip(requests, run.play(requests)):
                 played[request.task.task_id] = trajectory
         except BudgetExhausted:  # another budget (env steps, tokens) ran out mid-round
             stopped = True
@@ -464,7 +464,7 @@ class ExpeL:
                                        top_p=float(sampling.top_p))
         if self.cfg.end_on_repeated_action:
             policy = EndOnRepeat(policy)
-        return run.play_policy(task, policy, experiences)
+        return run.play(EpisodeRequest(task, experiences, policy=policy))
 
     @arena.hookimpl
     def export(self, run: Run) -> list[Experience]:

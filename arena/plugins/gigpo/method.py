@@ -168,11 +168,11 @@ class GiGPO:
         rng = random.Random(run.learn_seed * 100_003 + iteration)
         tag = f"it{iteration}"
         tasks = rng.sample(train, min(cfg.tasks_per_iteration, len(train)))
-        requests = [EpisodeRequest(task, [], run.learn_seed, f"{tag}/task{i}/rollout{g}")
+        requests = [EpisodeRequest(task, [], run.learn_seed, f"{tag}/task{i}/rollout{g}", policy=STANDARD)
                     for i, task in enumerate(tasks) for g in range(cfg.group_size)]
         clock = time.perf_counter()
         with run.progress(f"{tag}: rollouts", total=len(requests)) as shown:
-            episodes = run.play_many(requests, policy=STANDARD, on_done=shown.advance)
+            episodes = run.play(requests, on_done=shown.advance)
         rollout_s = time.perf_counter() - clock
         groups = [request.variant.rsplit("/", 1)[0] for request in requests]
         samples, metrics = build_samples(episodes, groups, cfg)
@@ -200,9 +200,9 @@ class GiGPO:
         points (nothing is learned from them)."""
         tasks = run.tasks("valid")[: self.cfg.valid_tasks]
         requests = [EpisodeRequest(task, [], run.learn_seed, f"valid/after{after}",
-                                   sampling=run.cfg.eval.sampling) for task in tasks]
+                                   sampling=run.cfg.eval.sampling, policy=STANDARD) for task in tasks]
         with run.progress(f"valid after {after} iterations", total=len(requests)) as shown:
-            episodes = run.play_many(requests, policy=STANDARD, on_done=shown.advance)
+            episodes = run.play(requests, on_done=shown.advance)
         return sum(t.success for t in episodes) / len(episodes) if episodes else 0.0
 
     @arena.hookimpl

@@ -30,7 +30,7 @@ class RandomMethod:
 
     @arena.hookimpl
     def solve(self, run: Run, task: Task, experiences: list[Experience], seed: int) -> Trajectory:
-        return run.play_policy(task, RandomPolicy(seed), experiences)
+        return run.play(arena.EpisodeRequest(task, experiences, policy=RandomPolicy(seed)))
 
 
 @arena.hookimpl

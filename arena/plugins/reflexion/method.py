@@ -9,7 +9,7 @@ Inside Arena's protocol:
 
 * **learning** runs that loop on ``train_tasks`` train tasks (the authors run it on the test
   games themselves, which Arena's protocol forbids). Every trial is an episode recorded through
-  ``run.play_many`` (a finished one is read back on resume, never replayed); each reflection is
+  ``run.play`` (a finished one is read back on resume, never replayed); each reflection is
   stored (kind ``reflection``, indexed by its task's goal) under an id naming its task and trial,
   so a resumed round adds none twice; outcomes are in the method's state after each round.
 * **frozen evaluation** plays each test task once (the protocol's rule), so no reflection of
@@ -31,6 +31,7 @@ from typing import Any
 import arena
 from arena import (
     LEARN,
+    STANDARD,
     Action,
     BudgetExhausted,
     EpisodeRequest,
@@ -168,7 +169,7 @@ class Reflexion:
         requests = [EpisodeRequest(task, self._memory(run, task, trial, phase), seed, variant) for task in to_play]
         played: dict[str, Trajectory] = {}
         try:
-            for request, trajectory in zip(requests, run.play_many(requests)):
+            for request, trajectory in zip(requests, run.play(requests)):
                 played[request.task.task_id] = trajectory
         except BudgetExhausted:  # another budget (env steps, tokens) ran out mid-round
             stopped = True
@@ -226,12 +227,12 @@ class Reflexion:
     def solve(self, run: Run, task: Task, experiences: list[Experience], seed: int) -> Trajectory:
         """The standard solver; with ``end_on_repeated_action`` a repeated action ends the trial."""
         if not self.cfg.end_on_repeated_action:
-            return run.standard_solve(task, experiences, seed)
+            return run.play(EpisodeRequest(task, experiences, seed, policy=STANDARD))
         sampling = run.sampling()
         solver = StandardSolver.from_config(run.llm, run.cfg.solver, instructions=run.env.instructions)
         policy = solver.policy(task, experiences, seed, temperature=float(sampling.temperature),
                                top_p=float(sampling.top_p))
-        return run.play_policy(task, EndOnRepeat(policy), experiences)
+        return run.play(EpisodeRequest(task, experiences, policy=EndOnRepeat(policy)))
 
     @arena.hookimpl
     def retrieve(self, run: Run, task: Task) -> list[Experience]:

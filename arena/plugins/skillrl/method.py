@@ -240,29 +240,27 @@ class SkillRL:
         teacher's or the expert's), with ``temperature`` by the policy decoding so; else
         through ``solve``."""
         if mode is None and temperature is None:
-            return run.play_many(requests)
+            return run.play(requests)
 
         def one(request: EpisodeRequest) -> Trajectory:
-            task = request.task
-            seed = episode_seed(request.seed, task.task_id, request.variant)
+            task, run_seed = request.task, request.seed
+            assert run_seed is not None, "a new episode names its run seed"
+            seed = episode_seed(run_seed, task.task_id, request.variant)
             if mode is None:
                 policy = self._policy(run, run.llm, task, request.experiences, seed, temperature)
-                return run.play(task, request.experiences, seed=request.seed,
-                                variant=request.variant, policy=policy)
+                return run.play(dataclasses.replace(request, policy=policy))
             demo = self._demonstration(run, task, request.experiences, seed, mode)
-            if run.finished(task, request.seed, request.variant) is not None:  # an earlier session's
-                return run.play(task, request.experiences, seed=request.seed,
-                                variant=request.variant, policy=demo)
+            if run.finished(task, run_seed, request.variant) is not None:  # an earlier session's
+                return run.play(dataclasses.replace(request, policy=demo))
             # Recorded only once its rows are on disk: a kill in between plays it again.
-            trajectory = run.play(task, request.experiences, seed=request.seed,
-                                  variant=request.variant, policy=demo, record=False)
+            trajectory = run.play(dataclasses.replace(request, policy=demo, record=False))
             if mode == "teacher":
                 self.teacher(run).charge(trajectory.llm_calls, trajectory.tokens_in,
                                          trajectory.tokens_out)
             self._demo_path(task).parent.mkdir(parents=True, exist_ok=True)
             write_json_atomic(self._demo_path(task), {"success": trajectory.success,
                                                       "rows": demo.rows})
-            run.record(trajectory, seed=request.seed, variant=request.variant)
+            run.record(trajectory, seed=run_seed, variant=request.variant)
             return trajectory
 
         return run_in_threads(one, list(requests), workers=run.concurrency, llm=run.llm)
@@ -613,7 +611,7 @@ class SkillRL:
     def solve(self, run: Run, task: Task, experiences: list[Experience], seed: int) -> Trajectory:
         """The standard constrained choice, with the skills shown from ``inject_from_step`` on."""
         policy = self._policy(run, run.llm, task, experiences, seed)
-        return run.play_policy(task, policy, experiences)
+        return run.play(EpisodeRequest(task, experiences, policy=policy))
 
     @arena.hookimpl
     def export(self, run: Run) -> list[Experience]:
