@@ -197,6 +197,8 @@ RULES: dict[str, Rule] = {
     "solver.admissible_turns": choice("full", "changes"),
     "solver.mode": choice("choose", "react"),
     "solver.reasoning_max_tokens": integer(1, 32_768),
+    "solver.end_at_context_limit": boolean(),
+    "solver.stop_after_action": boolean(),
     "solver.max_experiences": integer(0, 1_000),
     "solver.max_experience_chars": integer(1, BIG, nullable=True),
     "llm.backend": text(),

@@ -36,6 +36,9 @@ from arena.core.types import (  # Action and Policy are the contract's (types), 
 MODES = ("choose", "react")
 #: How many next-best options of a constrained choice a step records (for the viewer).
 ALTERNATIVES = 3
+#: Where a ``react`` reply ends under ``solver.stop_after_action`` (Evolving-RL's authors' stop
+#: string, ``src/alfworld/generate/episode.py:243``).
+ACTION_END = "</action>"
 _ACTION_TAG = re.compile(r"<action>(.*?)(?:</action>|$)", re.S | re.I)
 
 
@@ -118,6 +121,19 @@ def play(
             stopping.check()  # the run is being stopped: unwind, unrecorded (resume replays it)
             action = policy(observation, trajectory)
             valid = action.text in observation.admissible_actions
+            if action.overflow:  # solver.end_at_context_limit: this turn did not fit
+                trajectory.llm_calls += action.llm_calls
+                trajectory.tokens_in += action.tokens_in
+                trajectory.tokens_out += action.tokens_out
+                trajectory.status = Termination.CONTEXT_LIMIT
+                if action.overflow == "reply":  # written (and trained on), never played
+                    trajectory.steps.append(Step(
+                        action=action.text, observation="", valid=valid,
+                        progress=trajectory.progress, thought=action.thought,
+                        tokens_in=action.tokens_in, tokens_out=action.tokens_out,
+                        logprob=action.logprob, rollout=action.rollout,
+                        well_formed=action.well_formed))
+                break
             observation = episode.step(action.text)
             invalid_streak = 0 if valid else invalid_streak + 1
             trajectory.steps.append(
@@ -330,8 +346,14 @@ class StandardSolver:
         mode: str = "choose",
         reasoning_max_tokens: int = 64,
         instructions: Instructions | None = None,
+        end_at_context_limit: bool = False,
+        stop_after_action: bool = False,
     ) -> None:
         self.llm = llm
+        #: ``react``: a reply ends at its first ``</action>`` (:data:`ACTION_END`).
+        self.stop_after_action = bool(stop_after_action)
+        #: ``react``: a turn that does not fit ends the episode (:func:`overflow`).
+        self.end_at_context_limit = bool(end_at_context_limit)
         #: The environment's (``run.env.instructions``): its system prompt and command help.
         self.instructions = instructions or Instructions()
         self.mode = check_mode(mode)
@@ -360,6 +382,8 @@ class StandardSolver:
             "admissible_turns": str(solver.get("admissible_turns", "full")),
             "mode": str(solver.get("mode", "choose")),
             "reasoning_max_tokens": int(solver.get("reasoning_max_tokens", 64)),
+            "end_at_context_limit": bool(solver.get("end_at_context_limit", False)),
+            "stop_after_action": bool(solver.get("stop_after_action", False)),
         }
         return cls(llm, **{**settings, **overrides})
 
@@ -433,13 +457,30 @@ class StandardSolver:
             prompt = prompt_of(observation, trajectory)
             params = SamplingParams(temperature=temperature, top_p=top_p,
                                     max_new_tokens=self.reasoning_max_tokens,
-                                    seed=seed + len(trajectory.steps))
+                                    seed=seed + len(trajectory.steps),
+                                    stop=(ACTION_END,) if self.stop_after_action else ())
             (reply,) = self.llm.generate([prompt], params)
             action = _action(reply, parse_action(reply.text, observation.admissible_actions), thought=reply.text)
             action.well_formed = well_formed(reply.text)
+            if self.end_at_context_limit:
+                action.overflow = overflow(reply, self.reasoning_max_tokens)
             return action
 
         return act
+
+
+def overflow(reply: Generation, max_new_tokens: int) -> str:
+    """Why a ``react`` turn did not fit, as Evolving-RL's authors end an episode on it (status
+    TRUNCATED, ``src/alfworld/generate/episode.py:223-250, 286-288``): ``prompt`` when the
+    transcript had to be cut to fit ``llm.max_context``; ``reply`` when the reply ran to its
+    token limit without closing its action (their generation stops at ``</action>``, so only a
+    reply cut by the limit lacks it); empty when it fit. A reply whose end-of-turn token is
+    exactly its last allowed token, with no closing tag, counts as cut."""
+    if reply.prompt_cut:
+        return "prompt"
+    if reply.tokens_out >= max_new_tokens and ACTION_END not in reply.text.lower():
+        return "reply"
+    return ""
 
 
 def _action(output: Choice | Generation, text: str, thought: str = "") -> Action:

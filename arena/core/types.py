@@ -21,6 +21,9 @@ class Termination(str, enum.Enum):  # noqa: UP042 - StrEnum changes str() of mem
     STEP_LIMIT = "step_limit"
     INVALID_ACTION_LIMIT = "invalid_action_limit"
     ERROR = "error"  # an exception in the method or environment; the episode counts as failed
+    #: A free-text turn no longer fit (``solver.end_at_context_limit``): the transcript outgrew
+    #: ``llm.max_context`` or a reply ran to its token limit; Evolving-RL's authors end there.
+    CONTEXT_LIMIT = "context_limit"
 
 
 @dataclass(frozen=True)
@@ -290,6 +293,11 @@ class Action:
     #: prompt's script (what GiGPO's and SkillRL's authors call a valid action; an inadmissible
     #: action in good form is one). Always true for a constrained choice.
     well_formed: bool = True
+    #: The turn did not fit (``solver.end_at_context_limit``), and the episode ends with it:
+    #: ``prompt``, the prompt had to be cut to fit ``llm.max_context`` (the turn is dropped, as
+    #: if never generated); ``reply``, the reply ran to its token limit before closing its action
+    #: (recorded and trained on, never played). Empty: it fit.
+    overflow: str = ""
 
 
 class Policy(Protocol):

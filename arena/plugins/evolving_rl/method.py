@@ -181,6 +181,10 @@ class EvolvingRL:
         self.cfg: EvolvingRLSettings = typed_config(run.cfg.method, EvolvingRLSettings)
         self.folder = run.method_state.folder
         run.keep_rollouts()  # a kill mid-iteration must not lose the rollouts played
+        if self.cfg.mode == "coevolve" or self.cfg.eval_with_skill:
+            # Built now: an embedder without its weights (the paper preset's 4B) stops the run
+            # before anything is played, with its fix, not after the first source episodes.
+            _ = run.embedder
         self._trainer: rl.CheckpointedTrainer | None = None
         self.iterations_done = 0
         #: The iteration this learning phase ends at (one more phase on a continued run).
@@ -412,14 +416,16 @@ class EvolvingRL:
 
     @arena.hookimpl
     def evaluation_variants(self, run: Run) -> list[str]:
-        """The without-skill episode :meth:`solve` plays beside each result, declared before play."""
-        return [] if self.cfg.mode == "grpo" or not self.cfg.eval_with_skill else ["without_skill"]
+        """The without-skill episode :meth:`solve` plays beside each result, declared before play
+        (the GRPO baseline's too with ``eval_with_skill``: the authors evaluate their GRPO model
+        with and without a skill its own extractor wrote)."""
+        return ["without_skill"] if self.cfg.eval_with_skill else []
 
     @arena.hookimpl
     def solve(self, run: Run, task: Task, experiences: list[Experience],
               seed: int) -> Trajectory | None:
         """Paired evaluation with a skill extracted from the most similar train task."""
-        if run.phase != EVALUATE or self.cfg.mode == "grpo" or not self.cfg.eval_with_skill:
+        if run.phase != EVALUATE or not self.cfg.eval_with_skill:
             return None  # the harness's standard solver
         # The task whose experience to bring: ``task``, except under `arena experiment relevance`
         # (another type's test task, or none: then the harness's standard solver, no card).
