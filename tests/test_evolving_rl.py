@@ -11,11 +11,10 @@ from omegaconf import OmegaConf
 
 from arena.core import protocol
 from arena.core.config import compose
-from arena.core.env import Episode
 from arena.core.llm import Generation, SamplingParams
 from arena.core.rl import group_advantages
-from arena.core.solver import StandardSolver, play
-from arena.core.types import Observation, RolloutTokens, Step, Task, Termination, Trajectory
+from arena.core.solver import StandardSolver
+from arena.core.types import RolloutTokens, Step, Task, Termination, Trajectory
 from arena.envs.alfworld_tasks import HOUSEHOLD_INSTRUCTIONS
 from arena.plugins.evolving_rl import method as evolving
 from arena.plugins.evolving_rl.method import Candidate, build_samples
@@ -23,6 +22,7 @@ from arena.plugins.evolving_rl.skills import parse_skill
 from arena.testing import FakeLLM
 from tests.helpers.overrides import EVOLVING_RL_TINY, FAST
 from tests.helpers.runs import learned_metrics
+from tests.helpers.scripted import TURNS, Room, ScriptedLLM, play_script
 
 CARD_JSON = json.dumps({
     "name": "Find then place", "description": "Find the object, then place it.",
@@ -31,7 +31,8 @@ CARD_JSON = json.dumps({
     "decision_rules": ["open closed receptacles"], "error_handling": [],
 })
 CFG = OmegaConf.create({"train_extractor": True, "train_solver": True, "lambda_extractor": 0.2,
-                        "advantage_std": "population", "solver_samples": "decision",
+                        "advantage_std": "population", "group_of_one": "zero",
+                        "solver_samples": "decision",
                         "lambda_solver": 1.0, "solver_win_reward": 10.0,
                         "solver_progress_reward": 0.0})
 
@@ -377,7 +378,7 @@ def test_extractor_reply_prefix_is_prompt_and_part_of_the_card():
     """The prefix opens the assistant's reply; the card parsed is prefix + generated text."""
     from types import SimpleNamespace
 
-    from arena.core.llm import Generation, SamplingParams
+    from arena.core.llm import SamplingParams
 
     body = CARD_JSON.removeprefix('{"name": "')
     seen = []
@@ -457,42 +458,13 @@ def test_the_paper_preset_reads_the_authors_lengths(plugins):
     assert compose(plugins, "skillrl", preset="paper").llm.max_context == 4096 + 512
 
 
-class _Room(Episode):
-    """Every admissible action answers "a room"; nothing ends the game."""
-
-    def __init__(self) -> None:
-        self.task = Task("room", "toy", "train", "toy", "look around")
-        self.played: list[str] = []
-
-    def reset(self) -> Observation:
-        return Observation("You are in a room.", ("look", "wait"))
-
-    def step(self, action: str) -> Observation:
-        self.played.append(action)
-        return Observation("a room", ("look", "wait"))
+FITS = TURNS["fits"]
 
 
-class _Scripted(FakeLLM):
-    """Hands back one scripted generation per call: (text, tokens out, prompt cut)."""
-
-    def __init__(self, script: list[tuple[str, int, bool]]) -> None:
-        super().__init__()
-        self.script = iter(script)
-
-    def generate(self, prompts: list[Any], params: SamplingParams) -> list[Generation]:
-        text, out, cut = next(self.script)
-        return [Generation(text, list(range(out)), [-0.1] * out, 40, out, [1, 2, 3], prompt_cut=cut)]
-
-
-FITS = ("<reasoning>r</reasoning><action>look</action>", 5, False)
-
-
-def _play_react(script: list[tuple[str, int, bool]], end: bool) -> tuple[Trajectory, _Room]:
-    solver = StandardSolver(_Scripted(script), mode="react", layout="transcript", reasoning_max_tokens=8,
+def _play_react(script: list[Any], end: bool) -> tuple[Trajectory, Room]:
+    solver = StandardSolver(ScriptedLLM(script), mode="react", layout="transcript", reasoning_max_tokens=8,
                             end_at_context_limit=end)
-    room = _Room()
-    policy = solver.policy(room.task, [], seed=0)
-    return play(room, policy, max_steps=len(script), max_invalid_actions=10), room
+    return play_script(solver, len(script))
 
 
 def test_a_turn_that_does_not_fit_ends_the_episode_as_the_authors_end_it():
@@ -575,10 +547,8 @@ def test_a_reply_stops_at_its_stop_string_and_keeps_it(plugins):
     assert no_stop.token_ids == free.token_ids
     asked: list[SamplingParams] = []
     for on in (True, False):
-        backend = _Scripted([FITS])
-        backend.generate = lambda prompts, params, inner=backend.generate: asked.append(params) or inner(prompts, params)  # type: ignore[method-assign]
-        solver = StandardSolver(backend, mode="react", stop_after_action=on)
-        room = _Room()
-        play(room, solver.policy(room.task, [], seed=0), max_steps=1, max_invalid_actions=10)
+        backend = ScriptedLLM([FITS])
+        play_script(StandardSolver(backend, mode="react", stop_after_action=on), 1)
+        asked += backend.asked
     assert [p.stop for p in asked] == [("</action>",), ()]
     assert compose(plugins, "evolving_rl", preset="paper").solver.stop_after_action is True

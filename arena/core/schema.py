@@ -199,6 +199,7 @@ RULES: dict[str, Rule] = {
     "solver.reasoning_max_tokens": integer(1, 32_768),
     "solver.end_at_context_limit": boolean(),
     "solver.stop_after_action": boolean(),
+    "solver.action_parser": choice("admissible", "first_tag"),
     "solver.max_experiences": integer(0, 1_000),
     "solver.max_experience_chars": integer(1, BIG, nullable=True),
     "llm.backend": text(),

@@ -77,6 +77,22 @@ def parse_action(reply: str, admissible: list[str] | tuple[str, ...]) -> str:
     return by_normal.get(_normal(written), written)
 
 
+#: How a ``react`` reply's action is read (``solver.action_parser``): ``admissible``
+#: (:func:`parse_action`: the last tag, mapped to the admissible action it matches) or
+#: ``first_tag`` (:func:`first_tag_action`: Evolving-RL's authors' reading, played as written).
+ACTION_PARSERS = ("admissible", "first_tag")
+_CLOSED_ACTION_TAG = re.compile(r"<action>(.*?)</action>", re.S | re.I)
+
+
+def first_tag_action(reply: str) -> str:
+    """The action as Evolving-RL's authors read it (``extract_action``,
+    ``src/alfworld/generate/episode.py:78-98``): the first closed ``<action>`` tag's text,
+    stripped and lower-cased, played as written; with no closed tag, the reply's last 30
+    characters (which the world then answers as an unknown command)."""
+    match = _CLOSED_ACTION_TAG.search(reply)
+    return reply[-30:] if match is None else match.group(1).strip().lower()
+
+
 def episode_seed(seed: int, task_id: str, variant: str = "default") -> int:
     """A per-episode seed that does not depend on the order or concurrency of episodes."""
     return (seed * 1_000_003 + zlib.crc32(f"{task_id}|{variant}".encode())) % (2**31 - 1)
@@ -348,8 +364,12 @@ class StandardSolver:
         instructions: Instructions | None = None,
         end_at_context_limit: bool = False,
         stop_after_action: bool = False,
+        action_parser: str = "admissible",
     ) -> None:
         self.llm = llm
+        if action_parser not in ACTION_PARSERS:
+            raise ValueError(f"Unknown solver.action_parser {action_parser!r}. Choices: {', '.join(ACTION_PARSERS)}")
+        self.action_parser = action_parser
         #: ``react``: a reply ends at its first ``</action>`` (:data:`ACTION_END`).
         self.stop_after_action = bool(stop_after_action)
         #: ``react``: a turn that does not fit ends the episode (:func:`overflow`).
@@ -384,6 +404,7 @@ class StandardSolver:
             "reasoning_max_tokens": int(solver.get("reasoning_max_tokens", 64)),
             "end_at_context_limit": bool(solver.get("end_at_context_limit", False)),
             "stop_after_action": bool(solver.get("stop_after_action", False)),
+            "action_parser": str(solver.get("action_parser", "admissible")),
         }
         return cls(llm, **{**settings, **overrides})
 
@@ -460,7 +481,9 @@ class StandardSolver:
                                     seed=seed + len(trajectory.steps),
                                     stop=(ACTION_END,) if self.stop_after_action else ())
             (reply,) = self.llm.generate([prompt], params)
-            action = _action(reply, parse_action(reply.text, observation.admissible_actions), thought=reply.text)
+            text = (first_tag_action(reply.text) if self.action_parser == "first_tag"
+                    else parse_action(reply.text, observation.admissible_actions))
+            action = _action(reply, text, thought=reply.text)
             action.well_formed = well_formed(reply.text)
             if self.end_at_context_limit:
                 action.overflow = overflow(reply, self.reasoning_max_tokens)

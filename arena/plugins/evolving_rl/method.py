@@ -153,7 +153,7 @@ def build_samples(candidates: list[Candidate], owners: list[tuple[Candidate, int
     if cfg.train_extractor:
         groups = [f"source{c.source_index}" for c in candidates]
         advantages = rl.group_advantages([c.reward for c in candidates], groups,
-                                         std=cfg.advantage_std)
+                                         std=cfg.advantage_std, single=cfg.group_of_one)
         for candidate, group, advantage in zip(candidates, groups, advantages):
             if not candidate.token_ids:
                 continue
@@ -167,10 +167,23 @@ def build_samples(candidates: list[Candidate], owners: list[tuple[Candidate, int
         groups = [f"source{c.source_index}/down{k}" for c, k in owners]
         for trajectory, group, reward, advantage in zip(
                 episodes, groups, rewards,
-                rl.group_advantages(rewards, groups, std=cfg.advantage_std)):
+                rl.group_advantages(rewards, groups, std=cfg.advantage_std, single=cfg.group_of_one)):
             samples.extend(solver_samples(trajectory, group, reward,
                                           advantage * cfg.lambda_solver,
                                           cfg.solver_samples))
+    return samples
+
+
+def grpo_samples(episodes: list[Trajectory], groups: list[str], cfg: EvolvingRLSettings) -> list[rl.Sample]:
+    """The GRPO baseline's samples: each episode's :func:`solver_reward`, normalised within its
+    group (one task's ``group_size`` rollouts) and scaled by ``lambda_solver``."""
+    rewards = [solver_reward(t, cfg) for t in episodes]
+    samples: list[rl.Sample] = []
+    for trajectory, group, reward, advantage in zip(
+            episodes, groups, rewards,
+            rl.group_advantages(rewards, groups, std=cfg.advantage_std, single=cfg.group_of_one)):
+        samples.extend(solver_samples(trajectory, group, reward, advantage * cfg.lambda_solver,
+                                      cfg.solver_samples))
     return samples
 
 
@@ -401,14 +414,7 @@ class EvolvingRL:
                     for i, task in enumerate(tasks) for g in range(cfg.group_size)]
         with run.progress(f"{tag}: rollouts", total=len(requests)) as shown:
             episodes = run.play_many(requests, policy=STANDARD, on_done=shown.advance)
-        rewards = [solver_reward(t, cfg) for t in episodes]
-        groups = [r.variant.rsplit("/", 1)[0] for r in requests]
-        samples: list[rl.Sample] = []
-        for trajectory, group, reward, advantage in zip(
-                episodes, groups, rewards,
-                rl.group_advantages(rewards, groups, std=cfg.advantage_std)):
-            samples.extend(solver_samples(trajectory, group, reward, advantage * cfg.lambda_solver,
-                                          cfg.solver_samples))
+        samples = grpo_samples(episodes, [r.variant.rsplit("/", 1)[0] for r in requests], cfg)
         return samples, {"success": _mean([t.success for t in episodes]), "samples": len(samples),
                          "solver_episodes_split": split_episodes(episodes, cfg.solver_samples)}
 

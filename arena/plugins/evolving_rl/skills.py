@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
-#: Fields a card must have (non-empty strings), as the authors' format check requires.
+#: Fields a card must have (present and not empty), as the authors' format check requires.
 REQUIRED_FIELDS = ("name", "description")
 #: Optional list fields of the authors' schema, rendered when present.
 OPTIONAL_LIST_FIELDS = ("skill_overview", "inputs_to_identify", "output_requirements")
@@ -48,8 +48,7 @@ class SkillCard:
         """Markdown card shown to the solver."""
         data = self.data
         lines = [f"## Skill: {self.name}"]
-        if isinstance(data.get("description"), str):
-            lines.append(data["description"])
+        lines.append(str(data["description"]))
         meta = data.get("metadata")
         if isinstance(meta, dict):
             labels = (("skill_category", "Category"), ("source_task_type", "Source"),
@@ -96,25 +95,72 @@ def _describe(item: Any, keys: tuple[str, ...]) -> str:
     return str(item)
 
 
+def _top_level_objects(text: str) -> list[tuple[str, int]]:
+    """Each top-level ``{...}`` span of ``text`` and the index of its closing brace, found the
+    authors' way: one scan that counts braces outside double-quoted strings, whose quotes are
+    tracked through the prose around the JSON as well (so an odd quote in an analysis hides the
+    braces after it, as it does for them)."""
+    spans, depth, start, quoted, escaped = [], 0, 0, False, False
+    for index, char in enumerate(text):
+        if quoted:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                quoted = False
+        elif char == '"':
+            quoted = True
+        elif char == "{":
+            if depth == 0:
+                start = index
+            depth += 1
+        elif char == "}" and depth > 0:
+            depth -= 1
+            if depth == 0:
+                spans.append((text[start : index + 1], index))
+    return spans
+
+
+def _fenced_blocks(text: str) -> list[tuple[str, int]]:
+    """The stripped content of each fenced block (opened by ```json, ```JSON or ```) and the
+    index of its closing fence, every opening tried as the authors try it."""
+    blocks = []
+    for fence in ("```json", "```JSON", "```"):
+        start = text.find(fence)
+        while start != -1:
+            end = text.find("```", start + len(fence))
+            if end != -1:
+                blocks.append((text[start + len(fence) : end].strip(), end))
+            start = text.find(fence, start + len(fence))
+    return blocks
+
+
 def richest_json_object(text: str) -> dict[str, Any]:
-    """The card among the complete JSON objects in ``text`` (fenced or bare): the one with the
-    most fields of the card schema, then the longest, then the last, as the authors pick it
-    (an example object in the analysis before the card, or a fragment after it, is not taken).
+    """The card in the extractor's reply, chosen as the authors choose it
+    (``_extract_json_object``): the whole reply when it is one JSON object; otherwise, among the
+    objects of its fenced blocks and its top-level ``{...}`` spans, the one with the most fields
+    of the card schema, then the longest text, then the latest end (the first found on a full
+    tie). So an example object in the analysis before the card, or a fragment after it, is not
+    taken, and an object that does not parse is skipped whole (nothing inside it is tried).
     SkillParseError where there is none."""
-    decoder = json.JSONDecoder()
+    text = text.strip()
+    try:
+        whole = json.loads(text)
+    except json.JSONDecodeError:
+        whole = None
+    if isinstance(whole, dict):
+        return whole
     best: tuple[tuple[int, int, int], dict[str, Any]] | None = None
-    position = text.find("{")
-    while position != -1:
+    for candidate, end in _fenced_blocks(text) + _top_level_objects(text):
         try:
-            value, end = decoder.raw_decode(text, position)
+            value = json.loads(candidate)
         except json.JSONDecodeError:
-            position = text.find("{", position + 1)
             continue
         if isinstance(value, dict):
-            rank = (len(SCHEMA_FIELDS & set(value)), end - position, end)
+            rank = (len(SCHEMA_FIELDS & set(value)), len(candidate), end)
             if best is None or rank > best[0]:
                 best = (rank, value)
-        position = text.find("{", end)
     if best is None:
         raise SkillParseError("no JSON object found in the extractor's output")
     return best[1]
@@ -124,9 +170,9 @@ def parse_skill(text: str) -> SkillCard:
     """Parse and validate a card; the audit result is attached, not raised."""
     data = richest_json_object(text)
     for key in REQUIRED_FIELDS:
-        if not isinstance(data.get(key), str) or not data[key].strip():
-            raise SkillParseError(f"field '{key}' missing, empty or not a string")
-    card = SkillCard(name=data["name"].strip(), data=data)
+        if not data.get(key):  # the authors' check: present and not empty (any truthy value)
+            raise SkillParseError(f"field '{key}' missing or empty")
+    card = SkillCard(name=str(data["name"]).strip(), data=data)
     card.audit_flags = audit(card.render())
     return card
 
