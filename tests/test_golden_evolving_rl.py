@@ -45,7 +45,7 @@ def _ids(cases: list[dict[str, Any]]) -> list[str]:
 
 
 def test_every_case_names_its_source_and_kind() -> None:
-    kinds = {"card_choice", "card_well_formed", "audit", "grpo_normalize", "coevolution", "action",
+    kinds = {"card_choice", "card_well_formed", "card_render", "audit", "grpo_normalize", "coevolution", "action",
              "turn_end", "stop"}
     assert {case["kind"] for case in CASES} == kinds and len(CASES) >= 60
     for case in CASES:
@@ -69,6 +69,12 @@ def test_a_card_is_well_formed_as_the_authors_check_it(case: dict[str, Any]) -> 
     except SkillParseError:
         formed = False
     assert formed is case["expected"]
+
+
+@pytest.mark.parametrize("case", _by_kind("card_render"), ids=_ids(_by_kind("card_render")))
+def test_a_card_is_rendered_in_the_authors_layout(case: dict[str, Any]) -> None:
+    """What the solver is shown and what the audit reads."""
+    assert parse_skill(json.dumps(case["input"])).render() == case["expected"]
 
 
 @pytest.mark.parametrize("case", _by_kind("audit"), ids=_ids(_by_kind("audit")))
