@@ -552,3 +552,28 @@ def test_a_reply_stops_at_its_stop_string_and_keeps_it(plugins):
         asked += backend.asked
     assert [p.stop for p in asked] == [("</action>",), ()]
     assert compose(plugins, "evolving_rl", preset="paper").solver.stop_after_action is True
+
+
+@pytest.mark.slow
+def test_an_empty_extractor_reply_is_played_without_a_skill(plugins, tmp_path, monkeypatch):
+    """No card and an empty reply: the authors play the task with no skill (an empty skill
+    selects their no-skill prompt), in learning and at test time (where the with-skill result is
+    then the no-skill one)."""
+    assert Candidate(0, 0, [], [], [], None, text="  \n").blank
+    assert not Candidate(0, 0, [], [], [], None, text="no card").blank
+    extract = evolving.EvolvingRL.extract
+
+    def blank(self: Any, *args: Any, **kwargs: Any) -> list[Candidate]:
+        candidates = extract(self, *args, **kwargs)
+        for candidate in candidates:
+            candidate.text, candidate.card = "", None
+        return candidates
+
+    monkeypatch.setattr(evolving.EvolvingRL, "extract", blank)
+    path, results = protocol.run("evolving_rl", overrides=EVOLVING_RL_TINY, out=tmp_path / "blank", plugins=plugins)
+    episodes = [json.loads(line) for line in (path / "episodes.jsonl").read_text().splitlines()]
+    downstream = [e for e in episodes if e["phase"] == "learn" and "/skill" in e["variant"]]
+    assert len(downstream) == 2 * 2 * 2 and not any(e["experience_ids"] for e in downstream)
+    primary = [e for e in episodes if e["phase"] != "learn" and e["variant"] == "default"]
+    assert primary and all(e["copy_of"] == "without_skill" for e in primary)
+    assert results["valid"] is True

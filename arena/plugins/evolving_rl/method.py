@@ -68,6 +68,12 @@ class Candidate:
     def usable(self) -> bool:
         return self.card is not None and self.card.passed_audit
 
+    @property
+    def blank(self) -> bool:
+        """Nothing to show: no card and an empty reply. The authors then play the task without
+        a skill (``run_episode`` with an empty skill; at test time a copy of the no-skill run)."""
+        return self.card is None and not self.text.strip()
+
 
 #: Said before every card the solver is shown (``method.skill_applicability``; the authors' with-
 #: skill prompt asks the same, in its words).
@@ -84,7 +90,7 @@ def candidate_experience(candidate: Candidate, source: Task, applicability: bool
     card = candidate.card
     return Experience(
         kind="skill",
-        text=(APPLICABILITY if applicability else "") + (candidate.text if card is None else card.render()),
+        text=(APPLICABILITY if applicability else "") + (candidate.text.strip() if card is None else card.render()),
         provenance=Provenance((source.task_id,), source.split),
         metadata={"name": None if card is None else card.name, "task_type": source.task_type,
                   **({} if candidate.usable else {"unusable": True})},
@@ -379,10 +385,11 @@ class EvolvingRL:
         for candidate in candidates:
             if not candidate.usable and not play_unusable:
                 continue
-            experience = candidate_experience(candidate, sources[candidate.source_index], cfg.skill_applicability)
+            experiences = ([] if candidate.blank else
+                           [candidate_experience(candidate, sources[candidate.source_index], cfg.skill_applicability)])
             for k, task in enumerate(downstream[candidate.source_index]):
                 requests.append(EpisodeRequest(
-                    task, [experience], seed,
+                    task, experiences, seed,
                     f"{tag}/source{candidate.source_index}/skill{candidate.skill_index}/down{k}"))
                 owners.append((candidate, k))
         with run.progress(f"{tag}: downstream episodes", total=len(requests)) as shown:
@@ -452,7 +459,7 @@ class EvolvingRL:
         (candidate,) = self.extract(run, [source], 1, seed=seed, params=params)
         without = run.play(task, [], seed=run_seed, variant="without_skill", policy=STANDARD)
         play_unusable = self.cfg.unusable_cards == "raw_text"
-        if candidate.usable or play_unusable:
+        if candidate.usable or (play_unusable and not candidate.blank):
             # As in learning: the card, or an unusable one as its raw text (the authors').
             return run.standard_solve(
                 task, [candidate_experience(candidate, source_task, self.cfg.skill_applicability)], seed)
