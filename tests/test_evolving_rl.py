@@ -4,21 +4,25 @@ from __future__ import annotations
 
 import json
 import threading
+from typing import Any
 
 import pytest
 from omegaconf import OmegaConf
 
 from arena.core import protocol
 from arena.core.config import compose
+from arena.core.llm import Generation, SamplingParams
 from arena.core.rl import group_advantages
+from arena.core.solver import StandardSolver
 from arena.core.types import RolloutTokens, Step, Task, Termination, Trajectory
 from arena.envs.alfworld_tasks import HOUSEHOLD_INSTRUCTIONS
 from arena.plugins.evolving_rl import method as evolving
 from arena.plugins.evolving_rl.method import Candidate, build_samples
 from arena.plugins.evolving_rl.skills import parse_skill
 from arena.testing import FakeLLM
-from tests.helpers.overrides import EVOLVING_RL_TINY
+from tests.helpers.overrides import EVOLVING_RL_TINY, FAST
 from tests.helpers.runs import learned_metrics
+from tests.helpers.scripted import TURNS, Room, ScriptedLLM, play_script
 
 CARD_JSON = json.dumps({
     "name": "Find then place", "description": "Find the object, then place it.",
@@ -27,7 +31,8 @@ CARD_JSON = json.dumps({
     "decision_rules": ["open closed receptacles"], "error_handling": [],
 })
 CFG = OmegaConf.create({"train_extractor": True, "train_solver": True, "lambda_extractor": 0.2,
-                        "advantage_std": "population", "solver_samples": "decision",
+                        "advantage_std": "population", "group_of_one": "zero",
+                        "solver_samples": "decision",
                         "lambda_solver": 1.0, "solver_win_reward": 10.0,
                         "solver_progress_reward": 0.0})
 
@@ -268,6 +273,18 @@ def test_grpo_baseline_end_to_end(plugins, tmp_path):
 
 
 @pytest.mark.slow
+def test_grpo_with_skill_is_evaluated_with_and_without_its_own_card(plugins, tmp_path):
+    """The authors' GRPO-with-skill row: method.eval_with_skill=true evaluates the GRPO model as
+    Evolving-RL is evaluated (a source episode, a card, the task with it and without it)."""
+    path, results = protocol.run("grpo", overrides=[*EVOLVING_RL_TINY, "method.eval_with_skill=true"],
+                                 out=tmp_path / "g", plugins=plugins)
+    variants = {json.loads(line)["variant"] for line in (path / "episodes.jsonl").read_text().splitlines()}
+    assert {"without_skill", "default"} <= variants and any(v.startswith("eval_source/") for v in variants)
+    for split in ("test_seen", "test_unseen"):
+        assert results["splits"][split]["variants"]["without_skill"]["n_episodes"] == 1
+
+
+@pytest.mark.slow
 def test_grpo_drops_groups_without_a_signal_before_its_update(plugins, tmp_path):
     # The tiny random model wins nothing in 3 steps: every group has advantage 0, so nothing
     # is left to train on and no gradient step is taken (without the option: one step).
@@ -361,7 +378,7 @@ def test_extractor_reply_prefix_is_prompt_and_part_of_the_card():
     """The prefix opens the assistant's reply; the card parsed is prefix + generated text."""
     from types import SimpleNamespace
 
-    from arena.core.llm import Generation, SamplingParams
+    from arena.core.llm import SamplingParams
 
     body = CARD_JSON.removeprefix('{"name": "')
     seen = []
@@ -439,3 +456,124 @@ def test_the_paper_preset_reads_the_authors_lengths(plugins):
             default.method.extractor_steps_shown, default.method.trainer.old_logprobs) == (
         2048, None, 30, "rollout")
     assert compose(plugins, "skillrl", preset="paper").llm.max_context == 4096 + 512
+
+
+FITS = TURNS["fits"]
+
+
+def _play_react(script: list[Any], end: bool) -> tuple[Trajectory, Room]:
+    solver = StandardSolver(ScriptedLLM(script), mode="react", layout="transcript", reasoning_max_tokens=8,
+                            end_at_context_limit=end)
+    return play_script(solver, len(script))
+
+
+def test_a_turn_that_does_not_fit_ends_the_episode_as_the_authors_end_it():
+    """solver.end_at_context_limit (the paper preset's): a reply that runs to its token limit
+    without closing its action is kept (its tokens are trained on) but never played, and the
+    episode ends (the authors' finish "length"); a turn whose transcript had to be cut to fit the
+    context is dropped and the episode ends (their "no room"). Off, both turns are played."""
+    long_reply = ("<reasoning>" + "so " * 20, 8, False)
+    ended, room = _play_react([FITS, long_reply, FITS], end=True)
+    assert ended.status is Termination.CONTEXT_LIMIT and room.played == ["look"]
+    assert len(ended.steps) == 2 and ended.steps[-1].observation == "" and ended.steps[-1].rollout is not None
+    assert ended.llm_calls == 2
+    cut, room = _play_react([FITS, FITS, ("<action>wait</action>", 5, True)], end=True)
+    assert cut.status is Termination.CONTEXT_LIMIT and len(cut.steps) == 2 and room.played == ["look", "look"]
+    assert cut.llm_calls == 3  # the dropped turn's cost is still counted
+    # A reply that closed its action at the limit fits (the authors' stop string ends it there).
+    closed, _ = _play_react([FITS, ("<action>look</action>", 8, False)], end=True)
+    assert closed.status is Termination.STEP_LIMIT and len(closed.steps) == 2
+    for script in ([FITS, long_reply, FITS], [FITS, FITS, ("<action>wait</action>", 5, True)]):
+        going_on, room = _play_react(script, end=False)
+        assert going_on.status is Termination.STEP_LIMIT and len(room.played) == 3
+
+
+def test_the_transformers_backend_says_when_it_cut_a_prompt():
+    from arena.backends.transformers_backend import TransformersBackend
+
+    llm = TransformersBackend({"model": "tiny", "dtype": "float32", "max_context": 80})
+    short = [{"role": "user", "content": "hi"}]
+    long = [{"role": "user", "content": "first " * 30}, {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": "filler " * 60}]
+    fits, cut = llm.generate([short, long], SamplingParams(max_new_tokens=4))
+    assert not fits.prompt_cut and cut.prompt_cut
+
+
+def test_the_paper_preset_ends_episodes_at_the_context_limit(plugins):
+    for method in ("evolving_rl", "grpo"):
+        assert compose(plugins, method, preset="paper").solver.end_at_context_limit is True
+        assert compose(plugins, method).solver.end_at_context_limit is False
+
+
+def test_the_paper_preset_names_the_authors_retrieval_embedder(plugins, tmp_path, monkeypatch):
+    """The paper preset retrieves with Qwen3-Embedding-4B (the tests run it with the hashing
+    embedder, as they run the tiny model); without its weights the run stops before it plays,
+    naming the fix; the embedder itself pools the last token of a local model."""
+    from arena.backends.embedded import tiny_model_dir
+    from arena.core.embedder import LastTokenEmbedder, make_embedder
+
+    for method in ("evolving_rl", "grpo"):
+        assert compose(plugins, method, preset="paper").embedder.name == "qwen3-embedding-4b"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    with pytest.raises(RuntimeError, match=r"huggingface-cli download Qwen/Qwen3-Embedding-4B.*embedder.name=minilm"):
+        make_embedder({"name": "qwen3-embedding-4b"})
+    with pytest.raises(RuntimeError, match="embedder.name=minilm"):
+        protocol.run("evolving_rl", overrides=[*FAST, "embedder.name=qwen3-embedding-4b"],
+                     out=tmp_path / "run", plugins=plugins)
+    local = LastTokenEmbedder(model_id=str(tiny_model_dir()), name="tiny")
+    vectors = local.embed(["put a mug in the cabinet", "heat an egg", "put a mug in the cabinet"])
+    assert vectors.shape == (3, local.dim) and abs(float(vectors[0] @ vectors[0]) - 1.0) < 1e-5
+    assert float(vectors[0] @ vectors[2]) > 0.9999 and float(vectors[0] @ vectors[1]) < 0.9999
+
+
+def test_a_reply_stops_at_its_stop_string_and_keeps_it(plugins):
+    """solver.stop_after_action (the paper preset's): the react reply ends at the first
+    </action>, kept, as the authors' SGLang call stops it; the backend keeps the shortest prefix of
+    the reply that holds the stop string (decoding is causal: the reply generation would have
+    stopped at)."""
+    from arena.backends.transformers_backend import TransformersBackend
+
+    llm = TransformersBackend({"model": "tiny", "dtype": "float32"})
+    prompt = [{"role": "user", "content": "Say something."}]
+    (free,) = llm.generate([prompt], SamplingParams(max_new_tokens=24))
+    stop = free.text[6:10]
+    assert len(stop) == 4 and stop in free.text
+    (stopped,) = llm.generate([prompt], SamplingParams(max_new_tokens=24, stop=(stop,)))
+    k = len(stopped.token_ids)
+    assert stopped.token_ids == free.token_ids[:k] and stopped.logprobs == free.logprobs[:k]
+    assert stop in stopped.text and stop not in llm.tokenizer.decode(free.token_ids[: k - 1])
+    (no_stop,) = llm.generate([prompt], SamplingParams(max_new_tokens=24, stop=("\x00never",)))
+    assert no_stop.token_ids == free.token_ids
+    asked: list[SamplingParams] = []
+    for on in (True, False):
+        backend = ScriptedLLM([FITS])
+        play_script(StandardSolver(backend, mode="react", stop_after_action=on), 1)
+        asked += backend.asked
+    assert [p.stop for p in asked] == [("</action>",), ()]
+    assert compose(plugins, "evolving_rl", preset="paper").solver.stop_after_action is True
+
+
+@pytest.mark.slow
+def test_an_empty_extractor_reply_is_played_without_a_skill(plugins, tmp_path, monkeypatch):
+    """No card and an empty reply: the authors play the task with no skill (an empty skill
+    selects their no-skill prompt), in learning and at test time (where the with-skill result is
+    then the no-skill one)."""
+    assert Candidate(0, 0, [], [], [], None, text="  \n").blank
+    assert not Candidate(0, 0, [], [], [], None, text="no card").blank
+    extract = evolving.EvolvingRL.extract
+
+    def blank(self: Any, *args: Any, **kwargs: Any) -> list[Candidate]:
+        candidates = extract(self, *args, **kwargs)
+        for candidate in candidates:
+            candidate.text, candidate.card = "", None
+        return candidates
+
+    monkeypatch.setattr(evolving.EvolvingRL, "extract", blank)
+    path, results = protocol.run("evolving_rl", overrides=EVOLVING_RL_TINY, out=tmp_path / "blank", plugins=plugins)
+    episodes = [json.loads(line) for line in (path / "episodes.jsonl").read_text().splitlines()]
+    downstream = [e for e in episodes if e["phase"] == "learn" and "/skill" in e["variant"]]
+    assert len(downstream) == 2 * 2 * 2 and not any(e["experience_ids"] for e in downstream)
+    primary = [e for e in episodes if e["phase"] != "learn" and e["variant"] == "default"]
+    assert primary and all(e["copy_of"] == "without_skill" for e in primary)
+    assert results["valid"] is True

@@ -27,16 +27,16 @@ def test_parses_last_json_after_analysis():
     card = parse_skill(text)
     assert card.name == "Heat then place" and card.passed_audit
     rendered = card.render()
-    assert "## Skill: Heat then place" in rendered
-    assert "2. goal: heat it; action: heat X with microwave 1" in rendered
-    assert "- error: Nothing happens.; cause: not at the microwave; response: go to microwave 1" in rendered
+    assert rendered.startswith("# Skill: Heat then place\n\nHeat an object")  # the authors' layout
+    assert "\n## Workflow\n1. **find the object**: go to likely receptacles\n   - Done when: holding it\n" in rendered
+    assert "- **Nothing happens.**: not at the microwave \u2192 go to microwave 1" in rendered
 
 
 @pytest.mark.parametrize("broken", [
     "no json here",
     json.dumps({k: v for k, v in CARD.items() if k != "description"}),
-    json.dumps({**CARD, "description": ["a list, not a string"]}),
-    json.dumps({**CARD, "name": "  "}),
+    json.dumps({**CARD, "name": ""}),
+    json.dumps({**CARD, "workflow": ["go to the microwave"]}),  # the authors' rendering raises on it
     json.dumps(CARD)[:-5],
 ])
 def test_invalid_cards_are_rejected(broken):
@@ -48,7 +48,9 @@ def test_only_name_and_description_are_required_as_by_the_authors():
     """The authors' format check asks for a name and a description; a card without workflow,
     rules or error handling is well formed (it used to be rejected)."""
     card = parse_skill(json.dumps({"name": "Look first", "description": "Look before acting."}))
-    assert card.passed_audit and card.render() == "## Skill: Look first\nLook before acting."
+    assert card.passed_audit and card.render() == "# Skill: Look first\n\nLook before acting."
+    # Any value that is not empty will do, as their check is `not skill.get(field)`.
+    assert parse_skill(json.dumps({"name": "  ", "description": ["a", "list"]})).name == ""
 
 
 def test_the_card_is_the_richest_json_object_as_the_authors_pick_it():

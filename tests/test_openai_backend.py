@@ -273,6 +273,21 @@ def test_retries_503_with_backoff_then_succeeds(stub_server: Any) -> None:
     assert llm.usage.snapshot() == {"llm_calls": 1, "tokens_in": 11, "tokens_out": 4}
 
 
+def test_a_stop_string_is_asked_for_and_kept(stub_server: Any) -> None:
+    """``SamplingParams.stop`` reaches the server, and the stop string it trims (naming it, as
+    vLLM's and SGLang's servers do) is put back, as the local backends keep it."""
+    body = json.loads(json.dumps(COMPLETION))
+    body["choices"][0]["message"]["content"] = "<reasoning>r</reasoning><action>look"
+    body["choices"][0]["stop_reason"] = "</action>"
+    stub = stub_server([Reply(body=body)])
+    llm = backend(stub.base_url)
+    (result,) = llm.generate([chat("hello")], SamplingParams(max_new_tokens=8, stop=("</action>",)))
+    assert stub.requests[-1]["json"]["stop"] == ["</action>"]
+    assert result.text == "<reasoning>r</reasoning><action>look</action>"
+    (plain,) = llm.generate([chat("hello")], SamplingParams(max_new_tokens=8))
+    assert "stop" not in stub.requests[-1]["json"] and plain.text == "<reasoning>r</reasoning><action>look"
+
+
 def test_exhausted_retries_say_how_many_attempts(stub_server: Any) -> None:
     stub = stub_server([Reply(503, {"error": {"message": "overloaded, try later"}},
                               headers={"retry-after-ms": "10"})])

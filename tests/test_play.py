@@ -93,7 +93,7 @@ class Legacy:
 def test_the_ways_to_play_of_arena_0_2_still_work_in_process_with_a_warning(plugins, fast, tmp_path) -> None:
     register(plugins, legacy=Legacy)
     with pytest.warns(DeprecationWarning) as warned:
-        path, results = protocol.run("legacy", overrides=[*fast, *EVAL], out=tmp_path / "r", plugins=plugins)
+        _, results = protocol.run("legacy", overrides=[*fast, *EVAL], out=tmp_path / "r", plugins=plugins)
     assert results.valid, results.violations
     said = " ".join(str(w.message) for w in warned)
     for form in ("run.play_many", "run.play(task, ...)", "run.standard_solve", "run.play_policy"):

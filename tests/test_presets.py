@@ -22,10 +22,12 @@ from arena.core.metrics import read_metrics
 from arena.core.schema import flatten
 from arena.testing import shrunk_overrides
 
-#: Where the run happens, not what it is: the tiny model, the CPU, the hashing embedder.
+#: Where the run happens, not what it is: the tiny model, the CPU, the hashing embedder (for
+#: Evolving-RL's paper preset, in place of the 4B retrieval embedder it names).
 MACHINE = ["llm.model=tiny", "llm.device=cpu", "embedder.name=hashing"]
 #: What a preset means; shrinking must leave every one of these as the preset set it.
-KEPT = ["llm.dtype", "llm.max_context", "solver.layout", "solver.mode", "method.solver_samples",
+KEPT = ["llm.dtype", "llm.max_context", "solver.layout", "solver.mode", "solver.end_at_context_limit",
+        "solver.stop_after_action", "solver.action_parser", "method.solver_samples", "method.group_of_one",
         "method.trainer", "method.rl.trainer", "method.sft.lora", "method.mode",
         "method.train_extractor", "method.train_solver", "method.unusable_cards"]
 

@@ -255,7 +255,7 @@ class OpenAIBackend(LLMBackend):
             index, chat = item
             seed = None if params.seed is None else request_seed(params.seed, index)
             response = self._complete(chat, params, params.max_new_tokens, seed)
-            text = _reply_text(response)
+            text = _with_stop(response, _reply_text(response), params.stop)
             tokens_in, tokens_out = self._tokens(response, chat, text)
             return Generation(text, [], [], tokens_in, tokens_out)
 
@@ -457,6 +457,8 @@ class OpenAIBackend(LLMBackend):
         }
         if seed is not None:
             kwargs["seed"] = seed
+        if params.stop:
+            kwargs["stop"] = list(params.stop)
         if logprobs:
             kwargs["logprobs"] = True
         if extra_body:
@@ -598,6 +600,17 @@ def _reply_text(response: Any) -> str:
     if not choices:
         raise OpenAIBackendError("The server's reply held no choices; is it OpenAI-compatible?")
     return choices[0].message.content or ""
+
+
+def _with_stop(response: Any, text: str, stop: tuple[str, ...]) -> str:
+    """``text`` with the stop string the server matched put back (OpenAI trims it; vLLM's and
+    SGLang's servers name it as ``stop_reason`` or ``matched_stop``), as the other backends
+    keep it."""
+    choice = response.choices[0]
+    matched = getattr(choice, "stop_reason", None) or getattr(choice, "matched_stop", None)
+    if stop and getattr(choice, "finish_reason", None) == "stop" and matched in stop and not text.endswith(matched):
+        return text + str(matched)
+    return text
 
 
 def _token_logprobs(response: Any) -> list[float]:

@@ -350,7 +350,8 @@ class TransformersBackend(LLMBackend):
         ``token_ids`` and ``logprobs`` include the end-of-turn token when the reply ended with
         one; ``text`` never does.
         """
-        rows = [self._encode_prompt(chat, reply_tokens=params.max_new_tokens) for chat in prompts]
+        encoded = [self.encode_prompt(chat, reply_tokens=params.max_new_tokens) for chat in prompts]
+        rows, cut = [ids for ids, _ in encoded], [was_cut for _, was_cut in encoded]
         generator = self._generator(params.seed, self.device)
         by_index: dict[int, Generation] = {}
         with self._inference():
@@ -364,6 +365,7 @@ class TransformersBackend(LLMBackend):
                         tokens_in=len(rows[i]),
                         tokens_out=len(token_ids),
                         prompt_token_ids=list(rows[i]),
+                        prompt_cut=cut[i],
                     )
         return self._count([by_index[i] for i in range(len(rows))])
 
@@ -521,9 +523,13 @@ class TransformersBackend(LLMBackend):
 
     def _encode_prompt(self, chat: Chat, reply_tokens: int) -> list[int]:
         """Chat-template token ids, left-truncated so prompt + reply fit in ``max_context``."""
+        return self.encode_prompt(chat, reply_tokens)[0]
+
+    def encode_prompt(self, chat: Chat, reply_tokens: int) -> tuple[list[int], bool]:
+        """:meth:`_encode_prompt`'s ids and whether the chat had to be cut to fit."""
         budget = self.config.max_context - reply_tokens
         ids = self._render(chat)
-        return ids if len(ids) <= budget else self._truncate(chat, budget)
+        return (ids, False) if len(ids) <= budget else (self._truncate(chat, budget), True)
 
     def _truncate(self, chat: Chat, budget: int) -> list[int]:
         """Drop the oldest turns after the first message, then that message, then the start of
@@ -634,11 +640,17 @@ class TransformersBackend(LLMBackend):
         next_position = positions[:, -1:] + 1
         finished = torch.zeros(len(rows), dtype=torch.bool, device=self.device)
         tokens, token_logprobs = [], []
+        tails = [""] * len(rows)  # each reply's last characters, for its stop strings
         for step in range(params.max_new_tokens):
             token = _sample(logprobs, params, generator)
             tokens.append(token)
             token_logprobs.append(logprobs.gather(-1, token[:, None])[:, 0])
             finished |= torch.isin(token, self._stop_ids)
+            if params.stop:  # a reply that wrote a stop string is done (cut exactly below)
+                for b, piece in enumerate(self.tokenizer.batch_decode(token[:, None].tolist())):
+                    tails[b] = (tails[b] + piece)[-64:]
+                    if any(stop in tails[b] for stop in params.stop):
+                        finished[b] = True
             if finished.all() or step == params.max_new_tokens - 1:
                 break
             mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=-1)
@@ -663,8 +675,19 @@ class TransformersBackend(LLMBackend):
         replies = []
         for row_tokens, row_logprobs in zip(all_tokens, all_logprobs):
             end = next((k + 1 for k, t in enumerate(row_tokens) if t in stops), len(row_tokens))
+            end = self._stop_string_end(row_tokens[:end], params.stop)
             replies.append((row_tokens[:end], row_logprobs[:end]))
         return replies
+
+    def _stop_string_end(self, tokens: list[int], stop: tuple[str, ...]) -> int:
+        """How many of ``tokens`` a reply keeps under the stop strings ``stop``: up to the token
+        that completes the first of them (kept, as SGLang's ``no_stop_trim``); all without one.
+        Decoding is causal, so the reply kept is the one generation would have stopped at; the
+        tokens sampled after it are discarded, never shown or trained on."""
+        if not stop or not any(s in self.tokenizer.decode(tokens, skip_special_tokens=True) for s in stop):
+            return len(tokens)
+        return next(k for k in range(1, len(tokens) + 1)
+                    if any(s in self.tokenizer.decode(tokens[:k], skip_special_tokens=True) for s in stop))
 
     def _tell_generated(self, tokens: int, limit: int, replies: int) -> None:
         if self.on_generated is not None:

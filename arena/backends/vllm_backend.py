@@ -173,15 +173,15 @@ class VLLMBackend(LLMBackend):
         ``text`` never does. With a seed, prompt ``i`` of the call is drawn with its own seed
         derived from ``(seed, i)``, so equal prompts in one call still get different samples.
         """
-        encode = self.training._encode_prompt
-        rows = [encode(chat, reply_tokens=params.max_new_tokens) for chat in prompts]
+        encoded = [self.training.encode_prompt(chat, reply_tokens=params.max_new_tokens) for chat in prompts]
+        rows, cut = [ids for ids, _ in encoded], [was_cut for _, was_cut in encoded]
         if params.max_new_tokens <= 0 or not rows:
             return self._count([_empty_generation(row) for row in rows])
         sampling = [self._generation_params(params, index) for index in range(len(rows))]
         with self._lock:
             outputs = self._run(rows, sampling)
         results = []
-        for row, output in zip(rows, outputs):
+        for row, was_cut, output in zip(rows, cut, outputs):
             completion = output.outputs[0]
             token_ids = list(completion.token_ids)
             logprobs = [_logprob(completion.logprobs, k, t) for k, t in enumerate(token_ids)]
@@ -193,6 +193,7 @@ class VLLMBackend(LLMBackend):
                     tokens_in=len(row),
                     tokens_out=len(token_ids),
                     prompt_token_ids=list(row),
+                    prompt_cut=was_cut,
                 )
             )
         return self._count(results)
@@ -313,7 +314,10 @@ class VLLMBackend(LLMBackend):
             stop_token_ids=self._stop_ids,
             logprobs=0,  # the sampled token's own log-prob only
             flat_logprobs=True,
-            detokenize=False,
+            # Stop strings are matched on text: detokenized only when asked for, and kept.
+            stop=list(params.stop) or None,
+            include_stop_str_in_output=bool(params.stop),
+            detokenize=bool(params.stop),
         )
 
     def _score(

@@ -241,6 +241,76 @@ class MiniLMEmbedder(Embedder):
                 "weights_sha256": self._weights_sha}
 
 
+QWEN3_EMBEDDING_4B = "Qwen/Qwen3-Embedding-4B"
+
+
+class LastTokenEmbedder(Embedder):
+    """A decoder embedding model read from the local Hugging Face cache: the last token's hidden
+    state of each text (at most ``max_length`` tokens, no instruction), L2-normalised, as
+    Evolving-RL's authors embed task questions with Qwen3-Embedding-4B
+    (``env/alfworld/retrieve_server/build_unified_cache.py``). Loads on first use; refuses to
+    be built without its weights, naming where they come from (nothing is downloaded)."""
+
+    def __init__(self, model_id: str = QWEN3_EMBEDDING_4B, name: str = "qwen3-embedding-4b",
+                 batch_size: int = 32, max_length: int = 512) -> None:
+        self.model_id, self.name = model_id, name
+        self.batch_size, self.max_length = batch_size, max_length
+        self.folder = self.weights_folder(model_id, name)
+        architecture = json.loads((self.folder / "config.json").read_text())
+        self.dim = int(architecture["hidden_size"])
+        self._model: Any = None
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def weights_folder(model_id: str, name: str) -> Path:
+        """The snapshot folder of ``model_id`` (a local folder, or the Hugging Face cache)."""
+        if Path(model_id).is_dir():
+            return Path(model_id)
+        try:
+            from huggingface_hub import snapshot_download
+
+            return Path(snapshot_download(model_id, local_files_only=True))
+        except Exception as exc:  # not in the cache (or no hub library): say what to do
+            raise RuntimeError(
+                f"The embedder '{name}' needs the weights of {model_id}, which are not in the local "
+                "Hugging Face cache (nothing is downloaded at run time). Fetch them where the "
+                f"network is open (`huggingface-cli download {model_id}`) and copy the cache here "
+                "(HF_HOME), or set embedder.name=minilm (the harness default) to run with the "
+                "embedded MiniLM instead."
+            ) from exc
+
+    def _load(self) -> Any:
+        if self._model is None:
+            import torch
+            from transformers import AutoModel, AutoTokenizer
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            tokenizer = AutoTokenizer.from_pretrained(self.folder, local_files_only=True, padding_side="left")
+            model = AutoModel.from_pretrained(
+                self.folder, local_files_only=True,
+                dtype=torch.float16 if device == "cuda" else torch.float32).to(device).eval()
+            self._model = (tokenizer, model, device)
+        return self._model
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        import torch
+
+        with self._lock, torch.inference_mode():
+            tokenizer, model, device = self._load()
+            rows = []
+            for start in range(0, len(texts), self.batch_size):
+                batch = tokenizer(texts[start : start + self.batch_size], padding=True, truncation=True,
+                                  max_length=self.max_length, return_tensors="pt").to(device)
+                hidden = model(**batch).last_hidden_state
+                rows.append(hidden[:, -1].float().cpu().numpy())  # left padding: the last token
+        return _normalise_rows(np.concatenate(rows))
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "dim": self.dim, "model": self.model_id, "folder": str(self.folder)}
+
+
 def _file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as handle:
@@ -257,10 +327,18 @@ def _make_minilm(options: Mapping[str, Any]) -> Embedder:
     return MiniLMEmbedder(batch_size=int(options.get("batch_size", 64)))
 
 
+def _make_qwen3_4b(options: Mapping[str, Any]) -> Embedder:
+    return LastTokenEmbedder(batch_size=int(options.get("batch_size", 32)),
+                             max_length=int(options.get("max_length", 512)))
+
+
 # name -> (factory, options it accepts besides ``name``)
 _EMBEDDERS: dict[str, tuple[Callable[[Mapping[str, Any]], Embedder], frozenset[str]]] = {
     "hashing": (_make_hashing, frozenset({"dim", "batch_size"})),
     "minilm": (_make_minilm, frozenset({"batch_size"})),
+    # Evolving-RL's authors' retrieval embedder (its paper preset names it; about 8 GB of weights
+    # from the local Hugging Face cache).
+    "qwen3-embedding-4b": (_make_qwen3_4b, frozenset({"batch_size", "max_length"})),
 }
 
 

@@ -27,6 +27,9 @@ class SamplingParams:
     top_p: float = 1.0
     max_new_tokens: int = 256
     seed: int | None = None
+    #: ``generate`` ends a reply at the first of these strings, which the reply keeps (as
+    #: slime asks SGLang: ``no_stop_trim``); nothing after it is generated or returned.
+    stop: tuple[str, ...] = ()
 
 
 @dataclass
@@ -40,6 +43,9 @@ class Generation:
     tokens_out: int
     #: The prompt as the model saw it (after chat template and truncation), for RL training.
     prompt_token_ids: list[int] = field(default_factory=list)
+    #: The chat was longer than ``llm.max_context`` allows beside the reply, and older turns were
+    #: cut to fit (backends that cut locally say so; a server's own limit is its error).
+    prompt_cut: bool = False
 
 
 @dataclass

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from arena.core.method_state import MethodState
     from arena.core.progress import ProgressTask
     from arena.core.rl.checkpointed import CheckpointedTrainer
-    from arena.core.settings import Sampling
+    from arena.core.settings import Sampling, Settings
     from arena.core.types import EpisodeResult, Trajectory
     from arena.core.views import EnvironmentView
 
@@ -133,6 +133,8 @@ class Run(Protocol):
     def phase(self) -> str: ...
     @property
     def track(self) -> str: ...
+    @property
+    def settings(self) -> Settings: ...
     @property
     def learn_seed(self) -> int: ...
     @property

@@ -120,6 +120,9 @@ class SolverSettings(Section):
     max_experiences: int = 4
     max_experience_chars: int | None = 800
     mode: str = "choose"  # absent before the ReAct solver
+    end_at_context_limit: bool = False  # absent before Evolving-RL's episode ends
+    stop_after_action: bool = False
+    action_parser: str = "admissible"
 
 
 @dataclass

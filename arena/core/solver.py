@@ -38,6 +38,9 @@ from arena.core.types import (  # Action and Policy are the contract's (types), 
 MODES = ("choose", "react")
 #: How many next-best options of a constrained choice a step records (for the viewer).
 ALTERNATIVES = 3
+#: Where a ``react`` reply ends under ``solver.stop_after_action`` (Evolving-RL's authors' stop
+#: string, ``src/alfworld/generate/episode.py:243``).
+ACTION_END = "</action>"
 _ACTION_TAG = re.compile(r"<action>(.*?)(?:</action>|$)", re.S | re.I)
 
 
@@ -74,6 +77,22 @@ def parse_action(reply: str, admissible: list[str] | tuple[str, ...]) -> str:
         return written
     by_normal = {_normal(action): action for action in admissible}
     return by_normal.get(_normal(written), written)
+
+
+#: How a ``react`` reply's action is read (``solver.action_parser``): ``admissible``
+#: (:func:`parse_action`: the last tag, mapped to the admissible action it matches) or
+#: ``first_tag`` (:func:`first_tag_action`: Evolving-RL's authors' reading, played as written).
+ACTION_PARSERS = ("admissible", "first_tag")
+_CLOSED_ACTION_TAG = re.compile(r"<action>(.*?)</action>", re.S | re.I)
+
+
+def first_tag_action(reply: str) -> str:
+    """The action as Evolving-RL's authors read it (``extract_action``,
+    ``src/alfworld/generate/episode.py:78-98``): the first closed ``<action>`` tag's text,
+    stripped and lower-cased, played as written; with no closed tag, the reply's last 30
+    characters (which the world then answers as an unknown command)."""
+    match = _CLOSED_ACTION_TAG.search(reply)
+    return reply[-30:] if match is None else match.group(1).strip().lower()
 
 
 def episode_seed(seed: int, task_id: str, variant: str = "default") -> int:
@@ -124,6 +143,19 @@ def play(
             stopping.check()  # the run is being stopped: unwind, unrecorded (resume replays it)
             action = policy(observation, trajectory)
             valid = action.text in observation.admissible_actions
+            if action.overflow:  # solver.end_at_context_limit: this turn did not fit
+                trajectory.llm_calls += action.llm_calls
+                trajectory.tokens_in += action.tokens_in
+                trajectory.tokens_out += action.tokens_out
+                trajectory.status = Termination.CONTEXT_LIMIT
+                if action.overflow == "reply":  # written (and trained on), never played
+                    trajectory.steps.append(Step(
+                        action=action.text, observation="", valid=valid,
+                        progress=trajectory.progress, thought=action.thought,
+                        tokens_in=action.tokens_in, tokens_out=action.tokens_out,
+                        logprob=action.logprob, rollout=action.rollout,
+                        well_formed=action.well_formed))
+                break
             observation = episode.step(action.text)
             invalid_streak = 0 if valid else invalid_streak + 1
             ended = action.final
@@ -337,8 +369,18 @@ class StandardSolver:
         mode: str = "choose",
         reasoning_max_tokens: int = 64,
         instructions: Instructions | None = None,
+        end_at_context_limit: bool = False,
+        stop_after_action: bool = False,
+        action_parser: str = "admissible",
     ) -> None:
         self.llm = llm
+        if action_parser not in ACTION_PARSERS:
+            raise ValueError(f"Unknown solver.action_parser {action_parser!r}. Choices: {', '.join(ACTION_PARSERS)}")
+        self.action_parser = action_parser
+        #: ``react``: a reply ends at its first ``</action>`` (:data:`ACTION_END`).
+        self.stop_after_action = bool(stop_after_action)
+        #: ``react``: a turn that does not fit ends the episode (:func:`overflow`).
+        self.end_at_context_limit = bool(end_at_context_limit)
         #: The environment's (``run.env.instructions``): its system prompt and command help.
         self.instructions = instructions or Instructions()
         self.mode = check_mode(mode)
@@ -433,13 +475,32 @@ class StandardSolver:
             prompt = prompt_of(observation, trajectory)
             params = SamplingParams(temperature=temperature, top_p=top_p,
                                     max_new_tokens=self.reasoning_max_tokens,
-                                    seed=seed + len(trajectory.steps))
+                                    seed=seed + len(trajectory.steps),
+                                    stop=(ACTION_END,) if self.stop_after_action else ())
             (reply,) = self.llm.generate([prompt], params)
-            action = _action(reply, parse_action(reply.text, observation.admissible_actions), thought=reply.text)
+            text = (first_tag_action(reply.text) if self.action_parser == "first_tag"
+                    else parse_action(reply.text, observation.admissible_actions))
+            action = _action(reply, text, thought=reply.text)
             action.well_formed = well_formed(reply.text)
+            if self.end_at_context_limit:
+                action.overflow = overflow(reply, self.reasoning_max_tokens)
             return action
 
         return act
+
+
+def overflow(reply: Generation, max_new_tokens: int) -> str:
+    """Why a ``react`` turn did not fit, as Evolving-RL's authors end an episode on it (status
+    TRUNCATED, ``src/alfworld/generate/episode.py:223-250, 286-288``): ``prompt`` when the
+    transcript had to be cut to fit ``llm.max_context``; ``reply`` when the reply ran to its
+    token limit without closing its action (their generation stops at ``</action>``, so only a
+    reply cut by the limit lacks it); empty when it fit. A reply whose end-of-turn token is
+    exactly its last allowed token, with no closing tag, counts as cut."""
+    if reply.prompt_cut:
+        return "prompt"
+    if reply.tokens_out >= max_new_tokens and ACTION_END not in reply.text.lower():
+        return "reply"
+    return ""
 
 
 def _action(output: Choice | Generation, text: str, thought: str = "") -> Action:

@@ -22,6 +22,9 @@ class Termination(str, enum.Enum):  # noqa: UP042 - StrEnum changes str() of mem
     INVALID_ACTION_LIMIT = "invalid_action_limit"
     POLICY_ENDED = "policy_ended"  # the method's policy ended it (``Action.final``) without success
     ERROR = "error"  # an exception in the method or environment; the episode counts as failed
+    #: A free-text turn no longer fit (``solver.end_at_context_limit``): the transcript outgrew
+    #: ``llm.max_context`` or a reply ran to its token limit; Evolving-RL's authors end there.
+    CONTEXT_LIMIT = "context_limit"
 
 
 @dataclass(frozen=True)
@@ -295,6 +298,11 @@ class Action:
     #: unless it won or the environment ended it), as ExpeL's and Reflexion's authors end an
     #: episode on a repeated action.
     final: bool = False
+    #: The turn did not fit (``solver.end_at_context_limit``), and the episode ends with it:
+    #: ``prompt``, the prompt had to be cut to fit ``llm.max_context`` (the turn is dropped, as
+    #: if never generated); ``reply``, the reply ran to its token limit before closing its action
+    #: (recorded and trained on, never played). Empty: it fit.
+    overflow: str = ""
 
 
 class Policy(Protocol):

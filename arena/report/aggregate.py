@@ -34,6 +34,8 @@ POOLABLE_CONFIG_SECTIONS = ("executor.",)
 #: ``solver.layout`` existed laid its prompts out as ``window``.
 CONFIG_KEYS_ADDED = {"solver.layout": "window", "solver.admissible_turns": "full",
                      "solver.mode": "choose", "solver.reasoning_max_tokens": 64,
+                     "solver.end_at_context_limit": False, "solver.stop_after_action": False,
+                     "solver.action_parser": "admissible",
                      "eval.source_pool": "train"}
 
 

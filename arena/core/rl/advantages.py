@@ -4,8 +4,8 @@ Two standard deviations are in use, and the choice is the caller's (``std``): ``
 (Bessel-corrected, n - 1), as ``torch.std`` computes it in verl's GRPO (which verl-agent, and so
 SkillRL, runs); ``population`` (n), as Evolving-RL's own ``grpo_normalize`` (in its reward
 functions module) computes it. A group of one sample has no baseline to compare
-against, so its advantage is 0 here (verl keeps the raw reward there, and so does Evolving-RL's
-code, which leaves a one-sample group's reward as it is).
+against, so its advantage is 0 by default (``single="zero"``); ``single="reward"`` keeps its raw
+reward, as verl and Evolving-RL's code (which leaves a one-sample group's reward as it is) do.
 """
 
 from __future__ import annotations
@@ -21,14 +21,21 @@ from arena.core.rl.data import Sample
 STD_KINDS = ("unbiased", "population")
 
 
+#: What :func:`group_advantages` gives a group of one sample: ``zero`` (no baseline, no signal)
+#: or ``reward`` (the raw reward, as Evolving-RL's ``grpo_normalize`` and verl leave it).
+SINGLE_KINDS = ("zero", "reward")
+
+
 def group_advantages(
     rewards: Sequence[float], groups: Sequence[Hashable], eps: float = 1e-6,
-    std: str = "unbiased",
+    std: str = "unbiased", single: str = "zero",
 ) -> list[float]:
     """``(r - mean_g) / (std_g + eps)`` for each reward, with mean and std (``unbiased`` or
-    ``population``) over its group ``g``; 0 for a group of one."""
+    ``population``) over its group ``g``; for a group of one, 0 or its reward (``single``)."""
     if std not in STD_KINDS:
         raise ValueError(f"std must be one of {STD_KINDS}, not {std!r}")
+    if single not in SINGLE_KINDS:
+        raise ValueError(f"single must be one of {SINGLE_KINDS}, not {single!r}")
     if len(rewards) != len(groups):
         raise ValueError(f"{len(rewards)} rewards but {len(groups)} group ids")
     members: dict[Hashable, list[int]] = defaultdict(list)
@@ -37,6 +44,8 @@ def group_advantages(
     advantages = [0.0] * len(rewards)
     for indices in members.values():
         if len(indices) < 2:
+            if single == "reward":
+                advantages[indices[0]] = float(rewards[indices[0]])
             continue
         values = [float(rewards[i]) for i in indices]
         mean = math.fsum(values) / len(values)

@@ -68,6 +68,12 @@ class Candidate:
     def usable(self) -> bool:
         return self.card is not None and self.card.passed_audit
 
+    @property
+    def blank(self) -> bool:
+        """Nothing to show: no card and an empty reply. The authors then play the task without
+        a skill (``run_episode`` with an empty skill; at test time a copy of the no-skill run)."""
+        return self.card is None and not self.text.strip()
+
 
 #: Said before every card the solver is shown (``method.skill_applicability``; the authors' with-
 #: skill prompt asks the same, in its words).
@@ -84,7 +90,7 @@ def candidate_experience(candidate: Candidate, source: Task, applicability: bool
     card = candidate.card
     return Experience(
         kind="skill",
-        text=(APPLICABILITY if applicability else "") + (candidate.text if card is None else card.render()),
+        text=(APPLICABILITY if applicability else "") + (candidate.text.strip() if card is None else card.render()),
         provenance=Provenance((source.task_id,), source.split),
         metadata={"name": None if card is None else card.name, "task_type": source.task_type,
                   **({} if candidate.usable else {"unusable": True})},
@@ -153,7 +159,7 @@ def build_samples(candidates: list[Candidate], owners: list[tuple[Candidate, int
     if cfg.train_extractor:
         groups = [f"source{c.source_index}" for c in candidates]
         advantages = rl.group_advantages([c.reward for c in candidates], groups,
-                                         std=cfg.advantage_std)
+                                         std=cfg.advantage_std, single=cfg.group_of_one)
         for candidate, group, advantage in zip(candidates, groups, advantages):
             if not candidate.token_ids:
                 continue
@@ -167,10 +173,23 @@ def build_samples(candidates: list[Candidate], owners: list[tuple[Candidate, int
         groups = [f"source{c.source_index}/down{k}" for c, k in owners]
         for trajectory, group, reward, advantage in zip(
                 episodes, groups, rewards,
-                rl.group_advantages(rewards, groups, std=cfg.advantage_std)):
+                rl.group_advantages(rewards, groups, std=cfg.advantage_std, single=cfg.group_of_one)):
             samples.extend(solver_samples(trajectory, group, reward,
                                           advantage * cfg.lambda_solver,
                                           cfg.solver_samples))
+    return samples
+
+
+def grpo_samples(episodes: list[Trajectory], groups: list[str], cfg: EvolvingRLSettings) -> list[rl.Sample]:
+    """The GRPO baseline's samples: each episode's :func:`solver_reward`, normalised within its
+    group (one task's ``group_size`` rollouts) and scaled by ``lambda_solver``."""
+    rewards = [solver_reward(t, cfg) for t in episodes]
+    samples: list[rl.Sample] = []
+    for trajectory, group, reward, advantage in zip(
+            episodes, groups, rewards,
+            rl.group_advantages(rewards, groups, std=cfg.advantage_std, single=cfg.group_of_one)):
+        samples.extend(solver_samples(trajectory, group, reward, advantage * cfg.lambda_solver,
+                                      cfg.solver_samples))
     return samples
 
 
@@ -181,6 +200,10 @@ class EvolvingRL:
         self.cfg: EvolvingRLSettings = typed_config(run.cfg.method, EvolvingRLSettings)
         self.folder = run.method_state.folder
         run.keep_rollouts()  # a kill mid-iteration must not lose the rollouts played
+        if self.cfg.mode == "coevolve" or self.cfg.eval_with_skill:
+            # Built now: an embedder without its weights (the paper preset's 4B) stops the run
+            # before anything is played, with its fix, not after the first source episodes.
+            _ = run.embedder
         self._trainer: rl.CheckpointedTrainer | None = None
         self.iterations_done = 0
         #: The iteration this learning phase ends at (one more phase on a continued run).
@@ -237,9 +260,10 @@ class EvolvingRL:
         them; the harness still flags the run as having played valid tasks."""
         tasks = run.tasks("valid")[: self.cfg.valid_tasks]
         requests = [EpisodeRequest(task, [], run.learn_seed, f"valid/after{after}",
-                                   sampling=run.cfg.eval.sampling) for task in tasks]
+                                   sampling=run.settings.eval.sampling.as_mapping(), policy=STANDARD)
+                    for task in tasks]
         with run.progress(f"valid after {after} iterations", total=len(requests)) as shown:
-            episodes = run.play_many(requests, policy=STANDARD, on_done=shown.advance)
+            episodes = run.play(requests, on_done=shown.advance)
         return _mean([t.success for t in episodes])
 
     def _held_out_due(self, iterations_done: int) -> bool:
@@ -315,8 +339,8 @@ class EvolvingRL:
                 for row in json.loads(path.read_text())]
 
     def _sampling(self, run: Run, max_new_tokens: int, seed: int) -> SamplingParams:
-        sampling = run.cfg.learn.sampling
-        return SamplingParams(temperature=float(sampling.temperature), top_p=float(sampling.top_p),
+        sampling = run.settings.learn.sampling
+        return SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p,
                               max_new_tokens=max_new_tokens, seed=seed)
 
     def extract(self, run: Run, sources: list[Trajectory], n: int, seed: int,
@@ -342,9 +366,10 @@ class EvolvingRL:
         clock = time.perf_counter()
         sources = rng.sample(train, min(cfg.n_sources, len(train)))
         with run.progress(f"{tag}: source episodes", total=len(sources)) as shown:
-            source_runs = run.play_many(
-                [EpisodeRequest(task, [], seed, f"{tag}/source{i}") for i, task in enumerate(sources)],
-                policy=STANDARD, on_done=shown.advance,
+            source_runs = run.play(
+                [EpisodeRequest(task, [], seed, f"{tag}/source{i}", policy=STANDARD)
+                 for i, task in enumerate(sources)],
+                on_done=shown.advance,
             )
         source_s, clock = time.perf_counter() - clock, time.perf_counter()
         extract_seed = rng.randrange(2**31)
@@ -362,14 +387,16 @@ class EvolvingRL:
         for candidate in candidates:
             if not candidate.usable and not play_unusable:
                 continue
-            experience = candidate_experience(candidate, sources[candidate.source_index], cfg.skill_applicability)
+            experiences = ([] if candidate.blank else
+                           [candidate_experience(candidate, sources[candidate.source_index], cfg.skill_applicability)])
             for k, task in enumerate(downstream[candidate.source_index]):
                 requests.append(EpisodeRequest(
-                    task, [experience], seed,
-                    f"{tag}/source{candidate.source_index}/skill{candidate.skill_index}/down{k}"))
+                    task, experiences, seed,
+                    f"{tag}/source{candidate.source_index}/skill{candidate.skill_index}/down{k}",
+                    policy=STANDARD))
                 owners.append((candidate, k))
         with run.progress(f"{tag}: downstream episodes", total=len(requests)) as shown:
-            episodes = run.play_many(requests, policy=STANDARD, on_done=shown.advance)
+            episodes = run.play(requests, on_done=shown.advance)
         downstream_s = time.perf_counter() - clock
 
         samples = build_samples(candidates, owners, episodes, cfg)
@@ -393,18 +420,11 @@ class EvolvingRL:
         cfg = self.cfg
         seed = run.learn_seed
         tasks = rng.sample(train, min(cfg.n_sources, len(train)))
-        requests = [EpisodeRequest(task, [], seed, f"{tag}/task{i}/rollout{g}")
+        requests = [EpisodeRequest(task, [], seed, f"{tag}/task{i}/rollout{g}", policy=STANDARD)
                     for i, task in enumerate(tasks) for g in range(cfg.group_size)]
         with run.progress(f"{tag}: rollouts", total=len(requests)) as shown:
-            episodes = run.play_many(requests, policy=STANDARD, on_done=shown.advance)
-        rewards = [solver_reward(t, cfg) for t in episodes]
-        groups = [r.variant.rsplit("/", 1)[0] for r in requests]
-        samples: list[rl.Sample] = []
-        for trajectory, group, reward, advantage in zip(
-                episodes, groups, rewards,
-                rl.group_advantages(rewards, groups, std=cfg.advantage_std)):
-            samples.extend(solver_samples(trajectory, group, reward, advantage * cfg.lambda_solver,
-                                          cfg.solver_samples))
+            episodes = run.play(requests, on_done=shown.advance)
+        samples = grpo_samples(episodes, [r.variant.rsplit("/", 1)[0] for r in requests], cfg)
         return samples, {"success": _mean([t.success for t in episodes]), "samples": len(samples),
                          "solver_episodes_split": split_episodes(episodes, cfg.solver_samples)}
 
@@ -412,14 +432,16 @@ class EvolvingRL:
 
     @arena.hookimpl
     def evaluation_variants(self, run: Run) -> list[str]:
-        """The without-skill episode :meth:`solve` plays beside each result, declared before play."""
-        return [] if self.cfg.mode == "grpo" or not self.cfg.eval_with_skill else ["without_skill"]
+        """The without-skill episode :meth:`solve` plays beside each result, declared before play
+        (the GRPO baseline's too with ``eval_with_skill``: the authors evaluate their GRPO model
+        with and without a skill its own extractor wrote)."""
+        return ["without_skill"] if self.cfg.eval_with_skill else []
 
     @arena.hookimpl
     def solve(self, run: Run, task: Task, experiences: list[Experience],
               seed: int) -> Trajectory | None:
         """Paired evaluation with a skill extracted from the most similar train task."""
-        if run.phase != EVALUATE or self.cfg.mode == "grpo" or not self.cfg.eval_with_skill:
+        if run.phase != EVALUATE or not self.cfg.eval_with_skill:
             return None  # the harness's standard solver
         # The task whose experience to bring: ``task``, except under `arena experiment relevance`
         # (another type's test task, or none: then the harness's standard solver, no card).
@@ -432,24 +454,24 @@ class EvolvingRL:
         (source_task,) = most_similar(run, [target], run.source_pool(), 1)[0]
         # The source episode is played as in learning (learn.max_steps), so the extractor reads
         # the kind of trajectory it was trained on.
-        source_steps = self.cfg.eval_source_max_steps or run.cfg.learn.get("max_steps")
-        source = run.play(source_task, [], seed=run_seed, variant=f"eval_source/{task.task_id}",
-                          policy=STANDARD, max_steps=None if source_steps is None else int(source_steps))
+        source = run.play(EpisodeRequest(source_task, [], run_seed, f"eval_source/{task.task_id}", policy=STANDARD,
+                                         max_steps=self.cfg.eval_source_max_steps or run.settings.learn.max_steps))
         params = SamplingParams(temperature=0.0, seed=seed,
                                 max_new_tokens=self.cfg.eval_extractor_max_tokens or self.cfg.extractor_max_tokens)
         (candidate,) = self.extract(run, [source], 1, seed=seed, params=params)
-        without = run.play(task, [], seed=run_seed, variant="without_skill", policy=STANDARD)
+        without = run.play(EpisodeRequest(task, [], run_seed, "without_skill", policy=STANDARD))
         play_unusable = self.cfg.unusable_cards == "raw_text"
-        if candidate.usable or play_unusable:
+        if candidate.usable or (play_unusable and not candidate.blank):
             # As in learning: the card, or an unusable one as its raw text (the authors').
-            return run.standard_solve(
-                task, [candidate_experience(candidate, source_task, self.cfg.skill_applicability)], seed)
-        if float(run.sampling().temperature) == 0.0:
+            return run.play(EpisodeRequest(
+                task, [candidate_experience(candidate, source_task, self.cfg.skill_applicability)],
+                policy=STANDARD))
+        if run.sampling().temperature == 0.0:
             # No card to show: the primary episode would see exactly the without-skill prompts,
             # and greedy decoding would replay the same episode. Record a copy, not a replay.
             return dataclasses.replace(without, copy_of="without_skill", llm_calls=0,
                                        tokens_in=0, tokens_out=0, wall_s=0.0)
-        return run.standard_solve(task, [], seed)
+        return run.play(EpisodeRequest(task, [], policy=STANDARD))
 
     @arena.hookimpl
     def state_size(self, run: Run) -> dict[str, Any]:

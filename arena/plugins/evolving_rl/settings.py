@@ -12,6 +12,8 @@ UNUSABLE_CARDS = ("raw_text", "skip")
 #: ``solver_samples``: one sample per model decision, or one per episode.
 SOLVER_SAMPLES = ("decision", "episode")
 ADVANTAGE_STD = ("population", "unbiased")
+#: ``group_of_one``: a lone sample's advantage is 0 (Arena's) or its reward (the authors').
+GROUP_OF_ONE = ("zero", "reward")
 
 
 @dataclass
@@ -32,6 +34,7 @@ class EvolvingRLSettings:
     solver_progress_reward: float
     solver_samples: str
     advantage_std: str
+    group_of_one: str
     lambda_extractor: float
     lambda_solver: float
     train_extractor: bool
@@ -47,6 +50,7 @@ class EvolvingRLSettings:
 
     def __post_init__(self) -> None:
         for name, allowed in (("mode", MODES), ("unusable_cards", UNUSABLE_CARDS),
-                              ("solver_samples", SOLVER_SAMPLES), ("advantage_std", ADVANTAGE_STD)):
+                              ("solver_samples", SOLVER_SAMPLES), ("advantage_std", ADVANTAGE_STD),
+                              ("group_of_one", GROUP_OF_ONE)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"method.{name} must be one of {allowed}, got '{getattr(self, name)}'")

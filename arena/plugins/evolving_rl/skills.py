@@ -1,11 +1,12 @@
 """Evolving-RL's unit of experience: a JSON skill card, its parser, its audit and its rendering.
 
 The extractor writes free text that ends in one JSON object (analysis may come first). As in the
-authors' code, a card is well formed when that object has a non-empty ``name`` and
-``description`` (every other field of their schema is optional and rendered when present), and
-it passes the language audit when its rendered Markdown has not one suspicious or non-English
-character and no repetition by their rules. A card that is not well formed or fails the audit
-earns the extractor a reward of 0.
+authors' code, the card is the object their parser picks, it is well formed when it has a
+non-empty ``name`` and ``description`` (every other field of their schema is optional and
+rendered when present, in their Markdown layout), and it passes the language audit when its
+rendered Markdown has not one suspicious or non-English character and no repetition by their
+rules. A card that is not well formed or fails the audit earns the extractor a reward of 0.
+tests/golden/evolving_rl.yaml holds their outputs for all four steps.
 """
 
 from __future__ import annotations
@@ -18,10 +19,8 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
-#: Fields a card must have (non-empty strings), as the authors' format check requires.
+#: Fields a card must have (present and not empty), as the authors' format check requires.
 REQUIRED_FIELDS = ("name", "description")
-#: Optional list fields of the authors' schema, rendered when present.
-OPTIONAL_LIST_FIELDS = ("skill_overview", "inputs_to_identify", "output_requirements")
 #: Every top-level field of the authors' card schema: an object holding more of them is the card.
 SCHEMA_FIELDS = frozenset({"name", "description", "metadata", "skill_overview", "when_to_use",
                            "inputs_to_identify", "workflow", "decision_rules", "error_handling",
@@ -45,76 +44,117 @@ class SkillCard:
         return not self.audit_flags
 
     def render(self) -> str:
-        """Markdown card shown to the solver."""
+        """The Markdown card shown to the solver (and audited), in the authors' layout
+        (``skill_json_to_markdown``): a title, the description, the metadata line, then one
+        section per field present, every item as written (a truthy field is iterated as it is)."""
         data = self.data
-        lines = [f"## Skill: {self.name}"]
-        if isinstance(data.get("description"), str):
-            lines.append(data["description"])
-        meta = data.get("metadata")
+        lines = [f"# Skill: {data['name']}", f"\n{data['description']}"]
+        meta = data.get("metadata", {})
         if isinstance(meta, dict):
             labels = (("skill_category", "Category"), ("source_task_type", "Source"),
                       ("abstraction_level", "Level"), ("success_signal", "Signal"))
             parts = [f"**{label}**: {meta[key]}" for key, label in labels if meta.get(key)]
             if parts:
-                lines.append(" | ".join(parts))
-        for key in ("skill_overview", "when_to_use", "inputs_to_identify"):
-            items = _strings(data.get(key))
-            if items:
-                lines.append(f"**{key.replace('_', ' ').capitalize()}:**")
-                lines.extend(f"- {item}" for item in items)
-        steps = data.get("workflow") or []
-        if steps:
-            lines.append("**Workflow:**")
-            for number, step in enumerate(steps, start=1):
-                described = _describe(step, ("goal", "action", "tools_or_strategy", "completion_condition"))
-                lines.append(f"{number}. {described}")
-        rules = _strings(data.get("decision_rules"))
-        if rules:
-            lines.append("**Decision rules:**")
-            lines.extend(f"- {rule}" for rule in rules)
-        errors = data.get("error_handling") or []
+                lines.append("\n" + " | ".join(parts))
+        for key, title in LIST_SECTIONS[:4]:
+            lines.extend(_section(data.get(key), title))
+        workflow = data.get("workflow", [])
+        if workflow:
+            lines.append("\n## Workflow")
+            for step in workflow:
+                lines.append(f"{step.get('step', '?')}. **{step.get('goal', '')}**: {step.get('action', '')}")
+                if step.get("tools_or_strategy", ""):
+                    lines.append(f"   - Strategy: {step['tools_or_strategy']}")
+                if step.get("completion_condition", ""):
+                    lines.append(f"   - Done when: {step['completion_condition']}")
+        lines.extend(_section(data.get("decision_rules", []), "Decision Rules"))
+        errors = data.get("error_handling", [])
         if errors:
-            lines.append("**Error handling:**")
-            lines.extend(f"- {_describe(item, ('error', 'cause', 'response'))}" for item in errors)
-        requirements = _strings(data.get("output_requirements"))
-        if requirements:
-            lines.append("**Output requirements:**")
-            lines.extend(f"- {item}" for item in requirements)
+            lines.append("\n## Error Handling")
+            lines.extend(f"- **{item.get('error', '')}**: {item.get('cause', '')} \u2192 {item.get('response', '')}"
+                         for item in errors)
+        lines.extend(_section(data.get(LIST_SECTIONS[4][0], []), LIST_SECTIONS[4][1]))
         return "\n".join(lines)
 
 
-def _strings(value: Any) -> list[str]:
-    if not isinstance(value, list):
-        return []
-    return [str(item).strip() for item in value if str(item).strip()]
+#: The list fields rendered as a titled section of items, in the authors' order (workflow and
+#: decision rules come between the fourth and the last).
+LIST_SECTIONS = (("skill_overview", "Overview"), ("when_to_use", "When to Use"),
+                 ("when_not_to_use", "When NOT to Use"), ("inputs_to_identify", "Inputs to Identify"),
+                 ("output_requirements", "Output Requirements"))
 
 
-def _describe(item: Any, keys: tuple[str, ...]) -> str:
-    if isinstance(item, dict):
-        parts = [f"{key.replace('_', ' ')}: {item[key]}" for key in keys if item.get(key)]
-        return "; ".join(parts) if parts else json.dumps(item)
-    return str(item)
+def _section(value: Any, title: str) -> list[str]:
+    """A titled section of ``value``'s items, or nothing when ``value`` is empty."""
+    return [f"\n## {title}", *(f"- {item}" for item in value)] if value else []
+
+
+def _top_level_objects(text: str) -> list[tuple[str, int]]:
+    """Each top-level ``{...}`` span of ``text`` and the index of its closing brace, found the
+    authors' way: one scan that counts braces outside double-quoted strings, whose quotes are
+    tracked through the prose around the JSON as well (so an odd quote in an analysis hides the
+    braces after it, as it does for them)."""
+    spans, depth, start, quoted, escaped = [], 0, 0, False, False
+    for index, char in enumerate(text):
+        if quoted:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                quoted = False
+        elif char == '"':
+            quoted = True
+        elif char == "{":
+            if depth == 0:
+                start = index
+            depth += 1
+        elif char == "}" and depth > 0:
+            depth -= 1
+            if depth == 0:
+                spans.append((text[start : index + 1], index))
+    return spans
+
+
+def _fenced_blocks(text: str) -> list[tuple[str, int]]:
+    """The stripped content of each fenced block (opened by ```json, ```JSON or ```) and the
+    index of its closing fence, every opening tried as the authors try it."""
+    blocks = []
+    for fence in ("```json", "```JSON", "```"):
+        start = text.find(fence)
+        while start != -1:
+            end = text.find("```", start + len(fence))
+            if end != -1:
+                blocks.append((text[start + len(fence) : end].strip(), end))
+            start = text.find(fence, start + len(fence))
+    return blocks
 
 
 def richest_json_object(text: str) -> dict[str, Any]:
-    """The card among the complete JSON objects in ``text`` (fenced or bare): the one with the
-    most fields of the card schema, then the longest, then the last, as the authors pick it
-    (an example object in the analysis before the card, or a fragment after it, is not taken).
+    """The card in the extractor's reply, chosen as the authors choose it
+    (``_extract_json_object``): the whole reply when it is one JSON object; otherwise, among the
+    objects of its fenced blocks and its top-level ``{...}`` spans, the one with the most fields
+    of the card schema, then the longest text, then the latest end (the first found on a full
+    tie). So an example object in the analysis before the card, or a fragment after it, is not
+    taken, and an object that does not parse is skipped whole (nothing inside it is tried).
     SkillParseError where there is none."""
-    decoder = json.JSONDecoder()
+    text = text.strip()
+    try:
+        whole = json.loads(text)
+    except json.JSONDecodeError:
+        whole = None
+    if isinstance(whole, dict):
+        return whole
     best: tuple[tuple[int, int, int], dict[str, Any]] | None = None
-    position = text.find("{")
-    while position != -1:
+    for candidate, end in _fenced_blocks(text) + _top_level_objects(text):
         try:
-            value, end = decoder.raw_decode(text, position)
+            value = json.loads(candidate)
         except json.JSONDecodeError:
-            position = text.find("{", position + 1)
             continue
         if isinstance(value, dict):
-            rank = (len(SCHEMA_FIELDS & set(value)), end - position, end)
+            rank = (len(SCHEMA_FIELDS & set(value)), len(candidate), end)
             if best is None or rank > best[0]:
                 best = (rank, value)
-        position = text.find("{", end)
     if best is None:
         raise SkillParseError("no JSON object found in the extractor's output")
     return best[1]
@@ -124,9 +164,18 @@ def parse_skill(text: str) -> SkillCard:
     """Parse and validate a card; the audit result is attached, not raised."""
     data = richest_json_object(text)
     for key in REQUIRED_FIELDS:
-        if not isinstance(data.get(key), str) or not data[key].strip():
-            raise SkillParseError(f"field '{key}' missing, empty or not a string")
-    card = SkillCard(name=data["name"].strip(), data=data)
+        if not data.get(key):  # the authors' check: present and not empty (any truthy value)
+            raise SkillParseError(f"field '{key}' missing or empty")
+    # Values the authors' rendering raises on (it iterates each field and calls .get on each
+    # workflow step and error item): no card comes of them.
+    for key in ("workflow", "error_handling"):
+        items = data.get(key)
+        if items and not (isinstance(items, list) and all(isinstance(item, dict) for item in items)):
+            raise SkillParseError(f"'{key}' must be a list of objects")
+    for key in (*(name for name, _ in LIST_SECTIONS), "decision_rules"):
+        if data.get(key) and not isinstance(data[key], (list, str, dict)):
+            raise SkillParseError(f"'{key}' must be a list")
+    card = SkillCard(name=str(data["name"]).strip(), data=data)
     card.audit_flags = audit(card.render())
     return card
 

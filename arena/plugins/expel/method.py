@@ -210,8 +210,8 @@ class ExpeL:
         run.method_state.save(state)
 
     def _sampling(self, run: Run, max_new_tokens: int, seed: int) -> SamplingParams:
-        sampling = run.cfg.learn.sampling
-        return SamplingParams(temperature=float(sampling.temperature), top_p=float(sampling.top_p),
+        sampling = run.settings.learn.sampling
+        return SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p,
                               max_new_tokens=max_new_tokens, seed=seed)
 
     # -- learning -----------------------------------------------------------------------------
@@ -457,11 +457,11 @@ class ExpeL:
     @arena.hookimpl
     def solve(self, run: Run, task: Task, experiences: list[Experience], seed: int) -> Trajectory:
         """The standard solver's constrained choice, with ExpeL's prompt sections."""
-        solver_cfg, sampling = run.cfg.solver, run.sampling()
-        solver = StandardSolver.from_config(run.llm, solver_cfg, prompt_builder=solver_prompt,
+        sampling = run.sampling()
+        solver = StandardSolver.from_config(run.llm, run.settings.solver, prompt_builder=solver_prompt,
                                             instructions=run.env.instructions)
-        policy: Policy = solver.policy(task, experiences, seed, temperature=float(sampling.temperature),
-                                       top_p=float(sampling.top_p))
+        policy: Policy = solver.policy(task, experiences, seed, temperature=sampling.temperature,
+                                       top_p=sampling.top_p)
         if self.cfg.end_on_repeated_action:
             policy = EndOnRepeat(policy)
         return run.play(EpisodeRequest(task, experiences, policy=policy))

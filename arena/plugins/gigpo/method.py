@@ -200,7 +200,8 @@ class GiGPO:
         points (nothing is learned from them)."""
         tasks = run.tasks("valid")[: self.cfg.valid_tasks]
         requests = [EpisodeRequest(task, [], run.learn_seed, f"valid/after{after}",
-                                   sampling=run.cfg.eval.sampling, policy=STANDARD) for task in tasks]
+                                   sampling=run.settings.eval.sampling.as_mapping(), policy=STANDARD)
+                    for task in tasks]
         with run.progress(f"valid after {after} iterations", total=len(requests)) as shown:
             episodes = run.play(requests, on_done=shown.advance)
         return sum(t.success for t in episodes) / len(episodes) if episodes else 0.0

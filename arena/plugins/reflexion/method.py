@@ -229,9 +229,8 @@ class Reflexion:
         if not self.cfg.end_on_repeated_action:
             return run.play(EpisodeRequest(task, experiences, seed, policy=STANDARD))
         sampling = run.sampling()
-        solver = StandardSolver.from_config(run.llm, run.cfg.solver, instructions=run.env.instructions)
-        policy = solver.policy(task, experiences, seed, temperature=float(sampling.temperature),
-                               top_p=float(sampling.top_p))
+        solver = StandardSolver.from_config(run.llm, run.settings.solver, instructions=run.env.instructions)
+        policy = solver.policy(task, experiences, seed, temperature=sampling.temperature, top_p=sampling.top_p)
         return run.play(EpisodeRequest(task, experiences, policy=EndOnRepeat(policy)))
 
     @arena.hookimpl

@@ -387,7 +387,7 @@ class SkillRL:
         seed = run.learn_seed
         tasks = self.train_tasks(run, cfg.tasks, salt=2)
         requests = [EpisodeRequest(task, self.retrieve(run, task), seed, "sft_demo") for task in tasks]
-        demos = self._play(run, requests, mode=mode, temperature=float(self.teacher(run).temperature))
+        demos = self._play(run, requests, mode=mode, temperature=self.teacher(run).temperature)
         rows: list[dict[str, Any]] = []
         won = 0
         for task, trajectory in zip(tasks, demos):
@@ -425,7 +425,7 @@ class SkillRL:
         """``sft.target`` resolved: ``auto`` is what the run's solver writes (tags under react)."""
         target = self.cfg.sft.target
         if target == SFT_TARGET_AUTO:
-            return SFT_TARGET_TAGGED if run.cfg.solver.mode == "react" else SFT_TARGET_ACTION
+            return SFT_TARGET_TAGGED if run.settings.solver.mode == "react" else SFT_TARGET_ACTION
         return target
 
     # -- GRPO and evolution ----------------------------------------------------------------------
@@ -595,7 +595,7 @@ class SkillRL:
 
     def _solver(self, run: Run, backend: Any) -> StandardSolver:
         """The standard solver with SkillRL's prompt (every retrieved skill shown)."""
-        return StandardSolver.from_config(backend, run.cfg.solver, max_experiences=1_000,
+        return StandardSolver.from_config(backend, run.settings.solver, max_experiences=1_000,
                                           prompt_builder=self.prompt_builder,
                                           instructions=run.env.instructions)
 
@@ -604,8 +604,8 @@ class SkillRL:
         sampling = run.sampling()
         solver = self._solver(run, backend)
         return solver.policy(task, experiences, seed,
-                             temperature=float(sampling.temperature if temperature is None else temperature),
-                             top_p=float(sampling.top_p))
+                             temperature=sampling.temperature if temperature is None else temperature,
+                             top_p=sampling.top_p)
 
     @arena.hookimpl
     def solve(self, run: Run, task: Task, experiences: list[Experience], seed: int) -> Trajectory:
