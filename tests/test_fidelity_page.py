@@ -60,7 +60,7 @@ def undeclared(rows: list[list[str]]) -> list[str]:
     problems = []
     for row in rows[1:]:
         mechanism, _, arena, status, source = row
-        kind = status.split(":")[0].split(" (")[0].strip()
+        kind = re.split(r"[:;( ]", status.strip(), maxsplit=1)[0]
         if kind not in STATUSES:
             problems.append(f"{mechanism!r}: status {status!r} is neither match nor declared")
         elif kind == "declared" and not (SETTING.search(arena) or "harness-wide" in status

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from arena.core.config import compose
+from arena.core.settings import Settings
 from arena.core.solver import play
 from arena.core.types import Termination
 from arena.envs.alfworld_tasks import HOUSEHOLD_INSTRUCTIONS
@@ -64,7 +65,8 @@ def test_the_paper_preset_plays_the_authors_episode_rule_and_the_default_does_no
     """``solve`` wraps the solver's policy in :class:`EndOnRepeat` exactly where
     ``method.end_on_repeated_action`` is on (the paper preset)."""
     def policy_of(cfg: Any) -> Any:
-        run = types.SimpleNamespace(cfg=cfg, llm=FakeLLM(), sampling=lambda: cfg.learn.sampling,
+        run = types.SimpleNamespace(cfg=cfg, settings=Settings.of(cfg), llm=FakeLLM(),
+                                    sampling=lambda: Settings.of(cfg).learn.sampling,
                                     env=types.SimpleNamespace(instructions=HOUSEHOLD_INSTRUCTIONS),
                                     play=lambda request: request.policy)
         return ExpeL(run).solve(run, RepeatWinEpisode([]).task, [], 0)  # type: ignore[arg-type]

@@ -13,6 +13,7 @@ import yaml
 
 from arena.core.config import compose
 from arena.core.embedder import HashingEmbedder
+from arena.core.settings import Settings
 from arena.core.solver import play
 from arena.core.store import ExperienceStore
 from arena.core.types import Step, Task, Termination, Trajectory
@@ -82,7 +83,8 @@ def test_a_trial_ends_on_a_repeated_action_as_the_authors(golden) -> None:
 
 def test_the_paper_preset_ends_trials_on_a_repeat_and_the_default_does_not(plugins) -> None:
     def policy_of(cfg: Any) -> Any:
-        run = types.SimpleNamespace(cfg=cfg, llm=FakeLLM(), sampling=lambda: cfg.learn.sampling,
+        run = types.SimpleNamespace(cfg=cfg, settings=Settings.of(cfg), llm=FakeLLM(),
+                                    sampling=lambda: Settings.of(cfg).learn.sampling,
                                     env=types.SimpleNamespace(instructions=HOUSEHOLD_INSTRUCTIONS),
                                     play=lambda request: request.policy)
         return Reflexion(run).solve(run, TASK, [], 0)  # type: ignore[arg-type]
