@@ -729,7 +729,8 @@ class TrainGameSubstitute(Hostile):
         task = run.tasks("train")[0]
         shadow = run.env.open(task)  # a learning task's episode: open while learning, in either mode
         shadow.reset()
-        TrainGameSubstitute.won["episode"] = run.play(EpisodeRequest(task, [], policy=following(shadow)))
+        TrainGameSubstitute.won["episode"] = run.play(EpisodeRequest(task, [], run.learn_seed, policy=following(shadow),
+                                                                     record=False))
         return True
 
     @arena.hookimpl
@@ -759,7 +760,8 @@ class Relabeler(Hostile):
 @pytest.mark.parametrize("method", ["substitute", "relabeler"])
 def test_a_results_task_split_and_type_come_from_the_plan(plugins, fast, tmp_path, mode, method):
     register(plugins, substitute=TrainGameSubstitute, relabeler=Relabeler)
-    path, results = run(plugins, fast, tmp_path, method, f"run.isolation={mode}")
+    # One learning episode: the substitute's won train game (every learning episode is budgeted).
+    path, results = run(plugins, fast, tmp_path, method, f"run.isolation={mode}", "learn.budget.episodes=1")
     records = evaluated(path)
     plan = {(t["task_id"], t["split"], t["task_type"]) for t in (json.loads(line) for line in (
         Path(path) / "trajectories.jsonl").read_text().splitlines()) for t in [t["task"]]}
@@ -781,7 +783,7 @@ class BestOfThreeInOneCall(Hostile):
         tries = []
         for attempt in range(3):
             try:
-                tries.append(run.play(EpisodeRequest(task, experiences, seed + attempt, policy=arena.STANDARD,
+                tries.append(run.play(EpisodeRequest(task, experiences, policy=arena.STANDARD,
                                                      sampling={"temperature": 1.0, "top_p": 1.0})))
             except ProtocolViolation:
                 pass
@@ -1198,9 +1200,10 @@ def test_the_workers_environment_is_allow_listed(monkeypatch):
     env = isolation.worker_environment("/w", withheld=frozenset({"BOARD_SALT", "OMP_NUM_THREADS"}))
     assert "BOARD_SALT" not in env and "AWS_SECRET_ACCESS_KEY" not in env and "OMP_NUM_THREADS" not in env
     assert env["LC_ALL"] == "C.UTF-8" and env["TMPDIR"] == "/w" and env["HF_HUB_OFFLINE"] == "1"
-    from omegaconf import OmegaConf
+    from arena.core.config import compose
+    from arena.core.plugins import get_plugins
 
-    cfg = OmegaConf.create({"eval": {"salt": "env:BOARD_SALT"}, "run": {"isolation": "process"}})
+    cfg = compose(get_plugins(), "base", overrides=["eval.salt=env:BOARD_SALT", "run.isolation=process"])
     assert isolation.withheld_variables(cfg) == {"BOARD_SALT"}
     assert isolation.withheld_variables(None) == frozenset()
     assert "/proc/self" not in isolation.SYSTEM_READ  # resolved in the harness, it is the harness's
