@@ -27,6 +27,7 @@ from arena.core.run_api import STANDARD, BudgetView, EpisodeRequest, PolicyChoic
 from arena.core.rundir import write_json_atomic
 from arena.core.solver import (
     Action,
+    EndOnRepeat,
     Policy,
     StandardSolver,
     build_prompt,
@@ -57,6 +58,7 @@ __all__ = [
     "Chat",
     "Checkpoints",
     "Embedder",
+    "EndOnRepeat",
     "Environment",
     "EnvironmentView",
     "Episode",

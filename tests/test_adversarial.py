@@ -781,7 +781,7 @@ class BestOfThreeInOneCall(Hostile):
     @arena.hookimpl
     def solve(self, run, task, experiences, seed):
         tries = []
-        for attempt in range(3):
+        for _ in range(3):
             try:
                 tries.append(run.play(EpisodeRequest(task, experiences, policy=arena.STANDARD,
                                                      sampling={"temperature": 1.0, "top_p": 1.0})))

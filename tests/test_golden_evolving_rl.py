@@ -6,11 +6,9 @@ default differs) and must produce the same."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from arena.api import typed_config
 from arena.core.config import compose
@@ -20,9 +18,10 @@ from arena.core.types import Observation, RolloutTokens, Step, Task, Termination
 from arena.plugins.evolving_rl.method import Candidate, build_samples
 from arena.plugins.evolving_rl.settings import EvolvingRLSettings
 from arena.plugins.evolving_rl.skills import SkillParseError, audit, parse_skill, richest_json_object
+from tests.helpers import golden
 from tests.helpers.scripted import ScriptedLLM, play_script
 
-CASES = yaml.safe_load((Path(__file__).parent / "golden" / "evolving_rl.yaml").read_text())
+CASES = golden.load("evolving_rl")
 CARD = json.dumps({"name": "find-then-place", "description": "Find the object, then place it.",
                    "workflow": [{"step": 1, "goal": "find it", "action": "go to countertop 1"}]})
 
@@ -35,13 +34,7 @@ def paper() -> Any:
 
 
 def _by_kind(kind: str) -> list[dict[str, Any]]:
-    found = [case for case in CASES if case["kind"] == kind]
-    assert found, f"no golden case of kind {kind}"
-    return found
-
-
-def _ids(cases: list[dict[str, Any]]) -> list[str]:
-    return [case["name"] for case in cases]
+    return golden.by_kind(CASES, kind)
 
 
 def test_every_case_names_its_source_and_kind() -> None:
@@ -52,7 +45,7 @@ def test_every_case_names_its_source_and_kind() -> None:
         assert case["source"].startswith("Fanzy27/Evolving-RL@3049822 "), case["name"]
 
 
-@pytest.mark.parametrize("case", _by_kind("card_choice"), ids=_ids(_by_kind("card_choice")))
+@pytest.mark.parametrize("case", _by_kind("card_choice"), ids=golden.names(_by_kind("card_choice")))
 def test_the_card_is_the_object_the_authors_choose(case: dict[str, Any]) -> None:
     try:
         chosen = richest_json_object(case["input"])
@@ -61,7 +54,7 @@ def test_the_card_is_the_object_the_authors_choose(case: dict[str, Any]) -> None
     assert chosen == case["expected"]
 
 
-@pytest.mark.parametrize("case", _by_kind("card_well_formed"), ids=_ids(_by_kind("card_well_formed")))
+@pytest.mark.parametrize("case", _by_kind("card_well_formed"), ids=golden.names(_by_kind("card_well_formed")))
 def test_a_card_is_well_formed_as_the_authors_check_it(case: dict[str, Any]) -> None:
     try:
         parse_skill(json.dumps(case["input"]))
@@ -71,13 +64,13 @@ def test_a_card_is_well_formed_as_the_authors_check_it(case: dict[str, Any]) -> 
     assert formed is case["expected"]
 
 
-@pytest.mark.parametrize("case", _by_kind("card_render"), ids=_ids(_by_kind("card_render")))
+@pytest.mark.parametrize("case", _by_kind("card_render"), ids=golden.names(_by_kind("card_render")))
 def test_a_card_is_rendered_in_the_authors_layout(case: dict[str, Any]) -> None:
     """What the solver is shown and what the audit reads."""
     assert parse_skill(json.dumps(case["input"])).render() == case["expected"]
 
 
-@pytest.mark.parametrize("case", _by_kind("audit"), ids=_ids(_by_kind("audit")))
+@pytest.mark.parametrize("case", _by_kind("audit"), ids=golden.names(_by_kind("audit")))
 def test_the_language_audit_judges_as_the_authors(case: dict[str, Any]) -> None:
     flags = audit(case["input"])
     assert {"passed": not flags, "suspicious": "suspicious characters" in flags,
@@ -85,7 +78,7 @@ def test_the_language_audit_judges_as_the_authors(case: dict[str, Any]) -> None:
             "repetition": any(flag.startswith("repetition") for flag in flags)} == case["expected"]
 
 
-@pytest.mark.parametrize("case", _by_kind("grpo_normalize"), ids=_ids(_by_kind("grpo_normalize")))
+@pytest.mark.parametrize("case", _by_kind("grpo_normalize"), ids=golden.names(_by_kind("grpo_normalize")))
 def test_grpo_normalises_a_group_as_the_authors(case: dict[str, Any], paper: Any) -> None:
     cfg = typed_config(paper.method, EvolvingRLSettings)
     rewards = case["input"]
@@ -110,7 +103,7 @@ def _card(spec: dict[str, bool]) -> Any:
     return card
 
 
-@pytest.mark.parametrize("case", _by_kind("coevolution"), ids=_ids(_by_kind("coevolution")))
+@pytest.mark.parametrize("case", _by_kind("coevolution"), ids=golden.names(_by_kind("coevolution")))
 def test_an_iterations_rewards_and_advantages_are_the_authors(case: dict[str, Any], paper: Any) -> None:
     """Extractor reward = the card's downstream win rate, 0 when it does not parse or fails the
     audit; solver reward 10 x won; both normalised in their groups and scaled (0.2, 1.0)."""
@@ -133,7 +126,7 @@ def _paper_solver(paper: Any, script: list[Any]) -> StandardSolver:
     return StandardSolver.from_config(ScriptedLLM(script), paper.solver)
 
 
-@pytest.mark.parametrize("case", _by_kind("action"), ids=_ids(_by_kind("action")))
+@pytest.mark.parametrize("case", _by_kind("action"), ids=golden.names(_by_kind("action")))
 def test_the_action_is_read_from_a_reply_as_the_authors_read_it(case: dict[str, Any], paper: Any) -> None:
     solver = _paper_solver(paper, [(case["input"], 5, False)])
     task = Task("room", "toy", "train", "toy", "look around")
@@ -142,7 +135,7 @@ def test_the_action_is_read_from_a_reply_as_the_authors_read_it(case: dict[str, 
     assert action.text == case["expected"]
 
 
-@pytest.mark.parametrize("case", _by_kind("turn_end"), ids=_ids(_by_kind("turn_end")))
+@pytest.mark.parametrize("case", _by_kind("turn_end"), ids=golden.names(_by_kind("turn_end")))
 def test_an_episode_ends_where_the_authors_end_it(case: dict[str, Any], paper: Any) -> None:
     trajectory, room = play_script(_paper_solver(paper, case["input"]), len(case["input"]))
     expected = case["expected"]
@@ -157,7 +150,7 @@ def tiny() -> Any:
     return TransformersBackend({"model": "tiny", "dtype": "float32"})
 
 
-@pytest.mark.parametrize("case", _by_kind("stop"), ids=_ids(_by_kind("stop")))
+@pytest.mark.parametrize("case", _by_kind("stop"), ids=golden.names(_by_kind("stop")))
 def test_a_reply_stops_where_the_authors_stop_it(case: dict[str, Any], paper: Any, tiny: Any) -> None:
     """The paper solver asks for the authors' stop string; the backend keeps what SGLang keeps
     under it (up to and with the first </action>)."""

@@ -12,14 +12,11 @@ import pytest
 import yaml
 
 from arena.core.config import compose
-from arena.core.settings import Settings
-from arena.core.solver import play
-from arena.core.types import Termination
 from arena.envs.alfworld_tasks import HOUSEHOLD_INSTRUCTIONS
 from arena.plugins.expel.insights import parse_operations
 from arena.plugins.expel.method import EndOnRepeat, ExpeL, fresh_state
-from arena.testing import FakeLLM
-from tests.helpers.worlds import RepeatWinEpisode, scripted_policy
+from tests.helpers import golden
+from tests.helpers.worlds import RepeatWinEpisode
 
 CASES = yaml.safe_load((Path(__file__).parent / "golden" / "expel.yaml").read_text())["cases"]
 CRITIQUES = [case for case in CASES if case["kind"] == "critique"]
@@ -51,24 +48,16 @@ def test_a_critique_updates_the_insights_as_the_authors(plugins, golden) -> None
     assert [[i.text, i.weight] for i in book.insights] == golden["expected"]["rules"]
 
 
-@pytest.mark.parametrize("golden", EPISODES, ids=[case["name"] for case in EPISODES])
-def test_an_episode_ends_on_a_repeated_action_as_the_authors(golden) -> None:
-    actions, win_on = golden["input"]["actions"], golden["input"]["win_on"]
-    trajectory = play(RepeatWinEpisode(actions, win_on), EndOnRepeat(scripted_policy(actions)),
-                      max_steps=golden["input"]["max_steps"], max_invalid_actions=10)
-    assert [step.action for step in trajectory.steps] == golden["expected"]["played"]
-    assert trajectory.success is golden["expected"]["success"]
-    assert trajectory.status is not Termination.ERROR, trajectory.error
+@pytest.mark.parametrize("case", EPISODES, ids=golden.names(EPISODES))
+def test_an_episode_ends_on_a_repeated_action_as_the_authors(case) -> None:
+    golden.assert_ends_on_repeat(case)
 
 
 def test_the_paper_preset_plays_the_authors_episode_rule_and_the_default_does_not(plugins) -> None:
     """``solve`` wraps the solver's policy in :class:`EndOnRepeat` exactly where
     ``method.end_on_repeated_action`` is on (the paper preset)."""
     def policy_of(cfg: Any) -> Any:
-        run = types.SimpleNamespace(cfg=cfg, settings=Settings.of(cfg), llm=FakeLLM(),
-                                    sampling=lambda: Settings.of(cfg).learn.sampling,
-                                    env=types.SimpleNamespace(instructions=HOUSEHOLD_INSTRUCTIONS),
-                                    play=lambda request: request.policy)
+        run = golden.solving_run(cfg, HOUSEHOLD_INSTRUCTIONS)
         return ExpeL(run).solve(run, RepeatWinEpisode([]).task, [], 0)  # type: ignore[arg-type]
 
     assert isinstance(policy_of(paper(plugins)), EndOnRepeat)

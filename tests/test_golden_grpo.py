@@ -5,11 +5,9 @@ GRPO functions (population std, eps 1e-6, a group of one left as it is), not ver
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from arena.api import typed_config
 from arena.core.config import compose
@@ -17,9 +15,10 @@ from arena.core.solver import StandardSolver
 from arena.core.types import Observation, RolloutTokens, Step, Task, Termination, Trajectory
 from arena.plugins.evolving_rl.method import grpo_samples
 from arena.plugins.evolving_rl.settings import EvolvingRLSettings
+from tests.helpers import golden
 from tests.helpers.scripted import ScriptedLLM, play_script
 
-CASES = yaml.safe_load((Path(__file__).parent / "golden" / "grpo.yaml").read_text())
+CASES = golden.load("grpo")
 
 
 @pytest.fixture(scope="module")
@@ -30,13 +29,7 @@ def paper() -> Any:
 
 
 def _by_kind(kind: str) -> list[dict[str, Any]]:
-    found = [case for case in CASES if case["kind"] == kind]
-    assert found, f"no golden case of kind {kind}"
-    return found
-
-
-def _ids(cases: list[dict[str, Any]]) -> list[str]:
-    return [case["name"] for case in cases]
+    return golden.by_kind(CASES, kind)
 
 
 def test_every_case_names_its_source() -> None:
@@ -52,7 +45,7 @@ def _episode(won: bool) -> Trajectory:
                       status=Termination.SUCCESS if won else Termination.FAILURE)
 
 
-@pytest.mark.parametrize("case", _by_kind("grpo_group"), ids=_ids(_by_kind("grpo_group")))
+@pytest.mark.parametrize("case", _by_kind("grpo_group"), ids=golden.names(_by_kind("grpo_group")))
 def test_a_groups_rewards_and_advantages_are_the_authors(case: dict[str, Any], paper: Any) -> None:
     cfg = typed_config(paper.method, EvolvingRLSettings)
     assert cfg.mode == "grpo"
@@ -62,7 +55,7 @@ def test_a_groups_rewards_and_advantages_are_the_authors(case: dict[str, Any], p
     assert [s.advantage for s in samples] == pytest.approx(case["expected"]["advantages"], rel=1e-9, abs=1e-12)
 
 
-@pytest.mark.parametrize("case", _by_kind("action"), ids=_ids(_by_kind("action")))
+@pytest.mark.parametrize("case", _by_kind("action"), ids=golden.names(_by_kind("action")))
 def test_the_action_is_read_as_the_authors_read_it(case: dict[str, Any], paper: Any) -> None:
     solver = StandardSolver.from_config(ScriptedLLM([(case["input"], 5, False)]), paper.solver)
     task = Task("room", "toy", "train", "toy", "look around")
@@ -71,7 +64,7 @@ def test_the_action_is_read_as_the_authors_read_it(case: dict[str, Any], paper: 
     assert action.text == case["expected"]
 
 
-@pytest.mark.parametrize("case", _by_kind("turn_end"), ids=_ids(_by_kind("turn_end")))
+@pytest.mark.parametrize("case", _by_kind("turn_end"), ids=golden.names(_by_kind("turn_end")))
 def test_an_episode_ends_where_the_authors_end_it(case: dict[str, Any], paper: Any) -> None:
     solver = StandardSolver.from_config(ScriptedLLM(case["input"]), paper.solver)
     trajectory, room = play_script(solver, len(case["input"]))

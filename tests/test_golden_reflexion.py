@@ -13,15 +13,12 @@ import yaml
 
 from arena.core.config import compose
 from arena.core.embedder import HashingEmbedder
-from arena.core.settings import Settings
-from arena.core.solver import play
 from arena.core.store import ExperienceStore
 from arena.core.types import Step, Task, Termination, Trajectory
 from arena.envs.alfworld_tasks import HOUSEHOLD_INSTRUCTIONS
 from arena.plugins.reflexion.method import EndOnRepeat, Reflexion, reflection_experience
 from arena.plugins.reflexion.prompts import reflection_prompt
-from arena.testing import FakeLLM
-from tests.helpers.worlds import RepeatWinEpisode, scripted_policy
+from tests.helpers import golden
 
 CASES = yaml.safe_load((Path(__file__).parent / "golden" / "reflexion.yaml").read_text())["cases"]
 EPISODES = [case for case in CASES if case["kind"] == "episode"]
@@ -71,22 +68,14 @@ def test_the_reflection_prompt_holds_the_authors_plans_and_ends_where_theirs_doe
     assert "put a mug in shelf." in user and "go to shelf 1" in user  # the task and the trial
 
 
-@pytest.mark.parametrize("golden", EPISODES, ids=[c["name"] for c in EPISODES])
-def test_a_trial_ends_on_a_repeated_action_as_the_authors(golden) -> None:
-    actions, win_on = golden["input"]["actions"], golden["input"]["win_on"]
-    trajectory = play(RepeatWinEpisode(actions, win_on), EndOnRepeat(scripted_policy(actions)),
-                      max_steps=golden["input"]["max_steps"], max_invalid_actions=10)
-    assert [step.action for step in trajectory.steps] == golden["expected"]["played"]
-    assert trajectory.success is golden["expected"]["success"]
-    assert trajectory.status is not Termination.ERROR, trajectory.error
+@pytest.mark.parametrize("case", EPISODES, ids=golden.names(EPISODES))
+def test_a_trial_ends_on_a_repeated_action_as_the_authors(case) -> None:
+    golden.assert_ends_on_repeat(case)
 
 
 def test_the_paper_preset_ends_trials_on_a_repeat_and_the_default_does_not(plugins) -> None:
     def policy_of(cfg: Any) -> Any:
-        run = types.SimpleNamespace(cfg=cfg, settings=Settings.of(cfg), llm=FakeLLM(),
-                                    sampling=lambda: Settings.of(cfg).learn.sampling,
-                                    env=types.SimpleNamespace(instructions=HOUSEHOLD_INSTRUCTIONS),
-                                    play=lambda request: request.policy)
+        run = golden.solving_run(cfg, HOUSEHOLD_INSTRUCTIONS)
         return Reflexion(run).solve(run, TASK, [], 0)  # type: ignore[arg-type]
 
     assert isinstance(policy_of(paper(plugins)), EndOnRepeat)

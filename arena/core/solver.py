@@ -346,6 +346,20 @@ def with_task_message(chat: Chat, edit: Callable[[str], str]) -> Chat:
     return [*chat[:index], {**chat[index], "content": edit(chat[index]["content"])}, *chat[index + 1 :]]
 
 
+class EndOnRepeat:
+    """``policy``, ending its episode on an action equal to the one before, once played
+    (``Action.final``): ExpeL's and Reflexion's authors end an ALFWorld episode so."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+
+    def __call__(self, observation: Observation, trajectory: Trajectory) -> Action:
+        action = self.policy(observation, trajectory)
+        if trajectory.steps and trajectory.steps[-1].action == action.text:
+            return dataclasses.replace(action, final=True)
+        return action
+
+
 class StandardSolver:
     """Prompt + constrained choice of one admissible action per step.
 

@@ -28,7 +28,6 @@ few-shots by task similarity) and the transcript in their metadata.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import random
@@ -36,12 +35,11 @@ from typing import Any
 
 import arena
 from arena import (
-    Action,
     BudgetExhausted,
+    EndOnRepeat,
     EpisodeRequest,
     Experience,
     Instructions,
-    Observation,
     Policy,
     Provenance,
     Run,
@@ -145,20 +143,6 @@ def divide_in_chunks(items: list[Any], size: int, rng: random.Random) -> list[li
     count = math.ceil(len(items) / size)
     per_chunk = math.ceil(len(items) / count)
     return [items[i * per_chunk:(i + 1) * per_chunk] for i in range(count)]
-
-
-class EndOnRepeat:
-    """A policy that ends its episode on an action equal to the one before, once played (the
-    authors' ALFWorld environment: ``envs/alfworld/alfworld.py``, ``last_action``)."""
-
-    def __init__(self, policy: Policy) -> None:
-        self.policy = policy
-
-    def __call__(self, observation: Observation, trajectory: Trajectory) -> Action:
-        action = self.policy(observation, trajectory)
-        if trajectory.steps and trajectory.steps[-1].action == action.text:
-            return dataclasses.replace(action, final=True)
-        return action
 
 
 def fresh_state() -> dict[str, Any]:

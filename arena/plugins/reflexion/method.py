@@ -24,7 +24,6 @@ Inside Arena's protocol:
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from typing import Any
 
@@ -32,12 +31,10 @@ import arena
 from arena import (
     LEARN,
     STANDARD,
-    Action,
     BudgetExhausted,
+    EndOnRepeat,
     EpisodeRequest,
     Experience,
-    Observation,
-    Policy,
     Provenance,
     Run,
     SamplingParams,
@@ -72,20 +69,6 @@ def reflection_experience(trajectory: Trajectory, text: str, trial: int | str) -
                       {"task_id": task.task_id, "task_type": task.task_type, "goal": task.goal,
                        "trial": str(trial)},
                       reflection_id(task, trial))
-
-
-class EndOnRepeat:
-    """A policy that ends its trial on an action equal to the one before, once played (the
-    authors' ``EnvironmentHistory.check_is_exhausted``)."""
-
-    def __init__(self, policy: Policy) -> None:
-        self.policy = policy
-
-    def __call__(self, observation: Observation, trajectory: Trajectory) -> Action:
-        action = self.policy(observation, trajectory)
-        if trajectory.steps and trajectory.steps[-1].action == action.text:
-            return dataclasses.replace(action, final=True)
-        return action
 
 
 class Reflexion:
