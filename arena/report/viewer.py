@@ -69,11 +69,11 @@ class ViewedRun:
     def summary(self, number: int) -> dict[str, Any]:
         results = self.run.results
         return {"run": number, "label": self.run.label, "path": str(self.run.path), "method": self.run.method,
-                "env": self.run.env, "model": self.run.model_id, "track": results.get("track"),
-                "valid": results.get("valid"), "seeds": results.get("seeds", []),
+                "env": self.run.env, "model": self.run.model_id, "track": results.track,
+                "valid": results.valid, "seeds": results.seeds,
                 "episodes": len(self.episodes),
-                "splits": {s: {"success_rate": v["success_rate"], "ci95": v["ci95"], "n_episodes": v["n_episodes"]}
-                           for s, v in results.get("splits", {}).items()}}
+                "splits": {s: {"success_rate": v.success_rate, "ci95": list(v.ci95), "n_episodes": v.n_episodes}
+                           for s, v in results.splits.items()}}
 
     def trajectory(self, index: int) -> dict[str, Any]:
         if not 0 <= index < len(self.episodes):
@@ -95,7 +95,7 @@ class ViewedRun:
         """What the prompt carried: the stored experience, or a note that it was made at test time."""
         with self._lock:
             if not self.experiences and (self.run.path / "store").is_dir():
-                config = self.run.results.get("provenance", {}).get("config", {})
+                config = self.run.config
                 name = str(config.get("store", {}).get("collection", DEFAULT_COLLECTION))
                 for e in stored_experiences(self.run.path / "store", name):
                     self.experiences[e.experience_id] = {"id": e.experience_id, "kind": e.kind, "text": e.text,
