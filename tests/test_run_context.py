@@ -185,8 +185,8 @@ def test_an_auxiliary_model_is_counted_in_the_run_cost_and_closed(plugins, fast,
     Taught.closed.clear()
     _, results = protocol.run("taught", overrides=[*fast, *EVAL], out=tmp_path / "t", plugins=plugins)
     learn = results.cost.learn
-    assert learn["llm_calls"] == 1 and learn["tokens_in"] > 50
-    assert results.learn.used["tokens"] == learn["tokens_in"] + learn["tokens_out"]
+    assert learn.llm_calls == 1 and learn.tokens_in > 50
+    assert results.learn.used["tokens"] == learn.tokens_in + learn.tokens_out
     assert Taught.closed == [True]
 
 

@@ -36,7 +36,7 @@ def test_two_ranks_finish_with_the_protocol_of_one_process(plugins, tmp_path) ->
     _, one = protocol.run("evolving_rl", preset="micro", overrides=MICRO, out=tmp_path / "one",
                           plugins=plugins)
     assert two["valid"] is True and one.valid is True, two["violations"]
-    assert two["protocol"] == one.protocol
+    assert two["protocol"] == one.to_json()["protocol"]
     assert two["learn"]["used"] == one.learn.used
     assert two["learn"]["used"]["gradient_steps"] == 1
     tiny = plugins.backends.get("transformers").factory({"model": "tiny"}).weights_digest()
