@@ -411,7 +411,7 @@ def test_base_method_runs_on_alfworld_with_workers(real_data, plugins, tmp_path)
     path, results = protocol.run("base", env="alfworld", overrides=overrides, out=tmp_path / "run",
                                  plugins=plugins)
     assert results.valid and results.env == "alfworld"
-    assert {split: s["n_episodes"] for split, s in results.splits.items()} == {
+    assert {split: s.n_episodes for split, s in results.splits.items()} == {
         TEST_SPLITS[0]: 2, TEST_SPLITS[1]: 2}
     assert results.provenance.env_version.startswith(data.RELEASE)
     assert set(results.provenance.split_hashes) == {TRAIN_SPLIT, VALID_SPLIT, *TEST_SPLITS}

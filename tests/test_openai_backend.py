@@ -704,7 +704,7 @@ def test_server_end_to_end_run_records_backend_and_hides_key(server: Server, key
     assert_frozen_protocol(run)  # "" weights digest and all: the state did not change
     assert run.results.splits
     for split in run.results.splits.values():
-        assert split["n_episodes"] == 1 and 0.0 <= split["success_rate"] <= 1.0
+        assert split.n_episodes == 1 and 0.0 <= split.success_rate <= 1.0
     model = run.results.provenance.model
     assert model["backend"] == "openai" and model["id"] == SERVED_NAME
     assert model["base_url"] == server.base_url and model["weights"] == "served"
