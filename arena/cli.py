@@ -23,6 +23,7 @@ from arena.core.allocator import compact_allocator
 from arena.core.config import ConfigError
 from arena.core.errors import RanksLost
 from arena.core.registry import RegistrationError, UnknownNameError
+from arena.core.results import Results
 from arena.core.rundir import RunDir, RunDirError
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -126,30 +127,29 @@ def print_next_steps(path: Path) -> None:
         console.print(escape(f"  {command}   ({why})"), soft_wrap=True)
 
 
-def print_summary(results: dict[str, Any], path: Path) -> None:
-    table = Table(title=f"{results['method']} on {results['env']} ({results['track']}) — {path}")
+def print_summary(results: Results, path: Path) -> None:
+    table = Table(title=f"{results.method} on {results.env} ({results.track}) — {path}")
     for column in ("split", "tasks", "episodes", "success", "95% CI", "progress", "valid act.", "steps"):
         table.add_column(column, justify="right" if column != "split" else "left")
-    for split, summary in results["splits"].items():
-        low, high = summary["ci95"]
+    for split, summary in results.splits.items():
+        low, high = summary.ci95
         table.add_row(
-            split, str(summary["n_tasks"]), str(summary["n_episodes"]),
-            f"{summary['success_rate']:.1%}", f"[{low:.1%}, {high:.1%}]",
-            f"{summary['progress_rate']:.1%}", f"{summary['valid_action_rate']:.1%}",
-            f"{summary['mean_steps']:.1f}",
+            split, str(summary.n_tasks), str(summary.n_episodes),
+            f"{summary.success_rate:.1%}", f"[{low:.1%}, {high:.1%}]",
+            f"{summary.progress_rate:.1%}", f"{summary.valid_action_rate:.1%}",
+            f"{summary.mean_steps:.1f}",
         )
     console.print(table)
-    cost = results["cost"]
     console.print(
         "cost: " + "; ".join(
-            f"{phase} {c['episodes']} episodes, {c['env_steps']} steps, {c['llm_calls']} LLM calls, "
-            f"{c['tokens_in'] + c['tokens_out']} tokens, {c['wall_s']:.0f} s"
-            for phase, c in cost.items()
+            f"{phase} {c.episodes} episodes, {c.env_steps} steps, {c.llm_calls} LLM calls, "
+            f"{c.tokens_in + c.tokens_out} tokens, {c.wall_s:.0f} s"
+            for phase, c in (("learn", results.cost.learn), ("evaluate", results.cost.evaluate))
         )
     )
-    if not results["valid"]:
-        console.print("[bold red]INVALID RUN[/]: " + " | ".join(results["violations"]))
-    if results.get("limited"):
+    if not results.valid:
+        console.print("[bold red]INVALID RUN[/]: " + " | ".join(results.violations))
+    if results.limited:
         console.print("[yellow]Limited run (eval.limit set): not comparable with full runs.[/]")
 
 
@@ -216,7 +216,7 @@ def show(run_dir: str, as_json: bool) -> None:
     for problem in loaded.record_problems:  # results.json or state.json edited: shown invalid
         console.print(escape(f"INVALID: {problem}"))
     if as_json:
-        click.echo(json.dumps(results, indent=2))
+        click.echo(json.dumps(results.to_json(), indent=2))
         return
     results = loaded.results
     print_summary(results, Path(run_dir))

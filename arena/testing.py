@@ -42,6 +42,8 @@ from arena.core.llm import (
     per_prompt,
     sample_option,
 )
+from arena.core.results import Results
+from arena.core.results import validate as validate_results
 from arena.core.types import EpisodeResult, Observation
 
 try:  # only the fixtures need it
@@ -250,10 +252,11 @@ LEARN_SPLITS = frozenset({"train", "valid"})
 
 @dataclass
 class MethodRun:
-    """What :func:`run_method` returns: the run directory and its ``results.json``."""
+    """What :func:`run_method` returns: the run directory and its ``results.json`` (as the
+    :class:`~arena.core.results.Results` model: ``run.results.learn.used["episodes"]``)."""
 
     path: Path
-    results: dict[str, Any]
+    results: Results
 
     def episodes(self, phase: str | None = None) -> list[EpisodeResult]:
         """Every recorded episode (``episodes.jsonl``), optionally of one phase."""
@@ -262,10 +265,12 @@ class MethodRun:
         return [r for r in records if phase is None or r.phase == phase]
 
     def success_rate(self, split: str = "test_seen") -> float:
-        return float(self.results["splits"][split]["success_rate"])
+        return self.results.splits[split].success_rate
 
     def __getitem__(self, key: str) -> Any:
-        return self.results[key]
+        """results.json's value at ``key``, as JSON (``run["splits"]["test_seen"]``): what
+        ``run[key]`` gave before the results were a model."""
+        return self.results.to_json()[key]
 
 
 def fresh_plugins(*, entry_points: bool = True) -> Any:
@@ -421,36 +426,37 @@ def expert_play(episodes: list[Any]) -> int:
     return sum(expert_episode(episode)[0].won for episode in episodes)
 
 
-def assert_frozen_protocol(run: MethodRun | dict[str, Any] | str | Path) -> None:
+def assert_frozen_protocol(run: MethodRun | Results | dict[str, Any] | str | Path) -> None:
     """Fail, saying what went wrong, unless the run kept the frozen evaluation protocol.
 
     Checks: the run is valid (no recorded violation), on the frozen track; the state digest
     before and after evaluation is the same; learning used only train/valid; and, where the run
     directory is at hand, every evaluated (task, seed, variant) was played exactly once and no
-    test task appears in the learning phase.
+    test task appears in the learning phase. A results.json object (a dict) must match the
+    results schema.
     """
+    path: Path | None = None
     if isinstance(run, (str, Path)):
-        path: Path | None = Path(run)
-        results = json.loads((Path(run) / "results.json").read_text())
+        path = Path(run)
+        results = validate_results(json.loads((path / "results.json").read_text()), str(path / "results.json"))
     elif isinstance(run, MethodRun):
         path, results = run.path, run.results
     else:
-        path, results = None, run
+        results = run if isinstance(run, Results) else validate_results(run)
     problems = []
-    if results.get("violations"):
-        problems.append("violations: " + " | ".join(results["violations"]))
-    if not results.get("valid", False):
+    if results.violations:
+        problems.append("violations: " + " | ".join(results.violations))
+    if not results.valid:
         problems.append("results.json says valid: false")
-    if results.get("track") != "frozen":
-        problems.append(f"track is {results.get('track')!r}, not 'frozen'")
-    state = results.get("state", {})
-    before, after = state.get("digest_before_eval"), state.get("digest_after_eval")
+    if results.track != "frozen":
+        problems.append(f"track is {results.track!r}, not 'frozen'")
+    before, after = results.state.digest_before_eval, results.state.digest_after_eval
     if not before or before != after:
         problems.append(
             f"state digest changed during evaluation ({str(before)[:12]} -> {str(after)[:12]}): "
             "the method learned from test episodes (store writes, state_digest, weights)"
         )
-    used = set(results.get("learn", {}).get("splits_used", []))
+    used = set(results.learn.splits_used)
     if used - LEARN_SPLITS:
         problems.append(f"learned from {sorted(used - LEARN_SPLITS)}; only train/valid are allowed")
     if path is not None and (path / "episodes.jsonl").exists():
@@ -467,7 +473,7 @@ def assert_frozen_protocol(run: MethodRun | dict[str, Any] | str | Path) -> None
             problems.append(f"evaluation episodes on track {sorted(wrong_track)}")
     if problems:
         raise AssertionError(
-            f"Method '{results.get('method')}' broke the frozen protocol:\n- " + "\n- ".join(problems)
+            f"Method '{results.method}' broke the frozen protocol:\n- " + "\n- ".join(problems)
         )
 
 

@@ -24,6 +24,7 @@ from arena.cli import cli
 from arena.core import integrity, isolation, protocol, rpc
 from arena.core.context import ProtocolViolation
 from arena.core.method_state import Checkpoints, OutsideFolder
+from arena.core.results import Results
 from arena.core.rpc import RemoteError
 from arena.core.run_api import EpisodeRequest
 from arena.core.rundir import VIOLATIONS, RunDir, RunDirError
@@ -47,8 +48,8 @@ def evaluated(path: Path) -> list[dict]:
     return [e for e in lines if e["phase"] == "evaluate"]
 
 
-def successes(results: dict) -> list[float]:
-    return [results["splits"][s]["success_rate"] for s in ("test_seen", "test_unseen")]
+def successes(results: Results) -> list[float]:
+    return [results.splits[s].success_rate for s in ("test_seen", "test_unseen")]
 
 
 # -- 1. a made-up trajectory ----------------------------------------------------------------------
@@ -77,8 +78,8 @@ class Editor(Hostile):
 def test_a_trajectory_the_harness_did_not_play_is_not_credited(plugins, fast, tmp_path, method):
     register(plugins, forger=Forger, editor=Editor)
     path, results = run(plugins, fast, tmp_path, method)
-    assert results["valid"] is False
-    assert any("does not reproduce" in v for v in results["violations"])
+    assert results.valid is False
+    assert any("does not reproduce" in v for v in results.violations)
     assert successes(results) == [0.0, 0.0]
     assert all(e["status"] == "error" and "not reproduced" in e["error"] for e in evaluated(path))
 
@@ -103,8 +104,8 @@ def test_a_shadow_episode_at_evaluation_is_refused_and_test_payloads_are_hidden(
     register(plugins, shadow=ShadowExpert)
     ShadowExpert.payloads = []
     _, results = run(plugins, fast, tmp_path, "shadow")
-    assert results["valid"] is False
-    assert any("opened an episode" in v for v in results["violations"])
+    assert results.valid is False
+    assert any("opened an episode" in v for v in results.violations)
     assert successes(results) == [0.0, 0.0]
     assert ShadowExpert.payloads and all(p == {} for p in ShadowExpert.payloads)  # no layout seed
 
@@ -125,8 +126,8 @@ class PeekingLearner(Hostile):
 def test_test_tasks_through_the_environment_while_learning_are_refused(plugins, fast, tmp_path):
     register(plugins, test_learner=PeekingLearner)
     _, results = run(plugins, fast, tmp_path, "test_learner")
-    assert results["valid"] is False
-    assert any("test split 'test_seen' while learning" in v for v in results["violations"])
+    assert results.valid is False
+    assert any("test split 'test_seen' while learning" in v for v in results.violations)
 
 
 class Opener(Hostile):
@@ -141,7 +142,7 @@ class Opener(Hostile):
 def test_an_episode_of_a_test_task_while_learning_is_refused(plugins, fast, tmp_path):
     register(plugins, opener=Opener)
     _, results = run(plugins, fast, tmp_path, "opener")
-    assert results["valid"] is False and any("opened an episode of test_seen" in v for v in results["violations"])
+    assert results.valid is False and any("opened an episode of test_seen" in v for v in results.violations)
 
 
 # -- 4. test-time memory, deleted before the end digest ------------------------------------------
@@ -173,9 +174,9 @@ class HiddenMemory(Hostile):
 def test_memory_written_at_evaluation_and_deleted_is_caught(plugins, fast, tmp_path):
     register(plugins, hidden=HiddenMemory)
     _, results = run(plugins, fast, tmp_path, "hidden")
-    assert results["state"]["digest_before_eval"] == results["state"]["digest_after_eval"]  # evaded
-    assert results["valid"] is False
-    assert any("not in the frozen store" in v for v in results["violations"])
+    assert results.state.digest_before_eval == results.state.digest_after_eval  # evaded
+    assert results.valid is False
+    assert any("not in the frozen store" in v for v in results.violations)
 
 
 class ProvenanceForger(Hostile):
@@ -188,7 +189,7 @@ class ProvenanceForger(Hostile):
 def test_an_experience_of_test_provenance_is_refused(plugins, fast, tmp_path):
     register(plugins, test_notes=ProvenanceForger)
     _, results = run(plugins, fast, tmp_path, "test_notes")
-    assert results["valid"] is False and any("not in the frozen store" in v for v in results["violations"])
+    assert results.valid is False and any("not in the frozen store" in v for v in results.violations)
 
 
 # -- 5. weights changed for the test, put back inside state_digest --------------------------------
@@ -211,8 +212,8 @@ class WeightSwapper(Hostile):
 def test_weights_restored_inside_state_digest_are_caught(plugins, fast, tmp_path):
     register(plugins, swapper=WeightSwapper)
     _, results = run(plugins, fast, tmp_path, "swapper")
-    assert results["valid"] is False
-    assert any("changed during frozen evaluation" in v or "random check" in v for v in results["violations"])
+    assert results.valid is False
+    assert any("changed during frozen evaluation" in v or "random check" in v for v in results.violations)
 
 
 class EpisodeSwapper(Hostile):
@@ -238,8 +239,8 @@ def test_weights_changed_within_each_episode_are_caught_by_random_checks(plugins
         _, results = run(plugins, fast, tmp_path, "episode_swapper")
     finally:
         monkey.undo()
-    assert results["state"]["digest_before_eval"] == results["state"]["digest_after_eval"]
-    assert results["valid"] is False and any("random check" in v for v in results["violations"])
+    assert results.state.digest_before_eval == results.state.digest_after_eval
+    assert results.valid is False and any("random check" in v for v in results.violations)
 
 
 # -- 6 and 7. a forged record ---------------------------------------------------------------------
@@ -301,7 +302,7 @@ def test_a_record_cut_short_or_replaced_is_refused(plugins, fast, tmp_path):
 
 def test_the_mac_is_checked_where_the_key_is(plugins, fast, tmp_path, monkeypatch):
     path, results = run(plugins, fast, tmp_path, "base")
-    assert results["record"]["key_id"] == integrity.key_id(integrity.record_key())
+    assert results.record.key_id == integrity.key_id(integrity.record_key())
     forge_successes(path, recompute=True)
     monkeypatch.setenv("ARENA_RECORD_KEY_FILE", str(tmp_path / "elsewhere.key"))  # another machine
     load_run(path)  # without the key the recomputed hashes pass: the MAC is this machine's check
@@ -330,8 +331,8 @@ class TrackSetter(Hostile):
 def test_phase_and_track_are_read_only_for_methods(plugins, fast, tmp_path, method, field):
     register(plugins, flipper=PhaseFlipper, track_setter=TrackSetter)
     _, results = run(plugins, fast, tmp_path, method)
-    assert results["valid"] is False and results["track"] == "frozen"
-    assert any(f"tried to set {field}" in v for v in results["violations"])
+    assert results.valid is False and results.track == "frozen"
+    assert any(f"tried to set {field}" in v for v in results.violations)
 
 
 class ConfigEditor(Hostile):
@@ -359,7 +360,7 @@ class StoreDeleter(Hostile):
 def test_config_edits_and_store_deletion_during_evaluation_are_caught(plugins, fast, tmp_path, method, message):
     register(plugins, config_editor=ConfigEditor, store_deleter=StoreDeleter)
     _, results = run(plugins, fast, tmp_path, method)
-    assert results["valid"] is False and any(message in v for v in results["violations"])
+    assert results.valid is False and any(message in v for v in results.violations)
 
 
 def test_a_config_edited_before_resume_is_refused(plugins, fast, tmp_path):
@@ -390,8 +391,8 @@ class BrokenSize(Hostile):
 def test_a_failing_state_hook_keeps_the_evaluation(plugins, fast, tmp_path, method, hook):
     register(plugins, broken_digest=BrokenDigest, broken_size=BrokenSize)
     path, results = run(plugins, fast, tmp_path, method)
-    assert (path / "results.json").is_file() and results["cost"]["evaluate"]["episodes"] == 4
-    assert results["valid"] is False and any(f"{hook} of method '{method}' raised" in v for v in results["violations"])
+    assert (path / "results.json").is_file() and results.cost.evaluate.episodes == 4
+    assert results.valid is False and any(f"{hook} of method '{method}' raised" in v for v in results.violations)
 
 
 class WrongTypes(Hostile):
@@ -419,7 +420,7 @@ def test_honest_methods_stay_valid(plugins, fast, tmp_path, method):
     if method == "expel":
         extra = ["method.train_tasks=2", "learn.max_steps=3"]
     path, results = run(plugins, fast, tmp_path, method, *extra)
-    assert results["valid"] is True, results["violations"]
+    assert results.valid is True, results.violations
     assert load_run(path).chained
 
 
@@ -448,9 +449,9 @@ class PhaseAdvancer(Hostile):
 def test_only_the_harness_advances_the_phase(plugins, fast, tmp_path):
     register(plugins, advancer=PhaseAdvancer)
     _, results = run(plugins, fast, tmp_path, "advancer")
-    assert results["valid"] is False
-    assert any("tried to set the run's phase to 'evaluate'" in v for v in results["violations"])
-    assert any("tried to start the evaluation" in v for v in results["violations"])
+    assert results.valid is False
+    assert any("tried to set the run's phase to 'evaluate'" in v for v in results.violations)
+    assert any("tried to start the evaluation" in v for v in results.violations)
 
 
 class ViolationEraser(Hostile):
@@ -472,8 +473,8 @@ class ViolationEraser(Hostile):
 def test_erasing_violations_from_state_json_does_not_validate_a_run(plugins, fast, tmp_path):
     register(plugins, eraser=ViolationEraser)
     _, results = run(plugins, fast, tmp_path, "eraser")
-    assert results["valid"] is False
-    assert any("asked for test split 'test_seen'" in v for v in results["violations"])
+    assert results.valid is False
+    assert any("asked for test split 'test_seen'" in v for v in results.violations)
 
 
 def test_a_store_that_cannot_be_read_is_a_violation_not_a_crash(plugins, fast, tmp_path, monkeypatch):
@@ -487,8 +488,8 @@ def test_a_store_that_cannot_be_read_is_a_violation_not_a_crash(plugins, fast, t
     register(plugins, store_deleter=StoreDeleter)
     monkeypatch.setattr(ExperienceStore, "size", unreadable)
     _, results = run(plugins, fast, tmp_path, "store_deleter")
-    assert results["valid"] is False
-    assert any("could not be read for its size" in v for v in results["violations"])
+    assert results.valid is False
+    assert any("could not be read for its size" in v for v in results.violations)
 
 
 # -- 7b. documented calls only: pre-filling the record, picking the best of several attempts -----
@@ -520,8 +521,8 @@ class BestOfThree(Hostile):
 def test_only_the_harness_records_an_evaluation_episode(plugins, fast, tmp_path):
     register(plugins, pre_filler=PreFiller)
     path, results = run(plugins, fast, tmp_path, "pre_filler")
-    assert results["valid"] is False
-    assert any("called run.record at evaluation" in v for v in results["violations"])
+    assert results.valid is False
+    assert any("called run.record at evaluation" in v for v in results.violations)
     assert successes(results) == [0.0, 0.0]
     assert len(evaluated(path)) == 4  # each planned task once, by the harness
 
@@ -537,18 +538,18 @@ class DeclaredBestOfThree(BestOfThree):
 def test_a_helper_episode_is_never_the_result_unless_it_is_the_only_one(plugins, fast, tmp_path):
     register(plugins, best_of_three=BestOfThree, declared_best_of_three=DeclaredBestOfThree)
     path, results = run(plugins, fast, tmp_path, "best_of_three")
-    assert results["valid"] is False
-    assert any("which it did not declare" in v for v in results["violations"])  # undeclared: refused
+    assert results.valid is False
+    assert any("which it did not declare" in v for v in results.violations)  # undeclared: refused
     primary = [e for e in evaluated(path) if e["variant"] == "default"]
     assert len(primary) == 4 and all(e["status"] == "error" for e in primary)
     path, results = run(plugins, fast, tmp_path, "declared_best_of_three", name="declared")
-    assert results["valid"] is False
-    assert any("one of 3 helper episodes" in v for v in results["violations"])
+    assert results.valid is False
+    assert any("one of 3 helper episodes" in v for v in results.violations)
     primary = [e for e in evaluated(path) if e["variant"] == "default"]
     assert len(primary) == 4 and all(e["status"] == "error" for e in primary)
     helpers = [e for e in evaluated(path) if e["variant"] != "default"]
     assert len(helpers) == 12  # every extra episode on record, and counted
-    assert results["cost"]["evaluate"]["episodes"] == 16
+    assert results.cost.evaluate.episodes == 16
 
 
 class Squatter(Hostile):
@@ -564,8 +565,8 @@ class Squatter(Hostile):
 def test_a_result_for_a_task_the_harness_did_not_plan_is_caught(plugins, fast, tmp_path):
     register(plugins, squatter=Squatter)
     path, results = run(plugins, fast, tmp_path, "squatter")
-    assert results["valid"] is False
-    assert any("which the evaluation plan does not hold" in v for v in results["violations"])
+    assert results.valid is False
+    assert any("which the evaluation plan does not hold" in v for v in results.violations)
     assert len(evaluated(path)) == 4  # refused before it was played: only the plan's episodes
 
 
@@ -625,8 +626,8 @@ def test_the_run_directory_and_the_harness_are_out_of_an_isolated_methods_reach(
     got_here = json.loads((Path(here) / "method" / "got.json").read_text())
     assert all(got_here.values()), got_here  # in one process nothing stops it
     away, results = run(plugins, fast, tmp_path, "reader", "run.isolation=process", name="away")
-    if not results["provenance"]["isolation"]["sandbox"].startswith("landlock"):
-        pytest.skip(f"no Landlock here: {results['provenance']['isolation']['sandbox']}")
+    if not results.provenance.isolation["sandbox"].startswith("landlock"):
+        pytest.skip(f"no Landlock here: {results.provenance.isolation['sandbox']}")
     got_away = json.loads((Path(away) / "method" / "got.json").read_text())
     assert not any(got_away.values()), got_away
 
@@ -649,10 +650,10 @@ def test_patching_the_harness_from_a_hook_patches_only_the_methods_process(plugi
     monkeypatch.setattr(episodes.EpisodeRunner, "_replay_problem", episodes.EpisodeRunner._replay_problem)
     register(plugins, patcher=HarnessPatcher)
     _, here = run(plugins, fast, tmp_path, "patcher", name="here")
-    assert here["valid"] is True and successes(here) == [1.0, 1.0]  # in one process the patch works
+    assert here.valid is True and successes(here) == [1.0, 1.0]  # in one process the patch works
     monkeypatch.undo()
     _, away = run(plugins, fast, tmp_path, "patcher", "run.isolation=process", name="away")
-    assert away["valid"] is False and successes(away) == [0.0, 0.0]
+    assert away.valid is False and successes(away) == [0.0, 0.0]
 
 
 # -- every hostile method above (and WorldRebuilder, imported: the salt tests play it too), its
@@ -676,7 +677,7 @@ def test_every_hostile_method_ends_invalid_or_refused_when_isolated(plugins, fas
             "only the harness" in str(refused), refused
         return
     won = [e["task_id"] for e in evaluated(path) if e["success"]]
-    assert results["valid"] is False or not won, (results["violations"], won)
+    assert results.valid is False or not won, (results.violations, won)
 
 
 # -- 9. what the method returns is never the result: the harness's plan and its own task -------
@@ -768,11 +769,11 @@ def test_a_results_task_split_and_type_come_from_the_plan(plugins, fast, tmp_pat
     assert len(records) == 4 and {r["split"] for r in records} == {"test_seen", "test_unseen"}
     assert all(r["task_type"] != "made_up" for r in records)
     assert all((r["task_id"], r["split"], r["task_type"]) in plan for r in records)
-    assert [results["splits"][s]["n_episodes"] for s in ("test_seen", "test_unseen")] == [2, 2]
+    assert [results.splits[s].n_episodes for s in ("test_seen", "test_unseen")] == [2, 2]
     assert successes(results) == [0.0, 0.0]
     if method == "substitute":
-        assert results["valid"] is False
-        assert any("does not reproduce" in v for v in results["violations"])
+        assert results.valid is False
+        assert any("does not reproduce" in v for v in results.violations)
 
 
 class BestOfThreeInOneCall(Hostile):
@@ -823,8 +824,8 @@ def dataclasses_replace(trajectory, **changes):
 def test_no_result_is_the_best_of_several_episodes(plugins, fast, tmp_path, mode, method, message):
     register(plugins, best_in_one_call=BestOfThreeInOneCall, one_name_three_tries=OneNameThreeTries)
     path, results = run(plugins, fast, tmp_path, method, f"run.isolation={mode}")
-    assert results["valid"] is False
-    assert any(message in v for v in results["violations"]), results["violations"]
+    assert results.valid is False
+    assert any(message in v for v in results.violations), results.violations
     primary = [e for e in evaluated(path) if e["variant"] == "default"]
     assert len(primary) == 4 and not any(e["success"] for e in primary)
     # every episode it played at evaluation is on record: one result per task, no other test episode
@@ -848,9 +849,9 @@ class RecorderPastTheApi(Hostile):
 def test_the_run_object_offers_only_the_plugin_api(plugins, fast, tmp_path, mode):
     register(plugins, past_the_api=RecorderPastTheApi)
     path, results = run(plugins, fast, tmp_path, "past_the_api", f"run.isolation={mode}")
-    assert results["valid"] is False
+    assert results.valid is False
     assert any(".episodes" in v and "not part of the plugin API" in v
-               for v in results["violations"]), results["violations"]
+               for v in results.violations), results.violations
     assert successes(results) == [0.0, 0.0]
     assert len(evaluated(path)) == 4
 
@@ -928,9 +929,9 @@ class LiveReference(Hostile):
 def test_a_live_reference_nested_in_data_is_refused(plugins, fast, tmp_path):
     register(plugins, live=LiveReference)
     path, results = run(plugins, fast, tmp_path, "live", ISOLATED)
-    assert results["valid"] is False
-    refusals = [v for v in results["violations"] if "reference to an object of its own process" in v]
-    assert refusals and "plain data at every depth" in refusals[0], results["violations"]
+    assert results.valid is False
+    refusals = [v for v in results.violations if "reference to an object of its own process" in v]
+    assert refusals and "plain data at every depth" in refusals[0], results.violations
     assert any(".provenance" in v for v in refusals), refusals
     assert successes(results) == [0.0, 0.0]
     assert all(e["status"] == "error" and "Refused" in e["error"] for e in evaluated(path))
@@ -967,7 +968,7 @@ def test_policies_and_callbacks_still_cross(plugins, fast, tmp_path):
     assert "error" not in learned["statuses"]
     played = evaluated(path)
     assert played and not [e for e in played if e["status"] == "error"], played
-    assert results["valid"] is True, results["violations"]
+    assert results.valid is True, results.violations
 
 
 # -- the channel itself: what the harness's side accepts -----------------------------------------
@@ -1154,7 +1155,7 @@ def test_a_boards_salt_and_the_harness_environment_are_out_of_an_isolated_method
                                              "ARENA_RECORD_KEY_FILE", "ANONYMIZED_TELEMETRY"}  # tests/conftest.py's,
     # set again in the worker when it imports this module
     assert {v for v in seen["environment"] if not v.startswith("LC_")} <= allowed, seen["environment"]
-    sandbox = isolated["provenance"]["isolation"]["sandbox"]
+    sandbox = isolated.provenance.isolation["sandbox"]
     assert "environment allow-listed" in sandbox
     if sandbox.startswith("none") and "no namespaces" in sandbox:
         pytest.skip(f"neither Landlock nor namespaces here: {sandbox}")
@@ -1171,7 +1172,7 @@ def test_without_namespaces_the_sandbox_still_hides_the_harnesss_proc(plugins, f
     monkeypatch.setattr(isolation, "namespace_command", lambda: ((), "no namespaces (switched off by the test)"))
     register(plugins, seeker=SecretSeeker)
     away, isolated = run(plugins, fast, tmp_path, "seeker", "eval.salt=env:BOARD_SALT", ISOLATED)
-    sandbox = isolated["provenance"]["isolation"]["sandbox"]
+    sandbox = isolated.provenance.isolation["sandbox"]
     assert "no namespaces (switched off by the test)" in sandbox
     if not sandbox.startswith("landlock"):
         pytest.skip(f"no Landlock here: {sandbox}")
@@ -1257,8 +1258,8 @@ def test_paths_a_method_hands_the_harness_stay_in_its_folder(plugins, fast, tmp_
     assert Path(outcome["inside"]).exists()  # its own folder: allowed
     assert successes(results) == [0.0, 0.0]
     if isolated:  # refused on record: a violation
-        assert results["valid"] is False
-        assert sum("outside the method's folder" in v or "not a plain name" in v for v in results["violations"]) >= 2
+        assert results.valid is False
+        assert sum("outside the method's folder" in v or "not a plain name" in v for v in results.violations) >= 2
 
 
 def test_checkpoints_stay_in_the_methods_folder(tmp_path):
@@ -1371,11 +1372,11 @@ def test_violations_erased_from_state_json_before_resume_stay_on_record(plugins,
         _erase_state_violations(out)  # anyone who holds the run directory can
     _, results = protocol.run(None, resume=out, plugins=plugins)
     # Before violations were on record, the resumed run started from the emptied list: valid.
-    assert results["valid"] is False
-    assert any(ASKED in v for v in results["violations"]), results["violations"]
-    assert any(DISAGREE in v for v in results["violations"]), results["violations"]
-    assert results["violations"] == _on_record(out) == _state(out)["violations"]
-    assert load_run(out).results["valid"] is False
+    assert results.valid is False
+    assert any(ASKED in v for v in results.violations), results.violations
+    assert any(DISAGREE in v for v in results.violations), results.violations
+    assert results.violations == _on_record(out) == _state(out)["violations"]
+    assert load_run(out).results.valid is False
 
 
 @pytest.mark.parametrize("isolation", MODES)
@@ -1387,9 +1388,9 @@ def test_a_finished_runs_violations_cannot_be_erased_by_resuming_it_again(plugin
     (out / "results.json").unlink()  # made resumable again ...
     _erase_state_violations(out)  # ... with its violations gone from state.json
     _, results = protocol.run(None, resume=out, plugins=plugins)
-    assert results["valid"] is False
-    assert any(ASKED in v for v in results["violations"])
-    assert any(DISAGREE in v for v in results["violations"])
+    assert results.valid is False
+    assert any(ASKED in v for v in results.violations)
+    assert any(DISAGREE in v for v in results.violations)
 
 
 def test_dropping_the_violations_file_breaks_the_record(plugins, fast, tmp_path):
@@ -1409,22 +1410,22 @@ def test_reports_and_verify_treat_record_and_state_disagreement_as_invalid(plugi
     register(plugins, violator=Violator)
     out = tmp_path / "r"
     protocol.run("violator", overrides=_overrides(fast, "in_process"), out=out, plugins=plugins)
-    assert load_run(out).results["valid"] is False  # as written: record, state and results agree
-    assert not any(DISAGREE in v for v in load_run(out).results["violations"])
+    assert load_run(out).results.valid is False  # as written: record, state and results agree
+    assert not any(DISAGREE in v for v in load_run(out).results.violations)
 
     _erase_state_violations(out)  # state.json emptied after the run
     run = load_run(out)
-    assert run.results["valid"] is False
-    assert any("state.json" in v and DISAGREE in v for v in run.results["violations"])
+    assert run.results.valid is False
+    assert any("state.json" in v and DISAGREE in v for v in run.results.violations)
     assert build_tables([run])[0].rows[0].valid is False
 
     results = json.loads((out / "results.json").read_text())
     results.update(valid=True, violations=[])  # and results.json said valid
     (out / "results.json").write_text(json.dumps(results))
     run = load_run(out)
-    assert run.results["valid"] is False
-    assert any("results.json" in v and DISAGREE in v for v in run.results["violations"])
-    assert any(ASKED in v for v in run.results["violations"])  # the record's own, shown again
+    assert run.results.valid is False
+    assert any("results.json" in v and DISAGREE in v for v in run.results.violations)
+    assert any(ASKED in v for v in run.results.violations)  # the record's own, shown again
     table = build_tables([run])[0]
     assert table.rows[0].valid is False and any("INVALID" in f for f in table.rows[0].flags)
 
@@ -1438,8 +1439,8 @@ def test_reports_and_verify_treat_record_and_state_disagreement_as_invalid(plugi
 def test_an_honest_run_has_no_violations_record_and_stays_valid(plugins, fast, tmp_path):
     out = tmp_path / "r"
     _, results = protocol.run("base", overrides=_overrides(fast, "in_process"), out=out, plugins=plugins)
-    assert results["valid"] is True and not (out / VIOLATIONS).exists()
-    assert load_run(out).results["valid"] is True
+    assert results.valid is True and not (out / VIOLATIONS).exists()
+    assert load_run(out).results.valid is True
 
 
 def test_a_violation_recorded_as_results_were_written_makes_the_run_invalid_not_refused(plugins, fast,
@@ -1448,14 +1449,14 @@ def test_a_violation_recorded_as_results_were_written_makes_the_run_invalid_not_
     # record's head was taken: the chain runs one violation line past results.json's head.
     out = tmp_path / "r"
     _, results = protocol.run("base", overrides=_overrides(fast, "in_process"), out=out, plugins=plugins)
-    assert results["valid"] is True
+    assert results.valid is True
     late = RunDir(out)
     late.load_episodes()
     late.record_violation("export of method 'base' raised RuntimeError: late.", ["export ... late."])
     run = load_run(out)  # not refused: every episode line is where results.json says
-    assert run.results["valid"] is False
-    assert any("results.json" in v and DISAGREE in v for v in run.results["violations"])
-    assert any("late." in v for v in run.results["violations"])
+    assert run.results.valid is False
+    assert any("results.json" in v and DISAGREE in v for v in run.results.violations)
+    assert any("late." in v for v in run.results.violations)
     lines = (out / "episodes.jsonl").read_text().splitlines()
     (out / "episodes.jsonl").write_text("\n".join(lines[:-1]) + "\n")  # an episode line dropped: refused
     with pytest.raises(ReportError, match="does not"):

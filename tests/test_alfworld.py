@@ -410,11 +410,11 @@ def test_base_method_runs_on_alfworld_with_workers(real_data, plugins, tmp_path)
     ]
     path, results = protocol.run("base", env="alfworld", overrides=overrides, out=tmp_path / "run",
                                  plugins=plugins)
-    assert results["valid"] and results["env"] == "alfworld"
-    assert {split: s["n_episodes"] for split, s in results["splits"].items()} == {
+    assert results.valid and results.env == "alfworld"
+    assert {split: s.n_episodes for split, s in results.splits.items()} == {
         TEST_SPLITS[0]: 2, TEST_SPLITS[1]: 2}
-    assert results["provenance"]["env_version"].startswith(data.RELEASE)
-    assert set(results["provenance"]["split_hashes"]) == {TRAIN_SPLIT, VALID_SPLIT, *TEST_SPLITS}
+    assert results.provenance.env_version.startswith(data.RELEASE)
+    assert set(results.provenance.split_hashes) == {TRAIN_SPLIT, VALID_SPLIT, *TEST_SPLITS}
     episodes = [json.loads(line) for line in (path / "episodes.jsonl").read_text().splitlines()]
     assert len(episodes) == 4 and all(e["error"] is None for e in episodes)
     assert all(e["steps"] <= 4 and e["task_id"].startswith("alfworld/valid_unseen/") for e in episodes)
@@ -438,5 +438,5 @@ def test_ray_executor_plays_alfworld_as_its_workers_do(real_data, plugins, tmp_p
         episodes = [json.loads(line) for line in (path / "episodes.jsonl").read_text().splitlines()]
         runs[executor] = {(e["split"], e["task_id"]): {k: v for k, v in e.items() if k not in ("wall_s", "chain", "phase_cost")}
                           for e in episodes}
-        assert results["valid"] and all(e["error"] is None for e in episodes)
+        assert results.valid and all(e["error"] is None for e in episodes)
     assert len(runs["ray"]) == 4 and runs["ray"] == runs["local"]

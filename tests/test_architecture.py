@@ -329,3 +329,63 @@ def test_the_test_import_check_finds_them() -> None:
     assert [imports_another_test_module(module) for _, module in found] == [True] * 5 + [False] * 2
     assert imported_test_modules("from ..runs import register", "tests.helpers") == [(1, "tests.runs")]
     assert {"tests/conftest.py", "tests/helpers/runs.py"} <= {str(p.relative_to(ROOT)) for p in TEST_FILES}
+
+
+# -- a run's results are the Results model, never a dict ----------------------------------------
+
+#: Where a run's results are read and written: the harness, the reports, the CLI and the kit.
+RESULTS_READERS = sorted([*(ROOT / "arena" / "core").rglob("*.py"), *(ROOT / "arena" / "report").rglob("*.py"),
+                          ROOT / "arena" / "cli.py", ROOT / "arena" / "testing.py"])
+A_MAPPING = re.compile(r"\b(dict|Dict|Mapping|MutableMapping)\b")
+
+
+def _names_results(name: str) -> bool:
+    return name == "results" or name.endswith("_results")
+
+
+def results_dicts(source: str) -> list[str]:
+    """Each place ``source`` types a run's results as a mapping: a parameter, variable or field
+    named ``results`` (or ``*_results``), the return of a function named for results, or a
+    function returning a ``results`` name under a mapping annotation (``-> tuple[Path, dict]``)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, (ast.Name, ast.Attribute)):
+            name = node.target.id if isinstance(node.target, ast.Name) else node.target.attr
+            if _names_results(name) and A_MAPPING.search(ast.unparse(node.annotation)):
+                found.append(f"{node.lineno}: {name}: {ast.unparse(node.annotation)}")
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        arguments = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
+        found.extend(f"{node.lineno}: {node.name}({arg.arg}: {ast.unparse(arg.annotation)})"
+                     for arg in arguments if arg.annotation is not None and _names_results(arg.arg)
+                     and A_MAPPING.search(ast.unparse(arg.annotation)))
+        returns = "" if node.returns is None else ast.unparse(node.returns)
+        if not A_MAPPING.search(returns):
+            continue
+        returned = {name.id for ret in ast.walk(node) if isinstance(ret, ast.Return) and ret.value is not None
+                    for name in (ret.value.elts if isinstance(ret.value, ast.Tuple) else [ret.value])
+                    if isinstance(name, ast.Name)}
+        if "results" in node.name or any(_names_results(name) for name in returned):
+            found.append(f"{node.lineno}: {node.name}() -> {returns}")
+    return found
+
+
+@pytest.mark.parametrize("path", RESULTS_READERS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_runs_results_are_never_a_dict(path: Path) -> None:
+    """Results are built by arena.core.results_builder and read as arena.core.results.Results
+    (attributes, not keys): a results dict would let a misspelt key read as absent."""
+    found = results_dicts(path.read_text())
+    assert not found, (f"{path.relative_to(ROOT)} types a run's results as a mapping ({'; '.join(found)}): "
+                       "use arena.core.results.Results (read_results, Results.to_json for the file's JSON)")
+
+
+def test_the_results_dict_check_finds_them() -> None:
+    found = results_dicts(
+        "def read_results(path) -> dict[str, Any]: ...\n"
+        "def show(results: dict, other_results: Mapping[str, Any]) -> None: ...\n"
+        "def run() -> tuple[Path, dict[str, Any]]:\n    path, results = go()\n    return path, results\n"
+        "class Run:\n    results: dict[str, Any]\n"
+        "def fine(results: Results) -> Results: ...\n"
+        "def counts() -> dict[str, int]:\n    return {}\n"
+        "def source(results: Results) -> dict[str, Any]:\n    return {'env': results.env}\n")
+    assert [line.split(":")[0] for line in found] == ["1", "2", "2", "3", "7"]

@@ -133,11 +133,11 @@ def test_gigpo_end_to_end_on_the_tiny_model(plugins, tmp_path) -> None:
     path, results = protocol.run("gigpo", overrides=TINY_GIGPO, out=tmp_path / "g", plugins=plugins)
     learned = [e for e in _episodes(path / "episodes.jsonl") if e["phase"] == "learn"]
     assert len(learned) == 2 * 2  # tasks x group size
-    assert results["learn"]["used"]["gradient_steps"] == 1
+    assert results.learn.used["gradient_steps"] == 1
     (metrics,) = [json.loads(line)["metrics"] for line in (path / "metrics.jsonl").read_text().splitlines()
                   if json.loads(line)["phase"] == "learn"]
     assert metrics["step_groups"] >= 2 and metrics["samples"] > 0 and "grad_norm" in metrics
-    assert results["valid"] is True and results["state"]["method"]["trainable_parameters"] > 0
+    assert results.valid is True and results.state.method["trainable_parameters"] > 0
 
 
 @pytest.mark.slow
@@ -147,7 +147,7 @@ def test_gigpo_runs_isolated_with_its_held_out_curve(plugins, tmp_path) -> None:
     path, results = protocol.run("gigpo", overrides=[*TINY_GIGPO, "run.isolation=process", "eval.salt=public",
                                                      "method.valid_every=1", "method.valid_tasks=1"],
                                  out=tmp_path / "g", plugins=plugins)
-    assert results["valid"] is True and results["provenance"]["isolation"]["mode"] == "process"
+    assert results.valid is True and results.provenance.isolation["mode"] == "process"
     held_out = [json.loads(line)["metrics"] for line in (path / "metrics.jsonl").read_text().splitlines()]
     assert any("valid_success" in m for m in held_out)
 
@@ -196,8 +196,8 @@ def test_a_trainer_killed_around_its_checkpoint_charges_each_step_once(plugins, 
                if m["phase"] == "learn" and isinstance(m["step"], int) and m["step"] > 0 and "success" in m["metrics"]}
     sft = json.loads((path / "method" / "state.json").read_text()).get("sft", {}).get("sft/steps", 0)
     assert sorted(updates) == [1, 2]
-    assert results["learn"]["used"]["gradient_steps"] == sum(updates.values()) + sft > 0
-    assert results["valid"] is True
+    assert results.learn.used["gradient_steps"] == sum(updates.values()) + sft > 0
+    assert results.valid is True
 
 
 @pytest.mark.slow
@@ -207,19 +207,19 @@ def test_a_continued_trainer_trains_a_second_phase_charged_its_own_steps(plugins
     trains its iterations again after the source's (arena.begin_learning_phase); it copies the
     source's state, ledger included, and its budget is charged the steps it takes only."""
     source, first = protocol.run(method, overrides=TWO_CHECKPOINTS[method], out=tmp_path / "first", plugins=plugins)
-    assert first["learn"]["used"]["gradient_steps"] > 0
+    assert first.learn.used["gradient_steps"] > 0
     path, results = protocol.run(method, overrides=[*TWO_CHECKPOINTS[method], f"run.continue_from={source}"],
                                  out=tmp_path / "second", plugins=plugins)
     logged = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
     trained = {m["step"]: m["metrics"].get("updates", 0) for m in logged
                if m["phase"] == "learn" and isinstance(m["step"], int) and "success" in m["metrics"]}
     assert sorted(trained) == [3, 4]  # the source's iterations were 1 and 2
-    assert results["learn"]["used"]["gradient_steps"] == sum(trained.values()) > 0
+    assert results.learn.used["gradient_steps"] == sum(trained.values()) > 0
     state = json.loads((path / "method" / "state.json").read_text())
     progress = "steps_done" if method == "skillrl" else "iterations_done"  # SkillRL: its RL steps
     assert state[progress] == 4 and state["phase"] == 1 and state["phase_start"] == 2
-    assert results["learn"]["continued_from"]["run"] == str(source.resolve())
-    assert results["valid"], results["violations"]
+    assert results.learn.continued_from["run"] == str(source.resolve())
+    assert results.valid, results.violations
 
 
 # -- Reflexion -------------------------------------------------------------------------------
@@ -250,24 +250,24 @@ def test_reflexion_learns_on_train_and_shows_reflections_of_similar_tasks_at_tes
     assert shown and all(i.startswith("reflexion:train:") for i in shown)
     types_of = {e["task_id"]: e["task_type"] for e in learned}
     assert all(types_of[i.split(":")[2]] == e["task_type"] for e in tested for i in e["experience_ids"])
-    state = result.results["state"]["method"]
+    state = result.results.state.method
     assert state["trials"] == len(learned) and state["train_tasks_tried"] == 4
     assert state["train_tasks_solved"] == sum(1 for e in learned if e["success"])
     assert state["reflections"] == sum(1 for e in learned if not e["success"])
-    assert result.results["valid"] is True
+    assert result.results.valid is True
 
 
 def test_reflexion_on_the_online_track_reflects_on_test_failures(run_method) -> None:
     result = run_method("reflexion", ["run.track=online", "llm.reply=Look first.",
                                       "method.train_tasks=2", "method.trials=1", "eval.max_steps=3",
                                       "eval.concurrency=1"])
-    assert result.results["track"] == "online"
+    assert result.results.track == "online"
     episodes = _episodes(result.path / "episodes.jsonl")
     failed = {phase: [e for e in episodes if e["phase"] == phase and not e["success"]]
               for phase in ("learn", "evaluate")}
     assert failed["evaluate"]
     # One reflection per failed episode: the train trials' and, online, the test episodes'.
-    assert result.results["state"]["method"]["reflections"] == len(failed["learn"]) + len(failed["evaluate"])
+    assert result.results.state.method["reflections"] == len(failed["learn"]) + len(failed["evaluate"])
     # A later test task of the same type is shown what an earlier one's failure taught.
     assert any(i.startswith("reflexion:test_") for e in episodes if e["phase"] == "evaluate"
                for i in e["experience_ids"])
@@ -361,10 +361,10 @@ def mem0_replies(monkeypatch):
 
 def test_mem0_end_to_end_frozen_and_online(run_method, mem0_replies) -> None:
     frozen = run_method("mem0", ["learn.budget.episodes=3"])
-    assert frozen.results["valid"] is True
+    assert frozen.results.valid is True
     # Every ADD is a new memory, as in mem0 (telling a known fact apart is the LLM's NONE);
     # from the second episode on, the stored memory is shown as "0" and its NONE applied.
-    assert frozen.results["state"]["method"]["memories"] == 3
+    assert frozen.results.state.method["memories"] == 3
     metrics = [json.loads(line)["metrics"] for line in (frozen.path / "metrics.jsonl").read_text().splitlines()
                if json.loads(line)["phase"] == LEARN]
     assert [m["events/add"] for m in metrics] == [1, 1, 1]
@@ -373,10 +373,10 @@ def test_mem0_end_to_end_frozen_and_online(run_method, mem0_replies) -> None:
     tested = [e for e in _episodes(frozen.path / "episodes.jsonl") if e["phase"] == EVALUATE]
     assert tested and all(len(e["experience_ids"]) == 3 for e in tested)  # search_limit 4, 3 stored
     online = run_method("mem0", ["learn.budget.episodes=1", "run.track=online", "eval.concurrency=1"])
-    assert online.results["track"] == "online" and online.results["valid"] is True
+    assert online.results.track == "online" and online.results.valid is True
     tested = [e for e in _episodes(online.path / "episodes.jsonl") if e["phase"] == EVALUATE]
     # One memory from learning, then one ADD after each test episode.
-    assert online.results["state"]["method"]["memories"] == 1 + len(tested)
+    assert online.results.state.method["memories"] == 1 + len(tested)
 
 
 @pytest.mark.parametrize("method, settings", [
@@ -385,8 +385,8 @@ def test_mem0_end_to_end_frozen_and_online(run_method, mem0_replies) -> None:
 ])
 def test_reflexion_and_mem0_run_isolated_as_the_board_runs_them(run_method, method, settings) -> None:
     result = run_method(method, ["run.isolation=process", "eval.salt=public", *settings])
-    assert result.results["valid"] is True
-    assert result.results["provenance"]["isolation"]["mode"] == "process"
+    assert result.results.valid is True
+    assert result.results.provenance.isolation["mode"] == "process"
     if method == "reflexion":  # what the worker wrote reached the harness's store
         failed = [e for e in _episodes(result.path / "episodes.jsonl") if e["phase"] == "learn" and not e["success"]]
-        assert failed and result.results["state"]["method"]["reflections"] == len(failed)
+        assert failed and result.results.state.method["reflections"] == len(failed)

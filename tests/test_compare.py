@@ -16,6 +16,7 @@ from arena.core.types import EpisodeResult
 from arena.report import ReportError, Run, compare_runs, load_run
 from arena.report.compare import bootstrap_ci, compare_split, sign_flip_p_value
 from tests.helpers.reports import make_run, report_plugins, scripted_success
+from tests.helpers.results import made_up_results
 
 
 def exact_mcnemar(b: int, c: int) -> float:
@@ -72,8 +73,7 @@ def _run(label: str, keys: list[tuple[str, int]], success: bool) -> Run:
                              seed=seed, success=success, reward=0.0, progress=0.0, steps=1, valid_actions=1,
                              status="x", tokens_in=0, tokens_out=0, llm_calls=0, wall_s=0.0, experience_ids=[])
                for task, seed in keys]
-    return Run(path=Path(label), results={"method": "m", "env": "e", "splits": {"test_seen": {}},
-                                          "provenance": {}}, episodes=records)
+    return Run(path=Path(label), results=made_up_results(), episodes=records)
 
 
 def test_refuses_unmatched_pairs_counting_them():
@@ -152,7 +152,7 @@ def test_compare_says_when_the_two_models_ran_in_different_dtypes(runs):
     run_a, run_b = load_run(runs["a"]), load_run(runs["b"])
     assert compare_runs(run_a, run_b)["dtype_note"] is None
     for run, dtype in ((run_a, "bfloat16"), (run_b, "float32")):
-        run.results["provenance"]["model"]["dtype"] = dtype
+        run.results.provenance.model["dtype"] = dtype
     note = compare_runs(run_a, run_b)["dtype_note"]
     assert note is not None and note.startswith("the model ran in bfloat16 and float32")
     assert "docs/numerics.md" in note

@@ -124,7 +124,7 @@ def test_unparseable_cards_are_played_as_raw_text_by_default(plugins, tmp_path):
     # at test time the primary episode is played with the raw card, not copied
     primary = [e for e in episodes if e["phase"] != "learn" and e["variant"] == "default"]
     assert primary and all(e["copy_of"] is None and e["llm_calls"] > 0 for e in primary)
-    assert results["valid"] is True
+    assert results.valid is True
 
 
 def test_the_solver_is_asked_to_judge_whether_the_skill_applies(plugins):
@@ -214,7 +214,7 @@ def test_one_coevolution_iteration_end_to_end(plugins, tmp_path, monkeypatch):
     assert len(learn) == 2 + 2 * 2 * 2  # sources + (skill, task) pairs
     assert all("/skill" in e["variant"] for e in learn if "/source0/" in e["variant"] or "/source1/" in e["variant"])
     assert all(e["experience_ids"] for e in learn if "/skill" in e["variant"])
-    assert results["learn"]["used"]["gradient_steps"] == 1
+    assert results.learn.used["gradient_steps"] == 1
     assert [p.name for p in (path / "method").glob("checkpoint-*")] == ["checkpoint-00001"]
     state = json.loads((path / "method" / "state.json").read_text())
     (metrics,) = learned_metrics(path)
@@ -222,22 +222,22 @@ def test_one_coevolution_iteration_end_to_end(plugins, tmp_path, monkeypatch):
     assert metrics["extractor/n_tokens"] > 0 and metrics["solver/n_tokens"] > 0
     # the shared weights moved: the served model is no longer the tiny model as built
     fresh = plugins.backends.get("transformers").factory({"model": "tiny"})
-    assert results["provenance"]["model"]["weights_sha256"] != fresh.weights_digest()
+    assert results.provenance.model["weights_sha256"] != fresh.weights_digest()
     # paired evaluation: with the skill (primary) and without it, plus the source episode
-    assert results["valid"] is True
+    assert results.valid is True
     for split in ("test_seen", "test_unseen"):
-        assert results["splits"][split]["n_episodes"] == 1
-        assert results["splits"][split]["variants"]["without_skill"]["n_episodes"] == 1
-    assert results["cost"]["evaluate"]["episodes"] == 2 * 3
+        assert results.splits[split].n_episodes == 1
+        assert results.splits[split].variants["without_skill"].n_episodes == 1
+    assert results.cost.evaluate.episodes == 2 * 3
 
     # Killed during evaluation, resumed: the learned weights are restored before the digest.
     lines = (path / "episodes.jsonl").read_text().splitlines(keepends=True)
     (path / "episodes.jsonl").write_text("".join(lines[:-1]))
     (path / "results.json").unlink()
     _, resumed = protocol.run(None, resume=path, plugins=plugins)
-    assert resumed["valid"] is True, resumed["violations"]
-    assert resumed["provenance"]["model"]["weights_sha256"] == results["provenance"]["model"]["weights_sha256"]
-    assert resumed["cost"]["evaluate"]["episodes"] == 2 * 3
+    assert resumed.valid is True, resumed.violations
+    assert resumed.provenance.model["weights_sha256"] == results.provenance.model["weights_sha256"]
+    assert resumed.cost.evaluate.episodes == 2 * 3
 
 
 @pytest.mark.slow
@@ -257,9 +257,9 @@ def test_paired_evaluation_copies_instead_of_replaying_when_no_card_is_usable(pl
                                                            without[e["task_id"]]["status"])
         assert e["llm_calls"] == 0
     assert all(e["steps"] <= 2 for e in sources)  # helper episodes capped at learn.max_steps
-    assert results["cost"]["evaluate"]["episodes"] == 2 * 2
-    assert results["cost"]["evaluate"]["copied_episodes"] == 2
-    assert results["valid"] is True
+    assert results.cost.evaluate.episodes == 2 * 2
+    assert results.cost.evaluate.copied_episodes == 2
+    assert results.valid is True
 
 
 @pytest.mark.slow
@@ -267,9 +267,9 @@ def test_grpo_baseline_end_to_end(plugins, tmp_path):
     path, results = protocol.run("grpo", overrides=EVOLVING_RL_TINY, out=tmp_path / "g", plugins=plugins)
     episodes = [json.loads(line) for line in (path / "episodes.jsonl").read_text().splitlines()]
     assert len([e for e in episodes if e["phase"] == "learn"]) == 2 * 2  # tasks x group size
-    assert results["learn"]["used"]["gradient_steps"] == 1
-    assert "variants" not in results["splits"]["test_seen"]  # no skills at evaluation
-    assert results["cost"]["evaluate"]["episodes"] == 2
+    assert results.learn.used["gradient_steps"] == 1
+    assert results.splits["test_seen"].variants is None  # no skills at evaluation
+    assert results.cost.evaluate.episodes == 2
 
 
 @pytest.mark.slow
@@ -293,7 +293,7 @@ def test_grpo_drops_groups_without_a_signal_before_its_update(plugins, tmp_path)
     (metrics,) = learned_metrics(path)
     assert metrics["success"] == 0.0
     assert metrics["samples"] > 0 and metrics["samples_dropped"] == metrics["samples"]
-    assert results["learn"]["used"]["gradient_steps"] == 0
+    assert results.learn.used["gradient_steps"] == 0
 
 
 class Killed(BaseException):
@@ -351,7 +351,7 @@ def test_kill_mid_iteration_resumes_without_replaying_or_losing_rollouts(plugins
     downstream_steps = sum(e["steps"] for e in learn if "/skill" in e["variant"])
     assert len(solver) == downstream_steps  # the reloaded episodes kept their rollout tokens
     assert len(extractor) == 2 * 2
-    assert results["valid"] is True and results["learn"]["used"]["gradient_steps"] == 1
+    assert results.valid is True and results.learn.used["gradient_steps"] == 1
     assert not (path / "rollouts").exists()  # discarded once the update was checkpointed
     assert sorted(p.name for p in (path / "method").glob("checkpoint-*")) == ["checkpoint-00001"]
 
@@ -425,7 +425,7 @@ def test_the_test_time_source_comes_from_the_protocols_source_pool(plugins, tmp_
             assert (source["split"], source["task_type"]) == ("pool", e["task_type"])
         else:
             assert source["split"] == "train"
-    assert results["protocol"]["source_pool"] == pool and results["valid"] is True
+    assert results.protocol.source_pool == pool and results.valid is True
 
 
 def test_a_cut_episode_split_into_decisions_is_counted_not_silent():

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from arena.core import protocol
+from arena.core.results import Results
 from tests.helpers.methods import HelperCopier
 from tests.helpers.overrides import FAST
 from tests.helpers.runs import killed_run, register
@@ -36,13 +37,13 @@ def record(path: Path) -> list[tuple]:
              tuple(e["experience_ids"])) for e in lines]
 
 
-def learned(path: Path, results: dict) -> dict:
+def learned(path: Path, results: Results) -> dict:
     """What must match an uninterrupted run: the learned state's digest, every record."""
     state = json.loads((path / "state.json").read_text())
-    return {"digest_before_eval": results["state"]["digest_before_eval"],
-            "digest_after_eval": results["state"]["digest_after_eval"],
-            "memories": results["state"]["memory_items"],
-            "episodes": sorted(record(path)), "valid": results["valid"],
+    return {"digest_before_eval": results.state.digest_before_eval,
+            "digest_after_eval": results.state.digest_after_eval,
+            "memories": results.state.memory_items,
+            "episodes": sorted(record(path)), "valid": results.valid,
             "learned_on": state.get("learn_used", {}).get("episodes")}
 
 
@@ -92,9 +93,9 @@ def test_a_kill_between_a_record_and_its_cost_keeps_a_binding_token_budget(tmp_p
     assert killed_run(out, overrides, "episode.recorded:3") == 137, "the crash point was never reached"
     path, results = protocol.run(None, resume=out)
     assert learned(path, results) == learned(whole, whole_results)
-    assert whole_results["learn"]["used"]["episodes"] == 4
+    assert whole_results.learn.used["episodes"] == 4
     for key in ("llm_calls", "tokens_in", "tokens_out"):
-        assert results["cost"]["learn"][key] == whole_results["cost"]["learn"][key], key
+        assert getattr(results.cost.learn, key) == getattr(whole_results.cost.learn, key), key
 
 
 @pytest.mark.slow
@@ -102,7 +103,7 @@ def test_a_run_killed_while_its_session_is_built_resumes_with_its_start_on_recor
     out = tmp_path / "killed"
     assert killed_run(out, LEARN, "session.built:1") == 137, "the crash point was never reached"
     _, results = protocol.run(None, resume=out)
-    assert results["started"] is not None and results["provenance"]["arena_version"]
+    assert results.started is not None and results.provenance.arena_version
 
 
 def full_disk_run(out: Path, overrides: list[str], fail_at: str) -> subprocess.CompletedProcess:
@@ -142,7 +143,7 @@ def test_a_declared_copy_of_a_helper_recorded_before_a_kill_stays_valid(tmp_path
     assert done.returncode == 137, "the crash point was never reached"
     register(plugins, helper_copier=HelperCopier)
     path, results = protocol.run(None, resume=out, plugins=plugins)
-    assert results["valid"] is True, results["violations"]
+    assert results.valid is True, results.violations
     primary = [line for line in map(json.loads, (Path(path) / "episodes.jsonl").read_text().splitlines())
                if line["variant"] == "default"]
     assert len(primary) == 2 and all(line["copy_of"] == "without_skill" for line in primary)

@@ -68,8 +68,8 @@ def test_a_run_under_ray_matches_the_local_executor(tmp_path):
     assert len(local.episodes("evaluate")) == 4
     for split in ("test_seen", "test_unseen"):
         for field in ("success_rate", "ci95", "progress_rate", "valid_action_rate", "mean_steps"):
-            assert ray_run.results["splits"][split][field] == local.results["splits"][split][field]
-    assert ray_run.results["provenance"]["config"]["executor"]["name"] == "ray"
+            assert getattr(ray_run.results.splits[split], field) == getattr(local.results.splits[split], field)
+    assert ray_run.results.provenance.config["executor"]["name"] == "ray"
 
 
 def test_actors_give_the_same_observations_as_in_process(local_ray):

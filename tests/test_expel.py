@@ -379,8 +379,8 @@ def test_expel_learns_on_train_and_evaluates_frozen(plugins, oracle, tmp_path):
     (insight,) = store.all(kind="insight")
     assert insight.text == "Open closed receptacles before searching them."
     assert insight.metadata["weight"] == 2 + critiques - 1
-    assert results["state"]["method"]["insights"] == 1
-    assert results["state"]["method"]["malformed_operations"] == critiques
+    assert results.state.method["insights"] == 1
+    assert results.state.method["malformed_operations"] == critiques
 
     # Frozen evaluation: insights for every task, few-shots only of the same type.
     train_types = {t.task_id: t.task_type for t in plugins.envs.get("household").factory(
@@ -396,13 +396,13 @@ def test_expel_learns_on_train_and_evaluates_frozen(plugins, oracle, tmp_path):
     assert any(len(e["experience_ids"]) >= 2 for e in evaluated if e["split"] == "test_seen")
     assert any(FEWSHOTS_HEADER in p and INSIGHTS_HEADER in p for p in llm.prompts)
 
-    assert results["valid"] is True, results["violations"]
-    assert results["state"]["digest_before_eval"] == results["state"]["digest_after_eval"]
+    assert results.valid is True, results.violations
+    assert results.state.digest_before_eval == results.state.digest_after_eval
     assert store.digest() == ExperienceStore(path / "store", HashingEmbedder()).digest()
     for split in ("test_seen", "test_unseen"):
-        assert results["splits"][split]["n_episodes"] == 12
-    assert results["learn"]["used"]["episodes"] == len(learn) <= 24
-    assert results["cost"]["learn"]["tokens_in"] > 0 and results["cost"]["evaluate"]["episodes"] == 24
+        assert results.splits[split].n_episodes == 12
+    assert results.learn.used["episodes"] == len(learn) <= 24
+    assert results.cost.learn.tokens_in > 0 and results.cost.evaluate.episodes == 24
     assert json.loads((path / "results.json").read_text())["method"] == "expel"
 
 
@@ -431,7 +431,7 @@ def test_a_killed_run_resumes_without_redoing_or_losing_anything(plugins, oracle
     _, results = protocol.run(None, resume=killed, plugins=plugins)
 
     assert outcome(killed) == outcome(full)  # RunDir refuses to record an episode twice
-    assert results["valid"] is True, results["violations"]
+    assert results.valid is True, results.violations
 
 
 def test_fewer_reflections_mean_fewer_trials(plugins, oracle, tmp_path):
@@ -440,7 +440,7 @@ def test_fewer_reflections_mean_fewer_trials(plugins, oracle, tmp_path):
     learn = [e for e in read_jsonl(path / "episodes.jsonl") if e["phase"] == "learn"]
     never = {e["task_id"] for e in learn if group_of(e["task_id"]) == 2}
     assert never and all(sum(e["task_id"] == t for e in learn) == 2 for t in never)
-    assert results["valid"] is True
+    assert results.valid is True
 
 
 def test_defaults_follow_the_authors(plugins):
@@ -465,6 +465,6 @@ def test_expel_with_the_tiny_model(plugins, tmp_path):
     path, results = protocol.run("expel", overrides=TINY, out=tmp_path / "t", plugins=plugins)
     learn = [e for e in read_jsonl(path / "episodes.jsonl") if e["phase"] == "learn"]
     assert 2 <= len(learn) <= 4
-    assert results["valid"] is True, results["violations"]
-    assert results["state"]["digest_before_eval"] == results["state"]["digest_after_eval"]
-    assert results["splits"]["test_seen"]["n_episodes"] == 1
+    assert results.valid is True, results.violations
+    assert results.state.digest_before_eval == results.state.digest_after_eval
+    assert results.splits["test_seen"].n_episodes == 1

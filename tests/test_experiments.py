@@ -70,8 +70,8 @@ def learned(plugins, fast, tmp_path):
     for name in ("type_notes", "notes_in_solve"):
         path, results = protocol.run(name, overrides=fast + ["eval.limit=6", "eval.max_steps=3"],
                                      out=tmp_path / name, plugins=plugins)
-        assert results["valid"], results["violations"]
-        assert results["exported"] == {NOTE: results["state"]["memory_items"]}
+        assert results.valid, results.violations
+        assert results.exported == {NOTE: results.state.memory_items}
         paths[name] = path
     return paths
 
@@ -102,12 +102,12 @@ def test_relevance_gives_own_another_types_or_no_experience(learned, plugins, tm
     assert all(t == [] for _, t in none)
     for arm, path in arms.items():
         run = load_run(path)
-        assert run.results["valid"], run.results["violations"]
-        assert run.results["experiment"]["name"] == "relevance"
-        assert run.results["experiment"]["arm"] == arm
-        assert run.results["learn"]["used"] == load_run(learned[method]).results["learn"]["used"]
-    assert load_run(arms["own"]).results["protocol"].get("experience") is None  # the protocol
-    assert load_run(arms["none"]).results["protocol"]["experience"]["source"] == "none"
+        assert run.results.valid, run.results.violations
+        assert run.results.experiment["name"] == "relevance"
+        assert run.results.experiment["arm"] == arm
+        assert run.results.learn.used == load_run(learned[method]).results.learn.used
+    assert load_run(arms["own"]).results.protocol.experience is None  # the protocol
+    assert load_run(arms["none"]).results.protocol.experience["source"] == "none"
     rows = summary["comparisons"]
     assert {(r["arm"], r["control"]) for r in rows} == {("other_type", "own"), ("none", "own")}
     assert all(r["other_differences"] == [] for r in rows)  # the factor is the only difference
@@ -132,19 +132,19 @@ def test_poison_adds_a_share_of_other_types_notes_under_learned_keys(learned, pl
     assert [arm.name for arm in plan.arms] == ["poison-0", "poison-0.5"]
     run_experiment(plan, tmp_path / "poison", plugins=plugins)
     clean, poisoned = (load_run(tmp_path / "poison" / arm) for arm in ("poison-0", "poison-0.5"))
-    assert poisoned.results["valid"], poisoned.results["violations"]
-    record = poisoned.results["protocol"]["experience"]["poisoned"]
-    items = clean.results["state"]["memory_items"]
+    assert poisoned.results.valid, poisoned.results.violations
+    record = poisoned.results.protocol.experience["poisoned"]
+    items = clean.results.state.memory_items
     assert record["clean_items"] == items and record["poison_items"] == items  # half the store
     assert record["from_another_type"] == record["poison_items"]
-    assert poisoned.results["state"]["memory_items"] == 2 * items
-    assert record["digest_clean"] == clean.results["state"]["digest_before_eval"]
+    assert poisoned.results.state.memory_items == 2 * items
+    assert record["digest_clean"] == clean.results.state.digest_before_eval
     from arena.report.experiments import load_experiment
     from arena.report.render import experiment_line
     shown = load_experiment(tmp_path / "poison")
     assert shown.poisoned == {"poison-0.5": {k: v for k, v in record.items() if k != "digest_clean"}}
     assert f"poison-0.5: {items} poison items beside {items} learned, {items} of another task type" in experiment_line(shown)
-    assert poisoned.results["state"]["digest_before_eval"] != record["digest_clean"]
+    assert poisoned.results.state.digest_before_eval != record["digest_clean"]
     # Found where the learned note would be: episodes are shown their own type's note and poison.
     misled = [t for played, t in shown_types(tmp_path / "poison" / "poison-0.5") if any(x != played for x in t)]
     assert misled
@@ -158,7 +158,7 @@ def test_poison_killed_while_poisoning_is_poisoned_once_and_a_share_that_adds_no
     from arena.core.ledger import Ledger
 
     source = learned["type_notes"]
-    items = load_run(source).results["state"]["memory_items"]
+    items = load_run(source).results.state.memory_items
     plan = make_plan("poison", source, fractions=(0.5,))
 
     def killed_after_adding(self, summary, digest):
@@ -170,16 +170,16 @@ def test_poison_killed_while_poisoning_is_poisoned_once_and_a_share_that_adds_no
             run_experiment(plan, tmp_path / "poison", plugins=plugins)
     run_experiment(plan, tmp_path / "poison", plugins=plugins)
     poisoned = load_run(tmp_path / "poison" / "poison-0.5")
-    assert poisoned.results["valid"], poisoned.results["violations"]
-    record = poisoned.results["protocol"]["experience"]["poisoned"]
+    assert poisoned.results.valid, poisoned.results.violations
+    record = poisoned.results.protocol.experience["poisoned"]
     assert record["clean_items"] == items and record["poison_items"] == items
-    assert poisoned.results["state"]["memory_items"] == 2 * items  # not poisoned twice
+    assert poisoned.results.state.memory_items == 2 * items  # not poisoned twice
     smallest_empty = 0.4 / items  # rounds to no item in a store of `items`
     with pytest.raises(ExperimentError, match=r"--fraction .* add no item to .* store of \d+ items: give --fraction F of at"):
         make_plan("poison", source, fractions=(smallest_empty,))
     _, direct = protocol.run("type_notes", overrides=[*fast, "eval.limit=2", f"eval.experience.poison={smallest_empty}"],
                              out=tmp_path / "direct", plugins=plugins)  # a run by itself: none added, and said
-    assert direct["valid"] and direct["protocol"]["experience"]["poisoned"]["poison_items"] == 0
+    assert direct.valid and direct.protocol.experience["poisoned"]["poison_items"] == 0
 
 
 #: The state entry of a learned state evaluated with another model (arena.core.ledger.ModelChange).
@@ -191,7 +191,7 @@ def test_transfer_evaluates_another_model_with_and_without_the_experience(learne
     summary = run_experiment(plan, tmp_path / "transfer", plugins=plugins)
     for arm in ("with", "without"):
         run = load_run(tmp_path / "transfer" / arm)
-        assert run.results["valid"], run.results["violations"]
+        assert run.results.valid, run.results.violations
         assert run.config["llm"]["reply"] == "Another model."
     assert any(t for _, t in shown_types(tmp_path / "transfer" / "with"))
     assert all(t == [] for _, t in shown_types(tmp_path / "transfer" / "without"))
@@ -202,9 +202,9 @@ def test_stale_plays_the_same_tasks_in_a_changed_world_with_and_without_experien
     plan = make_plan("stale", learned["type_notes"], change=("env.dialect=put",))
     summary = run_experiment(plan, tmp_path / "stale", plugins=plugins)
     runs = {arm.name: load_run(tmp_path / "stale" / arm.name) for arm in plan.arms}
-    assert all(run.results["valid"] for run in runs.values())
-    assert runs["changed_world"].results["protocol"]["env"]["dialect"] == "put"
-    assert "dialect" not in runs["learned_world"].results["protocol"]["env"]
+    assert all(run.results.valid for run in runs.values())
+    assert runs["changed_world"].results.protocol.env["dialect"] == "put"
+    assert "dialect" not in runs["learned_world"].results.protocol.env
     assert {(r["arm"], r["control"]) for r in summary["comparisons"]} == {
         ("changed_world", "learned_world"), ("learned_world", "learned_world_none"),
         ("changed_world", "changed_world_none")}
@@ -215,7 +215,7 @@ def test_stale_plays_the_same_tasks_in_a_changed_world_with_and_without_experien
 def test_transfer_refuses_a_method_that_exports_nothing(plugins, fast, tmp_path):
     path, results = protocol.run("base", overrides=fast + ["eval.limit=2"], out=tmp_path / "base",
                                  plugins=plugins)
-    assert results["exported"] is None
+    assert results.exported is None
     with pytest.raises(ExperimentError, match="exports nothing"):
         make_plan("transfer", path, model=("llm.reply=x",))
 
@@ -366,7 +366,7 @@ def placing(plugins, fast, tmp_path):
         path, results = protocol.run(name, overrides=fast + ["eval.limit=4", "eval.max_steps=2",
                                                              "learn.budget.episodes=1"],
                                      out=tmp_path / name, plugins=plugins)
-        assert results["valid"], results["violations"]
+        assert results.valid, results.violations
         paths[name] = path
     return paths
 
@@ -388,15 +388,15 @@ def test_conflict_learns_the_changed_world_again_from_the_old_lessons(placing, p
     plan = make_plan("conflict", source, change=("env.dialect=put",))
     summary = run_experiment(plan, tmp_path / "conflict", plugins=plugins)
     arms = {arm.name: load_run(tmp_path / "conflict" / arm.name) for arm in plan.arms}
-    assert all(run.results["valid"] for run in arms.values())
-    assert all(run.results["protocol"]["env"]["dialect"] == "put" for run in arms.values())
+    assert all(run.results.valid for run in arms.values())
+    assert all(run.results.protocol.env["dialect"] == "put" for run in arms.values())
     move, put = "move (object) to (receptacle)", "put (object) in/on (receptacle)"
     assert rules_shown(arms["both"].path) == {(move, put)}  # the old lesson and the newer one
     assert rules_shown(arms["new"].path) == {(put,)}
     assert rules_shown(arms["old"].path) == {(move,)}
     assert rules_shown(arms["none"].path) == {()}
-    learned_first = load_run(source).results["state"]["digest_before_eval"]
-    assert arms["both"].results["learn"]["continued_from"]["digest"] == learned_first
+    learned_first = load_run(source).results.state.digest_before_eval
+    assert arms["both"].results.learn.continued_from["digest"] == learned_first
     assert protocol_of(arms["both"])[CONTINUED_FIELD] == learned_first  # ranked apart
     assert CONTINUED_FIELD not in protocol_of(arms["new"])
     assert {(r["arm"], r["control"]) for r in summary["comparisons"]} == {
@@ -424,7 +424,7 @@ def test_a_run_continues_only_from_a_finished_valid_run_of_its_method(placing, p
     with pytest.raises(RunDirError, match="already holds a run"):
         protocol.run("learns_once", overrides=fast + [f"run.continue_from={placing['learns_once']}"],
                      out=placing["placing_rule"], plugins=plugins)
-    assert load_run(placing["placing_rule"]).results["valid"]  # neither folder was touched
+    assert load_run(placing["placing_rule"]).results.valid  # neither folder was touched
     with pytest.raises(RunDirError, match="not a finished run"):
         (tmp_path / "empty").mkdir()
         protocol.run("placing_rule", overrides=fast + [f"run.continue_from={tmp_path / 'empty'}"],
@@ -456,7 +456,7 @@ def test_stale_on_a_recoloured_babyai(plugins, fast, tmp_path):
                              plugins=plugins)
     changed = load_run(tmp_path / "stale" / "changed_world")
     learned = load_run(tmp_path / "stale" / "learned_world")
-    assert changed.results["protocol"]["env"]["recolour"] is True
+    assert changed.results.protocol.env["recolour"] is True
     assert sorted(r.task_id for r in changed.evaluated()) == sorted(r.task_id for r in learned.evaluated())
     assert {tuple(r["other_differences"]) for r in summary["comparisons"]} == {()}, summary["comparisons"]
 
@@ -468,12 +468,12 @@ def test_reflexion_learns_again_on_the_changed_world_beside_its_old_reflections(
     settings = fast + ["llm.reply=Open the fridge before taking the apple.", "method.train_tasks=2",
                        "method.trials=2", "eval.limit=2", "eval.max_steps=3", "learn.max_steps=3"]
     source, results = protocol.run("reflexion", overrides=settings, out=tmp_path / "reflexion", plugins=plugins)
-    first = results["state"]["memory_items"]
+    first = results.state.memory_items
     assert first > 0
     summary = run_experiment(make_plan("conflict", source, change=("env.dialect=put",)), tmp_path / "conflict",
                              plugins=plugins)
     phase = summary["second_phase"]
-    assert phase["episodes"] == results["learn"]["used"]["episodes"] and "note" not in phase
+    assert phase["episodes"] == results.learn.used["episodes"] and "note" not in phase
     assert phase["items_after"] == 2 * first  # the fake model fails alike in both worlds
     trials = sorted({e.metadata["trial"] for e in stored_experiences(tmp_path / "conflict" / "both" / "store")})
     assert trials == ["0", "1", "1.0", "1.1"]  # phase 1's trials, then phase 2's
@@ -489,13 +489,13 @@ def test_expel_gathers_again_on_the_changed_world_beside_its_old_trials(plugins,
     source, results = protocol.run("expel", overrides=settings, out=tmp_path / "expel", plugins=plugins)
     summary = run_experiment(make_plan("conflict", source, change=("env.dialect=put",)), tmp_path / "conflict",
                              plugins=plugins)
-    assert summary["second_phase"]["episodes"] == results["learn"]["used"]["episodes"] > 0
+    assert summary["second_phase"]["episodes"] == results.learn.used["episodes"] > 0
     trials = [e for e in stored_experiences(tmp_path / "conflict" / "both" / "store") if e.kind == "trajectory"]
     phases = sorted(int(e.metadata.get("phase", 0)) for e in trials)
     assert phases == [0] * (len(trials) // 2) + [1] * (len(trials) // 2)
     state = json.loads((tmp_path / "conflict" / "both" / "method" / "state.json").read_text())
     assert state["phase"] == 1 and state["stage"] == "done" and state["gather"]["trials"] == len(trials) // 2
-    both = load_run(tmp_path / "conflict" / "both").results["state"]["method"]
+    both = load_run(tmp_path / "conflict" / "both").results.state.method
     assert both["trajectories"] == len(trials)  # the state's size: both phases' trials
 
 
@@ -511,24 +511,24 @@ def test_transfer_to_other_weights_checks_the_learned_state_under_the_source_wei
     run_experiment(make_plan("transfer", source, model=("llm.dtype=float32",)), tmp_path / "transfer")
     for arm in ("with", "without"):
         run = load_run(tmp_path / "transfer" / arm)
-        assert run.results["valid"], run.results["violations"]
-        assert run.results["provenance"]["model"]["weights_sha256"] != learned["provenance"]["model"]["weights_sha256"]
+        assert run.results.valid, run.results.violations
+        assert run.results.provenance.model["weights_sha256"] != learned.provenance.model["weights_sha256"]
         change = json.loads((run.path / "state.json").read_text())[MODEL_CHANGED]
-        assert change["rebased"] and change["digest_learned"] == learned["state"]["digest_before_eval"]
+        assert change["rebased"] and change["digest_learned"] == learned.state.digest_before_eval
     lying = tmp_path / "lying"
     prepare_evaluation(source, lying, {"llm.dtype": "float32"}, record_as="experiment_of", new_keys=("llm.",))
     state = json.loads((lying / "state.json").read_text())
     state[MODEL_CHANGED]["from_weights_sha256"] = "0" * 64  # not the weights the state was learned with
     (lying / "state.json").write_text(json.dumps(state))
     _, results = finish_evaluation(lying)
-    assert not results["valid"]
-    assert any("differs from the one its source's learning ended with" in v for v in results["violations"])
+    assert not results.valid
+    assert any("differs from the one its source's learning ended with" in v for v in results.violations)
     tampered = tmp_path / "tampered"  # a file of the method's own folder changed before evaluation
     prepare_evaluation(source, tampered, {"llm.dtype": "float32"}, record_as="experiment_of", new_keys=("llm.",))
     (tampered / "method").mkdir(exist_ok=True)
     (tampered / "method" / "adapter.bin").write_bytes(b"not what it learned")
     _, results = finish_evaluation(tampered)
-    assert any("differs from the one its source's learning ended with" in v for v in results["violations"])
+    assert any("differs from the one its source's learning ended with" in v for v in results.violations)
 
 
 def test_a_learned_state_with_links_is_neither_evaluated_nor_continued(placing, plugins, fast, tmp_path):
@@ -564,8 +564,8 @@ def test_a_continued_run_killed_before_its_first_state_is_made_again_on_resume(p
     assert (tmp_path / "continued" / "config.yaml").is_file() and not (tmp_path / "continued" / "state.json").exists()
     assert RunDir.write_first_state is real
     _, results = protocol.run(None, resume=tmp_path / "continued", plugins=plugins)
-    assert results["valid"], results["violations"]
-    assert results["learn"]["continued_from"]["run"] == str(placing["placing_rule"].resolve())
+    assert results.valid, results.violations
+    assert results.learn.continued_from["run"] == str(placing["placing_rule"].resolve())
 
 
 def test_every_arm_plays_the_experiments_one_secret_draw(learned, plugins, tmp_path):
@@ -576,14 +576,14 @@ def test_every_arm_plays_the_experiments_one_secret_draw(learned, plugins, tmp_p
     summary = run_experiment(make_plan("relevance", learned["type_notes"], board=("eval.salt=secret",)), out,
                              plugins=plugins)
     arms = [load_run(out / arm) for arm in ("own", "other_type", "none")]
-    assert {run.results["protocol"]["eval_salt"] for run in arms} == {arms[0].results["protocol"]["eval_salt"]}
-    assert arms[0].results["protocol"]["eval_salt"].startswith("secret:")
-    assert protocol_of(arms[0])["eval.salt"] == arms[0].results["protocol"]["eval_salt"]  # boards name the draw
-    assert len({json.dumps(run.results["provenance"]["split_hashes"]) for run in arms}) == 1
+    assert {run.results.protocol.eval_salt for run in arms} == {arms[0].results.protocol.eval_salt}
+    assert arms[0].results.protocol.eval_salt.startswith("secret:")
+    assert protocol_of(arms[0])["eval.salt"] == arms[0].results.protocol.eval_salt  # boards name the draw
+    assert len({json.dumps(run.results.provenance.split_hashes) for run in arms}) == 1
     assert {tuple(row["other_differences"]) for row in summary["comparisons"]} == {()}
     alone = evaluate_state.evaluate_state(learned["type_notes"], tmp_path / "alone", ["eval.salt=secret"],
                                           plugins=plugins)[1]  # a run outside it draws its own
-    assert alone["protocol"]["eval_salt"] != arms[0].results["protocol"]["eval_salt"]
+    assert alone.protocol.eval_salt != arms[0].results.protocol.eval_salt
 
 
 def test_an_arm_is_no_source_and_a_submitted_state_plants_no_harness_keys(learned, plugins, tmp_path):
@@ -645,14 +645,14 @@ def test_an_invalid_arm_is_marked_in_every_comparison_it_is_in(plugins, fast, tm
     register(plugins, writes_when_told=WritesWhenTold)
     source, results = protocol.run("writes_when_told", overrides=fast + ["eval.limit=4"], out=tmp_path / "w",
                                    plugins=plugins)
-    assert results["valid"], results["violations"]
+    assert results.valid, results.violations
     plan = make_plan("relevance", source)
     out = tmp_path / "relevance"
     run_experiment(plan, out, plugins=plugins)
     shutil.rmtree(out / "other_type")
     monkeypatch.setenv("ARENA_TEST_WRITE", "1")  # other_type made again: it writes while evaluated
     summary = run_experiment(plan, out, plugins=plugins)
-    assert not load_run(out / "other_type").results["valid"]
+    assert not load_run(out / "other_type").results.valid
     assert {(r["arm"], tuple(r["invalid"])) for r in summary["comparisons"]} == {
         ("other_type", ("other_type",)), ("none", ())}
     shown = {cells[0]: cells[-1] for cells in experiment_rows(load_experiment(out), overall=True)}
@@ -675,9 +675,9 @@ def test_an_arm_another_experiment_played_is_reused_not_played_again(learned, pl
                            plugins=plugins)  # played in full (public draw): the same comparisons
     assert [r["pairs"] for r in stale["comparisons"]] == [r["pairs"] for r in alone["comparisons"]]
     assert {tuple(r["other_differences"]) for r in stale["comparisons"]} == {()}
-    draws = {load_run(tmp_path / "stale" / arm).results["protocol"]["eval_salt"] for arm in ("changed_world",
+    draws = {load_run(tmp_path / "stale" / arm).results.protocol.eval_salt for arm in ("changed_world",
                                                                                            "changed_world_none")}
-    assert draws == {load_run(tmp_path / "relevance" / "own").results["protocol"]["eval_salt"]}
+    assert draws == {load_run(tmp_path / "relevance" / "own").results.protocol.eval_salt}
     from arena.report.render import experiment_line
 
     assert load_experiment(tmp_path / "stale").reused == stale["reused"]
@@ -740,7 +740,7 @@ def test_a_difference_is_the_arm_against_its_control_where_the_shown_experience_
     register(plugins, wins_with_its_own_note=WinsWithItsOwnNote)
     settings = [*fast, "env.level=easy", "eval.max_steps=30", "eval.limit=8", "eval.splits=[test_seen]"]
     source, results = protocol.run("wins_with_its_own_note", overrides=settings, out=tmp_path / "w", plugins=plugins)
-    assert results["splits"]["test_seen"]["success_rate"] == 1.0, results["violations"]  # its own notes win
+    assert results.splits["test_seen"].success_rate == 1.0, results.violations  # its own notes win
     summary = run_experiment(make_plan("relevance", source), tmp_path / "relevance", plugins=plugins)
     overall = {r["arm"]: r for r in summary["comparisons"] if r["task_type"] == "all"}
     for arm in ("other_type", "none"):  # another type's note, or none: the expert is not followed

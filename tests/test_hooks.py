@@ -77,8 +77,8 @@ def test_in_process_plugin_overrides_default_solver(plugins, fast, tmp_path):
     _, base = protocol.run("base", overrides=fast + ["eval.limit=4"], out=tmp_path / "b", plugins=plugins)
     assert len(ExpertMethod.calls) == 8  # 4 tasks x 2 splits, each once
     for split in ("test_seen", "test_unseen"):
-        assert expert["splits"][split]["success_rate"] == 1.0
-    assert base["splits"]["test_seen"]["success_rate"] < 1.0
+        assert expert.splits[split].success_rate == 1.0
+    assert base.splits["test_seen"].success_rate < 1.0
 
 
 def test_registered_method_lists_its_hooks(plugins):

@@ -48,11 +48,11 @@ def test_an_isolated_run_plays_what_an_in_process_run_plays(plugins, fast, tmp_p
     here, here_results = protocol.run(method, overrides=fast + extra, out=tmp_path / "here", plugins=plugins)
     away, away_results = protocol.run(method, overrides=fast + extra + ISOLATED, out=tmp_path / "away",
                                       plugins=plugins)
-    assert away_results["valid"] is True, away_results["violations"]
+    assert away_results.valid is True, away_results.violations
     assert records(Path(away)) == records(Path(here))
-    assert away_results["state"]["digest_after_eval"] == here_results["state"]["digest_after_eval"]
-    assert [away_results["splits"][s]["success_rate"] for s in ("test_seen", "test_unseen")] == \
-        [here_results["splits"][s]["success_rate"] for s in ("test_seen", "test_unseen")]
+    assert away_results.state.digest_after_eval == here_results.state.digest_after_eval
+    assert [away_results.splits[s].success_rate for s in ("test_seen", "test_unseen")] == \
+        [here_results.splits[s].success_rate for s in ("test_seen", "test_unseen")]
 
 
 @pytest.mark.parametrize("method", ["base", "memrl"])
@@ -63,7 +63,7 @@ def test_with_the_embedded_model_an_isolated_run_plays_the_same_episodes(plugins
                 "env.n_valid=12", "env.n_test=12"]
     here, _ = protocol.run(method, overrides=settings, out=tmp_path / "here", plugins=plugins)
     away, results = protocol.run(method, overrides=settings + ISOLATED, out=tmp_path / "away", plugins=plugins)
-    assert results["valid"] is True and results["provenance"]["isolation"]["mode"] == "process"
+    assert results.valid is True and results.provenance.isolation["mode"] == "process"
     assert records(Path(away)) == records(Path(here))
 
 
@@ -99,9 +99,9 @@ def test_names_outside_the_plugin_api_are_refused_and_recorded(plugins, fast, tm
     register(plugins, reacher=globals()[f"Reacher{TARGETS.index(target)}"])
     _, results = protocol.run("reacher", overrides=fast + ["eval.limit=1"] + ISOLATED, out=tmp_path / "r",
                               plugins=plugins)
-    assert results["valid"] is False
-    assert any("not part of the plugin API" in v for v in results["violations"])
-    assert all(results["splits"][s]["success_rate"] == 0.0 for s in ("test_seen", "test_unseen"))
+    assert results.valid is False
+    assert any("not part of the plugin API" in v for v in results.violations)
+    assert all(results.splits[s].success_rate == 0.0 for s in ("test_seen", "test_unseen"))
 
 
 class Smuggler:
@@ -218,7 +218,7 @@ def test_a_worker_that_dies_or_hangs_ends_its_episode_not_the_run(plugins, fast,
     reason = "ChannelClosed" if method == "crasher" else "CallTimeout"
     assert reason in next(iter(failed.values())) and "worker was replaced" in next(iter(failed.values()))
     assert sum(1 for value in played.values() if value["status"] != "error") == len(played) - 1
-    assert results["provenance"]["isolation"]["worker_restarts"] == 1
+    assert results.provenance.isolation["worker_restarts"] == 1
 
 
 def test_a_worker_over_its_memory_limit_fails_its_episode_not_the_run(plugins, fast, tmp_path):
@@ -229,7 +229,7 @@ def test_a_worker_over_its_memory_limit_fails_its_episode_not_the_run(plugins, f
     failed = {key[1]: value["error"] for key, value in records(Path(path)).items() if value["status"] == "error"}
     assert list(failed) == [(tmp_path / "h" / "method" / "mark").read_text()]
     assert "MemoryError" in next(iter(failed.values()))
-    assert results["provenance"]["isolation"]["worker_restarts"] == 0  # the worker lived on
+    assert results.provenance.isolation["worker_restarts"] == 0  # the worker lived on
 
 
 def test_a_factory_the_worker_cannot_import_is_named(plugins, fast, tmp_path):
@@ -249,7 +249,7 @@ def test_an_isolated_run_on_a_secret_draw_verifies(tmp_path):
 
     run = run_method("memrl", ["eval.limit=2", "learn.budget.episodes=3", "learn.max_steps=4", *ISOLATED],
                      out=tmp_path / "memrl")
-    assert run.results["protocol"]["eval_salt"].startswith("secret:")
+    assert run.results.protocol.eval_salt.startswith("secret:")
     outcome = verify_run(run.path)
     assert outcome.status == "verified", outcome.reason
 
@@ -266,13 +266,13 @@ def test_a_board_evaluates_a_submitted_learned_state_on_its_own_draw(plugins, fa
                                       plugins=plugins)
     path, board = evaluate_state(submitted, tmp_path / "board", ["eval.salt=secret", "run.isolation=process"],
                                  plugins=plugins)
-    assert board["valid"] is True, board["violations"]
-    assert board["state"]["digest_before_eval"] == results["state"]["digest_before_eval"]
-    assert board["state"]["memory_items"] == results["state"]["memory_items"]
-    assert board["protocol"]["eval_salt"].startswith("secret:") and results["protocol"]["eval_salt"] == "public"
-    assert board["provenance"]["isolation"]["mode"] == "process"
-    assert board["provenance"]["evaluated_from"]["digest_before_eval"] == results["state"]["digest_before_eval"]
-    assert board["learn"]["used"] == results["learn"]["used"]  # learning not rerun
+    assert board.valid is True, board.violations
+    assert board.state.digest_before_eval == results.state.digest_before_eval
+    assert board.state.memory_items == results.state.memory_items
+    assert board.protocol.eval_salt.startswith("secret:") and results.protocol.eval_salt == "public"
+    assert board.provenance.isolation["mode"] == "process"
+    assert board.provenance.evaluated_from["digest_before_eval"] == results.state.digest_before_eval
+    assert board.learn.used == results.learn.used  # learning not rerun
     with pytest.raises(EvaluateError, match="not a board's to set"):
         evaluate_state(submitted, tmp_path / "again", ["learn.budget.episodes=50"], plugins=plugins)
     refused = CliRunner().invoke(cli, ["evaluate", "--state", str(submitted), "--out", str(path),
@@ -288,8 +288,8 @@ def test_a_method_that_trains_the_served_model_runs_isolated_with_the_same_weigh
     here, here_results = protocol.run(method, overrides=settings, out=tmp_path / "here", plugins=plugins)
     away, away_results = protocol.run(method, overrides=settings + ISOLATED, out=tmp_path / "away",
                                       plugins=plugins)
-    assert away_results["valid"] is True, away_results["violations"]
-    assert away_results["state"]["digest_before_eval"] == here_results["state"]["digest_before_eval"]
+    assert away_results.valid is True, away_results.violations
+    assert away_results.state.digest_before_eval == here_results.state.digest_before_eval
     assert records(Path(away)) == records(Path(here))
     assert any(Path(away, "method").rglob("*checkpoint*"))  # its checkpoints in the method's folder
 

@@ -60,7 +60,7 @@ def test_cache_on_and_off_choose_the_same_with_the_same_logprobs(tmp_path: Path,
     assert off["stats"] == {}
     assert on["stats"]["tokens_reused"] > 0
     for run in (on, off):
-        assert run["results"]["solver"]["layout"] == layout
+        assert run["results"].solver.layout == layout
     steps_on = [json.loads(line) for line in (on["out"] / "episodes.jsonl").read_text().splitlines()]
     steps_off = [json.loads(line) for line in (off["out"] / "episodes.jsonl").read_text().splitlines()]
     key = lambda e: (e["task_id"], e["seed"], e.get("variant"))  # noqa: E731

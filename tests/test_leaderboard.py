@@ -21,6 +21,7 @@ from arena.report.aggregate import pooled_splits, row_cost
 from arena.report.render import protocol_line
 from tests.helpers.browser import find_chromium, headless_page
 from tests.helpers.reports import make_run, report_plugins, scripted_success
+from tests.helpers.results import made_up_results
 
 # -- real runs of the scripted method (tests.helpers.reports): known successes -------------------
 
@@ -60,14 +61,11 @@ def _constructed_run(label: str, seed: int, outcomes: dict[str, bool], learn_tok
     records = [_record(task, seed, ok, task_type="x" if task == "c" else "ab")
                for task, ok in outcomes.items()]
     phase = {"episodes": 0, "env_steps": 0, "tokens_in": learn_tokens, "tokens_out": 0, "wall_s": 3600.0}
-    results = {
-        "method": "m", "env": "e", "track": "frozen", "valid": True, "seeds": [seed], "limited": False,
-        "splits": {"test_seen": {"n_episodes": len(records)}},
-        "learn": {"used": {"gradient_steps": 0}, "used_valid_split": False},
-        "cost": {"learn": phase, "evaluate": {**phase, "episodes": len(records), "tokens_in": 0}},
-        "state": {"memory_items": 10 * (seed + 1), "memory_bytes": 0, "method": {}},
-        "provenance": {"config": {}, "model": {"id": "fake"}},
-    }
+    results = made_up_results(
+        seeds=[seed], splits={"test_seen": {"n_episodes": len(records)}},
+        learn={"used": {"gradient_steps": 0}},
+        cost={"learn": phase, "evaluate": {**phase, "episodes": len(records), "tokens_in": 0}},
+        state={"memory_items": 10 * (seed + 1)}, provenance={"model": {"id": "fake"}})
     return Run(path=Path(label), results=results, episodes=records)
 
 
@@ -114,15 +112,16 @@ def test_row_cost_flags_provenance_and_curves(runs):
     table, = build_tables([run])
     row, = table.rows
     results = run.results
-    assert row.splits["test_seen"] == {k: v for k, v in results["splits"]["test_seen"].items() if k != "variants"}
-    assert row.cost["learn_episodes"] == 4 == results["cost"]["learn"]["episodes"]
+    written = json.loads((runs["s0"] / "results.json").read_text())["splits"]["test_seen"]
+    assert row.splits["test_seen"] == {k: v for k, v in written.items() if k != "variants"}
+    assert row.cost["learn_episodes"] == 4 == results.cost.learn.episodes
     assert row.cost["device"] == "CPU"
-    helpers = sum(results["splits"][s]["variants"]["without_skill"]["n_episodes"] for s in results["splits"])
+    helpers = sum(results.splits[s].variants["without_skill"].n_episodes for s in results.splits)
     assert helpers > 0 and row.cost["extra_test_episodes"] == helpers
     assert f"test-time extra episodes: {helpers} (without_skill)" in row.flags
     assert row.provenance["seeds"] == [0]
-    assert row.provenance["weights_sha256"] == [results["provenance"]["model"]["weights_sha256"][:12]]
-    assert row.provenance["git_sha"][0][:12] == str(results["provenance"]["git_sha"])[:12]
+    assert row.provenance["weights_sha256"] == [results.provenance.model["weights_sha256"][:12]]
+    assert row.provenance["git_sha"][0][:12] == str(results.provenance.git_sha)[:12]
     curve = row.learning_curves["scripted-s0"]["scripted: success"]
     assert [point[0] for point in curve] == [0, 1, 2, 3] and "scripted: time/x_s" not in row.learning_curves
 
@@ -325,12 +324,12 @@ def test_only_seeds_and_where_episodes_ran_may_differ_within_a_row():
 
     local = _constructed_run("local", 0, {"a": True}, learn_tokens=10)
     on_ray = _constructed_run("ray", 1, {"a": True}, learn_tokens=10)
-    local.results["provenance"]["config"] = {
+    local.results.provenance.config = {
         "learn": {"seed": 0}, "executor": {"name": "local"}, "solver": {"history": 2}}
-    on_ray.results["provenance"]["config"] = {
+    on_ray.results.provenance.config = {
         "learn": {"seed": 1}, "executor": {"name": "ray", "ray": {"num_cpus": 2}}, "solver": {"history": 2}}
     _check_poolable([local, on_ray], "m")  # executor.* changes no result: one row
-    on_ray.results["provenance"]["config"]["solver"]["history"] = 3
+    on_ray.results.provenance.config["solver"]["history"] = 3
     with pytest.raises(ReportError, match="differ in config solver.history"):
         _check_poolable([local, on_ray], "m")
 
@@ -341,10 +340,10 @@ def test_runs_of_different_solver_layouts_never_share_a_row():
     old = _constructed_run("old", 0, {"a": True}, learn_tokens=10)
     window = _constructed_run("window", 1, {"a": True}, learn_tokens=10)
     transcript = _constructed_run("transcript", 2, {"a": True}, learn_tokens=10)
-    old.results["provenance"]["config"] = {"solver": {"history": 2}}  # made before layouts existed
-    window.results["provenance"]["config"] = {
+    old.results.provenance.config = {"solver": {"history": 2}}  # made before layouts existed
+    window.results.provenance.config = {
         "solver": {"history": 2, "layout": "window"}, "llm": {"prefix_cache": False}}
-    transcript.results["provenance"]["config"] = {
+    transcript.results.provenance.config = {
         "solver": {"history": 2, "layout": "transcript"}, "llm": {"prefix_cache": True}}
     _check_poolable([old, window], "m")  # the layout every earlier run had; the cache is exact
     with pytest.raises(ReportError, match=r"differ in config solver.layout \('window' vs 'transcript'\)"):
@@ -352,8 +351,8 @@ def test_runs_of_different_solver_layouts_never_share_a_row():
 
 
 def _with_dtype(run: Run, dtype: str) -> Run:
-    run.results["provenance"]["model"]["dtype"] = dtype
-    run.results["cost"]["evaluate"]["tokens_in"] = 100  # the model was called
+    run.results.provenance.model["dtype"] = dtype
+    run.results.cost.evaluate.tokens_in = 100  # the model was called
     return run
 
 
@@ -369,7 +368,7 @@ def test_runs_whose_model_ran_in_different_dtypes_never_share_a_row():
     _check_poolable([native, _with_dtype(emulated, "bfloat16")], "m")
     # a run that never called the model (the random policy) has no dtype to disagree on
     unused = _constructed_run("random", 2, {"a": True}, learn_tokens=0)
-    unused.results["provenance"]["model"]["dtype"] = "float32"
+    unused.results.provenance.model["dtype"] = "float32"
     assert unused.model_dtype is None
     _check_poolable([native, unused], "m")
 
@@ -378,7 +377,7 @@ def test_a_table_that_mixes_dtypes_names_each_rows(runs):
     rows = {}
     for label, dtype in (("base-s0", "bfloat16"), ("scripted-s0", "float32")):
         run = load_run(runs["base" if label.startswith("base") else "s0"])
-        run.results["provenance"]["model"]["dtype"] = dtype
+        run.results.provenance.model["dtype"] = dtype
         rows[label] = run
     (table,) = build_tables(list(rows.values()))
     flags = {row.method: row.flags for row in table.rows}
@@ -387,7 +386,7 @@ def test_a_table_that_mixes_dtypes_names_each_rows(runs):
     assert {row.method: row.provenance["dtype"] for row in table.rows} == {
         "base": ["bfloat16"], "scripted": ["float32"]}
     # one dtype: no flag
-    rows["scripted-s0"].results["provenance"]["model"]["dtype"] = "bfloat16"
+    rows["scripted-s0"].results.provenance.model["dtype"] = "bfloat16"
     (table,) = build_tables(list(rows.values()))
     assert not any("this table mixes" in flag for row in table.rows for flag in row.flags)
 
@@ -469,8 +468,8 @@ def test_a_row_says_where_its_runs_ran_and_when_learning_spans_commits():
     first, second = (_constructed_run(label, seed, {"a": True}, 10) for label, seed in (("s0", 0), ("s1", 1)))
     assert not [f for f in row_flags([first, second], {}) if "machines" in f or "commits" in f]
     assert "machines" not in row_provenance([first, second])
-    first.results["provenance"]["phases"] = {"learn": [xeon], "evaluate": [xeon]}
-    second.results["provenance"]["phases"] = {"learn": [xeon, epyc], "evaluate": [epyc]}
+    first.results.provenance.phases = {"learn": [xeon], "evaluate": [xeon]}
+    second.results.provenance.phases = {"learn": [xeon, epyc], "evaluate": [epyc]}
     flags = row_flags([first, second], {})
     assert "ran on 2 machines: EPYC (avx2); Xeon (avx2+avx512f)" in flags
     assert f"learning spans commits: s1 ({'a' * 12}, {'b' * 12})" in flags

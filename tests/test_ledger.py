@@ -16,6 +16,7 @@ import pytest
 from arena.core import protocol
 from arena.core.files import RunDirError
 from arena.core.ledger import STATE, Ledger, LedgerError, PhaseCost, RunState
+from arena.core.results import Results
 from tests.helpers.overrides import FAST
 from tests.helpers.runs import killed_run
 
@@ -132,7 +133,7 @@ def test_a_run_reads_and_writes_its_state_through_the_ledger_only(tmp_path, monk
     monkeypatch.setattr("builtins.open", watched(open, where=lambda file, *a, **k: file))
     overrides = [*FAST, "eval.limit=1", "learn.budget.episodes=2"]
     path, results = protocol.run("memrl", overrides=overrides, out=tmp_path / "run")
-    assert results["valid"], results["violations"]
+    assert results.valid, results.violations
     assert (path / STATE).is_file()
     assert callers == {"arena.core.ledger"}, callers
 
@@ -146,8 +147,8 @@ KILLED = [*FAST, "eval.limit=2", "eval.concurrency=1", "learn.budget.episodes=3"
 RECORDS = 3 + 2 * 2  # learning episodes, then two tasks of each test split
 
 
-def phase_costs(results: dict) -> dict:
-    return {phase: {key: results["cost"][phase][key] for key in ("llm_calls", "tokens_in", "tokens_out")}
+def phase_costs(results: Results) -> dict:
+    return {phase: {key: getattr(getattr(results.cost, phase), key) for key in ("llm_calls", "tokens_in", "tokens_out")}
             for phase in ("learn", "evaluate")}
 
 
@@ -156,7 +157,7 @@ def whole(tmp_path_factory) -> dict:
     path, results = protocol.run("memrl", overrides=KILLED, out=tmp_path_factory.mktemp("whole") / "run")
     records = [json.loads(line) for line in (path / "episodes.jsonl").read_text().splitlines()]
     assert len(records) == RECORDS and all("phase_cost" in r for r in records)
-    assert records[-1]["phase_cost"]["llm_calls"] == results["cost"]["evaluate"]["llm_calls"] > 0
+    assert records[-1]["phase_cost"]["llm_calls"] == results.cost.evaluate.llm_calls > 0
     return phase_costs(results)
 
 
@@ -170,5 +171,5 @@ def test_a_run_killed_after_any_record_resumes_to_every_phases_cost_of_a_run_nev
     out = tmp_path / "killed"
     assert killed_run(out, KILLED, f"episode.recorded:{record}") == 137, "the crash point was never reached"
     _, results = protocol.run(None, resume=out)
-    assert results["valid"], results["violations"]
+    assert results.valid, results.violations
     assert phase_costs(results) == whole

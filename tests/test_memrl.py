@@ -307,21 +307,21 @@ def read_episodes(path):
 @pytest.mark.slow
 def test_learns_on_train_and_evaluates_frozen(plugins, tmp_path):
     path, results = protocol.run("memrl", overrides=TINY, out=tmp_path / "m", plugins=plugins)
-    assert results["valid"] is True, results["violations"]
-    assert results["track"] == "frozen" and results["method"] == "memrl"
-    assert results["state"]["digest_before_eval"] == results["state"]["digest_after_eval"]
+    assert results.valid is True, results.violations
+    assert results.track == "frozen" and results.method == "memrl"
+    assert results.state.digest_before_eval == results.state.digest_after_eval
     saved = json.loads((path / "results.json").read_text())
     for key in ("splits", "cost", "state", "provenance", "learn"):
-        assert saved[key] == results[key]
+        assert saved[key] == results.to_json()[key]
     for split in ("test_seen", "test_unseen"):
         assert saved["splits"][split]["n_episodes"] == 2
     episodes = read_episodes(path)
     learned = [e for e in episodes if e["phase"] == "learn"]
     assert len(learned) == 4 and {e["split"] for e in learned} == {"train"}
-    sizes = results["state"]["method"]
+    sizes = results.state.method
     assert sizes["memories"] == 4 and 1 <= sizes["intents"] <= 4  # one memory per episode
-    assert results["state"]["memory_items"] == sizes["memories"] + sizes["intents"]
-    assert results["cost"]["learn"]["llm_calls"] > sum(e["llm_calls"] for e in learned)  # writing
+    assert results.state.memory_items == sizes["memories"] + sizes["intents"]
+    assert results.cost.learn.llm_calls > sum(e["llm_calls"] for e in learned)  # writing
 
     store = ExperienceStore(path / "store", HashingEmbedder())
     memories = {m.experience_id: m for m in store.all(kind=MEMORY)}
@@ -340,8 +340,8 @@ def test_learns_on_train_and_evaluates_frozen(plugins, tmp_path):
 def test_online_track_updates_q_on_test_episodes(plugins, tmp_path):
     path, results = protocol.run("memrl", overrides=TINY + ["run.track=online"], out=tmp_path / "o",
                                  plugins=plugins)
-    assert results["track"] == "online" and results["valid"] is True, results["violations"]
-    assert results["state"]["digest_before_eval"] != results["state"]["digest_after_eval"]
+    assert results.track == "online" and results.valid is True, results.violations
+    assert results.state.digest_before_eval != results.state.digest_after_eval
     after_learning = ExperienceStore(None, HashingEmbedder())
     after_learning.restore(path / "method" / SNAPSHOT_NAME)
     learned_q = {m.experience_id: m.metadata for m in after_learning.all(kind=MEMORY)}

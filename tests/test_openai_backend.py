@@ -717,16 +717,16 @@ def test_server_end_to_end_run_records_backend_and_hides_key(server: Server, key
                      out=tmp_path / "run")
     assert (run.path / "results.json").is_file()
     assert_frozen_protocol(run)  # "" weights digest and all: the state did not change
-    assert run.results["splits"]
-    for split in run.results["splits"].values():
-        assert split["n_episodes"] == 1 and 0.0 <= split["success_rate"] <= 1.0
-    model = run.results["provenance"]["model"]
+    assert run.results.splits
+    for split in run.results.splits.values():
+        assert split.n_episodes == 1 and 0.0 <= split.success_rate <= 1.0
+    model = run.results.provenance.model
     assert model["backend"] == "openai" and model["id"] == SERVED_NAME
     assert model["base_url"] == server.base_url and model["weights"] == "served"
     counts = model["choices"]
     assert counts["exact"] >= 1 and counts["exact"] + counts["nearest"] == counts["guided"]
-    assert run.results["cost"]  # calls were counted
-    assert run.results["provenance"]["config"]["llm"]["api_key_env"] == KEY_ENV
+    assert run.results.cost.evaluate.llm_calls > 0  # calls were counted
+    assert run.results.provenance.config["llm"]["api_key_env"] == KEY_ENV
     leaked = [path for path in run.path.rglob("*")
               if path.is_file() and SECRET.encode() in path.read_bytes()]
     assert not leaked, f"the API key was written to {leaked}"

@@ -97,21 +97,21 @@ def test_every_preset_runs_one_shrunk_iteration_to_valid_results(plugins, method
     method, preset = method_preset
     path, results = protocol.run(method, overrides=_shrunk(plugins, method, preset),
                                  out=tmp_path / "run", plugins=plugins, preset=preset)
-    assert results["valid"] is True, results["violations"]
+    assert results.valid is True, results.violations
     for split in ("test_seen", "test_unseen"):
-        assert results["splits"][split]["n_tasks"] == 1
-    assert results["provenance"]["config"]["method"]["preset"] == preset
-    assert json.loads((path / "results.json").read_text())["record"] == results["record"]
+        assert results.splits[split].n_tasks == 1
+    assert results.provenance.config["method"]["preset"] == preset
+    assert json.loads((path / "results.json").read_text())["record"] == results.to_json()["record"]
     # The preset's learning ran: its one optimizer step was taken and counted by the harness,
     # unless the preset drops groups without signal and the random model's all were (its
     # metrics then say every sample was dropped).
     if method not in RL_METHODS:  # a memory method learned from its shrunk episodes, no step
-        assert results["learn"]["used"]["episodes"] >= 1 and results["learn"]["used"]["gradient_steps"] == 0
-    elif results["learn"]["used"]["gradient_steps"] == 0:
+        assert results.learn.used["episodes"] >= 1 and results.learn.used["gradient_steps"] == 0
+    elif results.learn.used["gradient_steps"] == 0:
         (learned,) = [m["metrics"] for m in read_metrics(path)
                       if m["phase"] == "learn" and "samples" in m["metrics"]]
         assert learned["samples_dropped"] == learned["samples"] > 0, learned
     else:  # one RL step (SkillRL's SFT adds its own), within the budget where one is set
         budget = compose(plugins, method, preset=preset, overrides=_shrunk(plugins, method, preset)).learn.budget
-        used = results["learn"]["used"]["gradient_steps"]
-        assert 1 <= used <= (budget.gradient_steps or 2), results["learn"]["used"]
+        used = results.learn.used["gradient_steps"]
+        assert 1 <= used <= (budget.gradient_steps or 2), results.learn.used

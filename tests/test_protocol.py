@@ -141,8 +141,8 @@ def test_every_test_task_once_per_seed(plugins, fast, tmp_path):
     keys = Counter((e["split"], e["task_id"], e["seed"]) for e in episodes)
     assert set(keys.values()) == {1}
     for split in TEST_SPLITS:
-        assert results["splits"][split]["n_tasks"] == 12
-        assert results["splits"][split]["n_episodes"] == 24
+        assert results.splits[split].n_tasks == 12
+        assert results.splits[split].n_episodes == 24
     assert {e["seed"] for e in episodes} == {0, 1}
 
 
@@ -150,33 +150,33 @@ def test_frozen_store_refuses_writes_and_marks_run_invalid(plugins, fast, tmp_pa
     register(plugins, sneaky=SneakyWriter)
     _, results = protocol.run("sneaky", overrides=fast + ["learn.budget.episodes=3", "eval.limit=2"],
                                  out=tmp_path / "s", plugins=plugins)
-    assert results["valid"] is False
-    assert any("frozen" in v.lower() for v in results["violations"])
-    assert results["state"]["digest_before_eval"] == results["state"]["digest_after_eval"]
-    assert results["state"]["memory_items"] == 3  # the refused writes did not happen
+    assert results.valid is False
+    assert any("frozen" in v.lower() for v in results.violations)
+    assert results.state.digest_before_eval == results.state.digest_after_eval
+    assert results.state.memory_items == 3  # the refused writes did not happen
 
 
 def test_state_digest_mismatch_marks_run_invalid(plugins, fast, tmp_path):
     register(plugins, drifting=DriftingMethod)
     _, results = protocol.run("drifting", overrides=fast + ["eval.limit=2"], out=tmp_path / "d", plugins=plugins)
-    assert results["valid"] is False
-    assert results["state"]["digest_before_eval"] != results["state"]["digest_after_eval"]
-    assert any("changed during frozen evaluation" in v for v in results["violations"])
+    assert results.valid is False
+    assert results.state.digest_before_eval != results.state.digest_after_eval
+    assert any("changed during frozen evaluation" in v for v in results.violations)
 
 
 def test_base_run_is_valid_and_frozen(plugins, fast, tmp_path):
     _, results = protocol.run("base", overrides=fast + ["eval.limit=3"], out=tmp_path / "b", plugins=plugins)
-    assert results["valid"] is True and results["violations"] == []
-    assert results["track"] == "frozen"
-    assert results["state"]["digest_before_eval"] == results["state"]["digest_after_eval"]
-    assert results["cost"]["learn"]["episodes"] == 0
+    assert results.valid is True and results.violations == []
+    assert results.track == "frozen"
+    assert results.state.digest_before_eval == results.state.digest_after_eval
+    assert results.cost.learn.episodes == 0
 
 
 def test_learning_from_a_test_split_is_refused(plugins, fast, tmp_path):
     register(plugins, peeker=PeekingMethod)
     _, results = protocol.run("peeker", overrides=fast + ["eval.limit=1"], out=tmp_path / "p", plugins=plugins)
-    assert results["valid"] is False
-    assert any("test split 'test_unseen'" in v for v in results["violations"])
+    assert results.valid is False
+    assert any("test split 'test_unseen'" in v for v in results.violations)
 
 
 def test_direct_test_split_access_raises(plugins, fast, tmp_path):
@@ -195,10 +195,10 @@ def test_learn_budget_is_enforced_and_valid_split_recorded(plugins, fast, tmp_pa
     learn_episodes = [e for e in read_episodes(path) if e["phase"] == "learn"]
     assert len(learn_episodes) == 5
     assert max(e["steps"] for e in learn_episodes) == 3  # learn.max_steps, not eval.max_steps
-    assert results["learn"]["used"]["episodes"] == 5
-    assert results["learn"]["used"]["gradient_steps"] == 5
-    assert results["learn"]["used_valid_split"] is True
-    assert results["cost"]["learn"]["episodes"] == 5
+    assert results.learn.used["episodes"] == 5
+    assert results.learn.used["gradient_steps"] == 5
+    assert results.learn.used_valid_split is True
+    assert results.cost.learn.episodes == 5
     assert all(e["split"] in ("train", "valid") for e in learn_episodes)
 
 
@@ -207,12 +207,12 @@ def test_memory_method_learns_on_train_and_uses_it_frozen(plugins, fast, tmp_pat
     MemoryMethod.updates.clear()
     path, results = protocol.run("memory", overrides=fast + ["learn.budget.episodes=4", "eval.limit=2"],
                                  out=tmp_path / "m", plugins=plugins)
-    assert results["valid"] is True
+    assert results.valid is True
     assert MemoryMethod.updates == ["train"] * 4  # update never ran on a test episode
-    assert results["state"]["memory_items"] == 4
+    assert results.state.memory_items == 4
     evaluated = [e for e in read_episodes(path) if e["phase"] == "evaluate"]
     assert evaluated and all(len(e["experience_ids"]) == 2 for e in evaluated)
-    assert results["cost"]["learn"]["llm_calls"] > 0
+    assert results.cost.learn.llm_calls > 0
 
 
 def test_online_track_updates_after_each_test_episode(plugins, fast, tmp_path):
@@ -220,19 +220,23 @@ def test_online_track_updates_after_each_test_episode(plugins, fast, tmp_path):
     MemoryMethod.updates.clear()
     _, results = protocol.run("memory", overrides=fast + ["run.track=online", "eval.limit=2"],
                               out=tmp_path / "o", plugins=plugins)
-    assert results["track"] == "online"
+    assert results.track == "online"
     assert Counter(MemoryMethod.updates) == {"test_seen": 2, "test_unseen": 2}
-    assert results["state"]["memory_items"] == 4
+    assert results.state.memory_items == 4
 
 
 def test_results_schema(plugins, fast, tmp_path):
-    _, results = protocol.run("base", overrides=fast + ["eval.limit=2"], out=tmp_path / "r", plugins=plugins)
+    """results.json as written (the file's keys), and the model returned reads the same."""
+    path, returned = protocol.run("base", overrides=fast + ["eval.limit=2"], out=tmp_path / "r", plugins=plugins)
+    results = json.loads((path / "results.json").read_text())
+    assert results == returned.to_json()
     for key in ("schema_version", "method", "env", "track", "seeds", "splits", "cost", "state", "provenance"):
         assert key in results
     split = results["splits"]["test_seen"]
     for key in ("n_tasks", "n_episodes", "success_rate", "ci95", "progress_rate", "valid_action_rate",
                 "mean_steps", "by_task_type"):
         assert key in split
+    assert "variants" not in split  # an optional key is absent where there is nothing to say
     assert 0.0 <= split["ci95"][0] <= split["success_rate"] <= split["ci95"][1] <= 1.0
     for phase in ("learn", "evaluate"):
         assert set(results["cost"][phase]) >= {"episodes", "env_steps", "llm_calls", "tokens_in", "tokens_out", "wall_s"}
@@ -247,6 +251,7 @@ def test_results_schema(plugins, fast, tmp_path):
     assert results["protocol"] == {"max_steps": 12, "max_invalid_actions": 10, "limit": 2,
                                    "splits": ["test_seen", "test_unseen"],
                                    "env": {"level": "hard"}, "source_pool": "train", "eval_salt": "public"}
+    assert "continued_from" not in results["learn"]
     assert results["record"]["episodes"] == 4 and len(results["record"]["head"]) == 64
 
 
@@ -254,7 +259,7 @@ def test_null_max_steps_is_the_environments_own_limit(plugins, fast, tmp_path):
     overrides = [o for o in fast if not o.startswith("eval.max_steps=")]
     path, results = protocol.run("base", overrides=overrides + ["eval.limit=1", "eval.max_steps=null"],
                                  out=tmp_path / "n", plugins=plugins)
-    assert results["protocol"]["max_steps"] == 30  # the household world's own limit
+    assert results.protocol.max_steps == 30  # the household world's own limit
     steps = [json.loads(line)["steps"] for line in (path / "episodes.jsonl").read_text().splitlines()]
     assert max(steps) <= 30
 
@@ -275,7 +280,7 @@ def test_budget_stops_a_method_that_ignores_it(plugins, fast, tmp_path):
     learned = [e for e in read_episodes(path) if e["phase"] == "learn"]
     assert sum(e["steps"] for e in learned) >= 20
     assert sum(e["steps"] for e in learned[:-1]) < 20  # no episode started once the budget was used
-    assert results["valid"] is True and results["splits"]["test_seen"]["n_episodes"] == 1
+    assert results.valid is True and results.splits["test_seen"].n_episodes == 1
 
 
 class WrongTrajectory:
@@ -297,7 +302,7 @@ def test_a_trajectory_of_another_task_is_recorded_as_an_error(plugins, fast, tmp
     path, results = protocol.run("wrong", overrides=fast + ["eval.limit=2"], out=tmp_path / "w", plugins=plugins)
     evaluated = [e for e in read_episodes(path) if e["phase"] == "evaluate"]
     assert len(evaluated) == 4 and all(e["status"] == "error" and not e["success"] for e in evaluated)
-    assert results["splits"]["test_seen"]["success_rate"] == 0.0
+    assert results.splits["test_seen"].success_rate == 0.0
 
 
 def test_duplicate_seeds_and_reused_run_dirs_are_refused(plugins, fast, tmp_path):
@@ -315,8 +320,8 @@ def test_violations_survive_a_resume(plugins, fast, tmp_path):
     path, _ = protocol.run("peeker", overrides=fast + ["eval.limit=1"], out=tmp_path / "p", plugins=plugins)
     (path / "results.json").unlink()
     _, resumed = protocol.run(None, resume=path, plugins=plugins)
-    assert resumed["valid"] is False
-    assert any("test split 'test_unseen'" in v for v in resumed["violations"])
+    assert resumed.valid is False
+    assert any("test split 'test_unseen'" in v for v in resumed.violations)
 
 
 class PoolReader:
@@ -350,23 +355,23 @@ def test_source_pool_holds_every_type_only_at_test_time_and_only_when_asked(plug
     register(plugins, pool_reader=PoolReader)
     _, results = protocol.run("pool_reader", overrides=fast + ["eval.limit=2", f"eval.source_pool={pool}"],
                               out=tmp_path / pool, plugins=plugins)
-    assert results["valid"] is True, results["violations"]
+    assert results.valid is True, results.violations
     seen_types = {"pick_and_place_simple", "pick_clean_then_place_in_recep",
                   "pick_heat_then_place_in_recep", "pick_cool_then_place_in_recep"}
     held_out = {"pick_two_obj_and_place", "look_at_obj_in_light"}
     assert PoolReader.seen["learn"] == seen_types  # learning never sees the pool
     assert PoolReader.seen["evaluate"] == (seen_types | held_out if pool == "all_types" else seen_types)
-    assert results["protocol"]["source_pool"] == pool
-    assert ("pool" in results["provenance"]["split_hashes"]) is (pool == "all_types")
+    assert results.protocol.source_pool == pool
+    assert ("pool" in results.provenance.split_hashes) is (pool == "all_types")
 
 
 def test_asking_for_or_playing_the_source_pool_while_learning_is_a_violation(plugins, fast, tmp_path):
     register(plugins, pool_reader=PoolReader)
     _, results = protocol.run("pool_reader", overrides=fast + ["eval.limit=1", "method.peek_pool=true"],
                               out=tmp_path / "p", plugins=plugins)
-    assert results["valid"] is False
-    assert any("asked for the test-time source pool" in v for v in results["violations"])
-    assert any("played source-pool task" in v for v in results["violations"])
+    assert results.valid is False
+    assert any("asked for the test-time source pool" in v for v in results.violations)
+    assert any("played source-pool task" in v for v in results.violations)
 
 
 @pytest.mark.parametrize("override", ["eval.source_pool=all", "run.track=bogus"])
@@ -447,7 +452,7 @@ def test_results_record_each_phases_commit_and_machine(plugins, fast, tmp_path, 
                      {"git_sha": "bbb", "cpu": {"model": "Y", "isa": ["avx512f"]}}])
     monkeypatch.setattr(provenance, "session", lambda: next(sessions))
     _, results = protocol.run("base", overrides=fast + ["eval.limit=1"], out=tmp_path / "r", plugins=plugins)
-    assert results["provenance"]["phases"] == {
+    assert results.provenance.phases == {
         "learn": [{"git_sha": "aaa", "cpu": {"model": "X", "isa": ["avx2"]}}],
         "evaluate": [{"git_sha": "bbb", "cpu": {"model": "Y", "isa": ["avx512f"]}}]}
     monkeypatch.undo()

@@ -146,15 +146,15 @@ TINY = ["llm.model=tiny", "embedder.name=hashing", "env.n_train=30", "env.n_vali
 def test_learns_on_train_and_evaluates_frozen(plugins, tmp_path):
     register_expert_rag(plugins)
     path, results = protocol.run("expert_rag", overrides=TINY, out=tmp_path / "r", plugins=plugins)
-    assert results["valid"] is True, results["violations"]
-    assert results["state"]["digest_before_eval"] == results["state"]["digest_after_eval"]
+    assert results.valid is True, results.violations
+    assert results.state.digest_before_eval == results.state.digest_after_eval
     saved = json.loads((path / "results.json").read_text())
     for split in ("test_seen", "test_unseen"):
         assert saved["splits"][split]["n_episodes"] == 2
     episodes = [json.loads(line) for line in (path / "episodes.jsonl").read_text().splitlines()]
     learned = [e for e in episodes if e["phase"] == "learn"]
     assert len(learned) == 5 and all(e["success"] for e in learned)
-    assert results["state"]["memory_items"] == results["state"]["method"]["trajectories"] == 5
+    assert results.state.memory_items == results.state.method["trajectories"] == 5
     # later learning episodes saw earlier ones, never their own task
     assert [len(e["experience_ids"]) for e in learned] == [0, 1, 2, 3, 3]
 
@@ -171,6 +171,6 @@ def test_learns_on_train_and_evaluates_frozen(plugins, tmp_path):
 def test_the_registered_rag_runs_with_the_tiny_model(plugins, tmp_path):
     _, results = protocol.run("rag", overrides=TINY[:-2] + ["learn.max_steps=3", "learn.budget.episodes=2"],
                               out=tmp_path / "plain", plugins=plugins)
-    assert results["valid"] is True and results["method"] == "rag"
-    assert results["learn"]["used"]["episodes"] == 2
-    assert results["state"]["method"]["trajectories"] == results["state"]["memory_items"]
+    assert results.valid is True and results.method == "rag"
+    assert results.learn.used["episodes"] == 2
+    assert results.state.method["trajectories"] == results.state.memory_items

@@ -21,8 +21,8 @@ def test_random_calls_no_model_plays_only_admissible_actions_and_repeats_by_seed
     again, _ = protocol.run("random", overrides=overrides, out=tmp_path / "b", plugins=plugins)
     other, _ = protocol.run("random", overrides=overrides + ["run.seeds=[1]"],
                             out=tmp_path / "c", plugins=plugins)
-    assert results["valid"] and results["cost"]["evaluate"]["llm_calls"] == 0
-    assert results["protocol"]["env"] == {"level": "easy"}
+    assert results.valid and results.cost.evaluate.llm_calls == 0
+    assert results.protocol.env == {"level": "easy"}
     played = episodes(first)
     assert len(played) == 24 and all(e["valid_actions"] == e["steps"] for e in played)
     assert all(e["steps"] == 30 or e["success"] for e in played)  # stopped by the limit or a win

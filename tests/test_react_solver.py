@@ -73,7 +73,7 @@ def lines(path: Path) -> list[dict]:
 @pytest.mark.slow
 def test_base_plays_whole_react_episodes_with_the_tiny_model(plugins: Plugins, tmp_path: Path) -> None:
     path, results = protocol.run("base", overrides=TINY, out=tmp_path / "b", plugins=plugins)
-    assert results["valid"] and results["solver"]["mode"] == "react"
+    assert results.valid and results.solver.mode == "react"
     played = lines(path / "trajectories.jsonl")
     steps = [s for t in played for s in t["steps"]]
     assert len(played) == 2 and len(steps) >= 2
@@ -91,7 +91,7 @@ def test_rl_trains_on_every_generated_token_of_react_episodes(plugins: Plugins, 
                         "method.n_skills=2", "method.k_downstream=1", "method.extractor_max_tokens=8",
                         "learn.sampling.temperature=1.0", "method.trainer.micro_batch_size=8"]
     path, results = protocol.run(method, overrides=overrides, out=tmp_path / "g", plugins=plugins)
-    assert results["learn"]["used"]["gradient_steps"] == 1
+    assert results.learn.used["gradient_steps"] == 1
     trained_on = "/rollout" if method == "grpo" else "/skill"  # sources are not trained on
     learned = [e for e in lines(path / "episodes.jsonl")
                if e["phase"] == "learn" and trained_on in e["variant"]]
@@ -108,7 +108,7 @@ def test_skillrl_runs_and_trains_with_the_react_solver_on_the_tiny_model(plugins
     overrides = SKILLRL_TINY + ["llm.dtype=float32", "solver.mode=react",
                                 "solver.reasoning_max_tokens=8"]
     path, results = protocol.run("skillrl", overrides=overrides, out=tmp_path / "s", plugins=plugins)
-    assert results["valid"] and results["solver"]["mode"] == "react"
+    assert results.valid and results.solver.mode == "react"
     state = json.loads((path / "method" / "state.json").read_text())
     assert state["stage"] == "done" and state["steps_done"] == 1
     assert learned_metrics(path)[0]["samples"] > 0  # the RL step trained on react decisions

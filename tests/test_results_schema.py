@@ -12,6 +12,7 @@ import pytest
 from arena.core import protocol
 from arena.core.metrics import read_metrics
 from arena.core.results import SCHEMA_FILE, ResultsError, render_schema, validate
+from arena.core.rundir import RunDir
 from arena.report import build_tables, load_runs
 from arena.report.runs import ReportError, load_run
 
@@ -102,6 +103,37 @@ def test_committed_board_runs_validate() -> None:
         data = json.loads(file.read_text())
         jsonschema.validate(data, schema)
         assert validate(data, str(file)).schema_version in (1, 2)
+
+
+#: Every results.json committed under leaderboards/ (board runs, ablations, experiments' arms).
+COMMITTED = sorted(ROOT.glob("leaderboards/**/results.json"))
+
+
+def test_a_fresh_runs_results_read_and_write_back_byte_for_byte(tmp_path) -> None:
+    """results.json is written from the model: reading it and writing it again changes no byte
+    (no key added, none dropped, none reordered: an optional key never written stays absent)."""
+    path = _a_result(tmp_path)
+    written = (path / "results.json").read_bytes()
+    data = json.loads(written)
+    assert "experience" not in data["protocol"] and "continued_from" not in data["learn"]
+    assert "variants" not in data["splits"]["test_seen"]
+    directory = RunDir(path)
+    directory.write_results(directory.read_results())
+    assert (path / "results.json").read_bytes() == written
+
+
+def test_every_committed_results_file_reads_and_writes_back_to_the_same_json() -> None:
+    """What the models make of each committed file is the file: the same keys and values
+    (only provenance's key order may differ, in files whose provenance has a key of its own)."""
+    assert len(COMMITTED) > 50
+    for file in COMMITTED:
+        data = json.loads(file.read_text())
+        results = validate(data, str(file))
+        assert results.to_json() == data, file
+        assert validate(results.to_json(), str(file)) == results, file
+        beyond_provenance = {key: value for key, value in data.items() if key != "provenance"}
+        again = {key: value for key, value in results.to_json().items() if key != "provenance"}
+        assert json.dumps(again, indent=2) == json.dumps(beyond_provenance, indent=2), file
 
 
 def _a_result(tmp_path: Path) -> Path:

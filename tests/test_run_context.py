@@ -134,7 +134,7 @@ def test_the_method_state_is_put_back_when_a_step_is_killed(plugins, fast, tmp_p
     path, results = protocol.run(None, resume=tmp_path / "k", plugins=plugins)
     # The killed step's save was undone and the step done again: 4 steps, 4 updates.
     assert json.loads((path / "method" / "state.json").read_text()) == {"updates": 4}
-    assert results["valid"] is True and results["learn"]["used"]["episodes"] == 4
+    assert results.valid is True and results.learn.used["episodes"] == 4
     assert "updates" not in json.loads((path / "state.json").read_text())
 
 
@@ -153,8 +153,8 @@ class Writer:
 def test_writing_the_method_state_during_frozen_evaluation_is_caught(plugins, fast, tmp_path) -> None:
     register(plugins, writer=Writer)
     _, results = protocol.run("writer", overrides=[*fast, *EVAL], out=tmp_path / "w", plugins=plugins)
-    assert results["valid"] is False
-    assert any("changed during frozen evaluation" in v for v in results["violations"])
+    assert results.valid is False
+    assert any("changed during frozen evaluation" in v for v in results.violations)
 
 
 class Taught:
@@ -184,9 +184,9 @@ def test_an_auxiliary_model_is_counted_in_the_run_cost_and_closed(plugins, fast,
     register(plugins, taught=Taught)
     Taught.closed.clear()
     _, results = protocol.run("taught", overrides=[*fast, *EVAL], out=tmp_path / "t", plugins=plugins)
-    learn = results["cost"]["learn"]
-    assert learn["llm_calls"] == 1 and learn["tokens_in"] > 50
-    assert results["learn"]["used"]["tokens"] == learn["tokens_in"] + learn["tokens_out"]
+    learn = results.cost.learn
+    assert learn.llm_calls == 1 and learn.tokens_in > 50
+    assert results.learn.used["tokens"] == learn.tokens_in + learn.tokens_out
     assert Taught.closed == [True]
 
 

@@ -65,34 +65,34 @@ def test_a_secret_salt_is_drawn_kept_out_of_the_record_and_reused_on_resume(plug
     salt_file = Path(path) / "eval_salt"
     salt = salt_file.read_text().strip()
     assert len(salt) == 32 and stat.S_IMODE(os.stat(salt_file).st_mode) == 0o600
-    assert results["protocol"]["eval_salt"].startswith("secret:")
+    assert results.protocol.eval_salt.startswith("secret:")
     for name in ("config.yaml", "results.json", "episodes.jsonl", "trajectories.jsonl", "state.json"):
         assert salt not in (Path(path) / name).read_text(), name
     _, again = protocol.run("base", overrides=fast + ["eval.limit=1", "eval.salt=secret"],
                                      out=tmp_path / "s", plugins=plugins)
-    assert again["protocol"]["eval_salt"] != results["protocol"]["eval_salt"]  # a new draw each run
-    assert again["provenance"]["split_hashes"]["test_seen"] != results["provenance"]["split_hashes"]["test_seen"]
+    assert again.protocol.eval_salt != results.protocol.eval_salt  # a new draw each run
+    assert again.provenance.split_hashes["test_seen"] != results.provenance.split_hashes["test_seen"]
     public_path, public = protocol.run("base", overrides=fast + ["eval.limit=1"], out=tmp_path / "p",
                                        plugins=plugins)
-    assert public["protocol"]["eval_salt"] == "public" and not (Path(public_path) / "eval_salt").exists()
+    assert public.protocol.eval_salt == "public" and not (Path(public_path) / "eval_salt").exists()
 
 
 def test_isolation_draws_a_secret_salt_unless_told(plugins, fast, tmp_path, monkeypatch):
     _, isolated = protocol.run("base", overrides=fast + ["eval.limit=1", "run.isolation=process"],
                                out=tmp_path / "i", plugins=plugins)
-    assert isolated["protocol"]["eval_salt"].startswith("secret:")
+    assert isolated.protocol.eval_salt.startswith("secret:")
     _, named = protocol.run("base", overrides=fast + ["eval.limit=1", "eval.salt=season-2026"],
                             out=tmp_path / "n", plugins=plugins)
-    assert named["protocol"]["eval_salt"].startswith("board:")  # a named draw, public in the config
+    assert named.protocol.eval_salt.startswith("board:")  # a named draw, public in the config
     monkeypatch.setenv("BOARD_SALT", "a private one")
     board_path, board = protocol.run("base", overrides=fast + ["eval.limit=1", "eval.salt=env:BOARD_SALT"],
                                      out=tmp_path / "b", plugins=plugins)
-    assert board["protocol"]["eval_salt"].startswith("board:")
+    assert board.protocol.eval_salt.startswith("board:")
     assert all("a private one" not in path.read_text() for path in Path(board_path).glob("*.*"))
     _, again = protocol.run("base", overrides=fast + ["eval.limit=1", "eval.salt=env:BOARD_SALT"],
                             out=tmp_path / "c", plugins=plugins)
-    assert again["protocol"]["eval_salt"] == board["protocol"]["eval_salt"]  # one board, one draw
-    assert again["provenance"]["split_hashes"] == board["provenance"]["split_hashes"]
+    assert again.protocol.eval_salt == board.protocol.eval_salt  # one board, one draw
+    assert again.provenance.split_hashes == board.provenance.split_hashes
     monkeypatch.delenv("BOARD_SALT")
     with pytest.raises(SaltError, match="export BOARD_SALT="):
         protocol.run("base", overrides=fast + ["eval.limit=1", "eval.salt=env:BOARD_SALT"],
@@ -110,7 +110,7 @@ def test_a_world_rebuilt_by_import_wins_in_public_and_fails_on_a_secret_draw(plu
                              plugins=plugins)
     _, isolated = protocol.run("rebuilder", overrides=settings + ["run.isolation=process"], out=tmp_path / "i",
                                plugins=plugins)
-    rates = {name: [r["splits"][s]["success_rate"] for s in TEST_SPLITS] for name, r in
+    rates = {name: [r.splits[s].success_rate for s in TEST_SPLITS] for name, r in
              (("public", public), ("isolated", isolated))}
     assert min(rates["public"]) >= 0.5, rates  # the attack works where the draw is public (12 steps)
     assert rates["isolated"] == [0.0, 0.0], rates  # and not on the run's own secret draw

@@ -362,13 +362,13 @@ def test_fake_run_without_training_distils_retrieves_and_stays_frozen(plugins, f
     overrides = [*fast, f"llm.reply={json.dumps(RECORD)}", "method.teacher.reply_prefix=false", "method.sft.enabled=false",
                  "method.rl.steps=0", "method.collect.tasks=3", "learn.max_steps=4"]
     path, results = protocol.run("skillrl", overrides=overrides, out=tmp_path / "f", plugins=plugins)
-    assert results["valid"] is True, results["violations"]
-    sizes = results["state"]["method"]
+    assert results.valid is True, results.violations
+    sizes = results.state.method
     assert sizes["general_skills"] == 1 and sizes["mistakes"] == 1 and sizes["bank_version"] == 1
     assert sizes["teacher_calls"] == 3 + 1 and sizes["teacher_tokens_in"] > 0  # 3 trajectories + consolidation
-    assert results["learn"]["used_valid_split"] is False  # no evolution: valid never asked for
-    assert results["state"]["memory_items"] == 2
-    assert results["state"]["digest_before_eval"] == results["state"]["digest_after_eval"]
+    assert results.learn.used_valid_split is False  # no evolution: valid never asked for
+    assert results.state.memory_items == 2
+    assert results.state.digest_before_eval == results.state.digest_after_eval
     evaluated = [json.loads(line) for line in (path / "episodes.jsonl").read_text().splitlines()]
     evaluated = [e for e in evaluated if e["phase"] == "evaluate"]
     assert evaluated and all(set(e["experience_ids"]) == {"skillrl:gen_001", "skillrl:mis_001"} for e in evaluated)
@@ -384,8 +384,8 @@ def test_tiny_end_to_end_learns_from_valid_and_evaluates_frozen(plugins, tmp_pat
         evolved if kind == "evolve" else RECORD
         for (kind, _), _answer in zip(prompts, real_ask(self, prompts, seed, max_new_tokens))])
     path, results = protocol.run("skillrl", overrides=SKILLRL_TINY, out=tmp_path / "t", plugins=plugins)
-    assert results["valid"] is True, results["violations"]
-    assert results["learn"]["used_valid_split"] is True and "valid" in results["learn"]["splits_used"]
+    assert results.valid is True, results.violations
+    assert results.learn.used_valid_split is True and "valid" in results.learn.splits_used
     state = json.loads((path / "method" / "state.json").read_text())
     assert state["stage"] == "done" and state["sft"]["examples"] > 0 and state["steps_done"] == 1
     assert state["evolved_at"] == [1] and set(state["evolution"][0]["accuracy"]) == {
@@ -401,16 +401,16 @@ def test_tiny_end_to_end_learns_from_valid_and_evaluates_frozen(plugins, tmp_pat
     evaluated = [json.loads(line) for line in (path / "episodes.jsonl").read_text().splitlines()]
     evaluated = [e for e in evaluated if e["phase"] == "evaluate"]
     assert evaluated and not any(i.startswith("skillrl:dyn_") for e in evaluated for i in e["experience_ids"])
-    sizes = results["state"]["method"]
+    sizes = results.state.method
     assert sizes["sft_examples"] > 0 and sizes["rl_steps"] == 1 and sizes["teacher_calls"] >= 3
-    assert results["learn"]["used"]["gradient_steps"] == 1 + 1  # one SFT step, one GRPO step
+    assert results.learn.used["gradient_steps"] == 1 + 1  # one SFT step, one GRPO step
     assert [p.name for p in (path / "method").glob("checkpoint-*")] == ["checkpoint-00001"]
     fresh = plugins.backends.get("transformers").factory({"model": "tiny"})
-    assert results["provenance"]["model"]["weights_sha256"] != fresh.weights_digest()
-    assert results["state"]["digest_before_eval"] == results["state"]["digest_after_eval"]
+    assert results.provenance.model["weights_sha256"] != fresh.weights_digest()
+    assert results.state.digest_before_eval == results.state.digest_after_eval
     for split in ("test_seen", "test_unseen"):
-        assert results["splits"][split]["n_episodes"] == 1
-    assert results["cost"]["evaluate"]["episodes"] == 2 and results["cost"]["learn"]["tokens_in"] > 0
+        assert results.splits[split].n_episodes == 1
+    assert results.cost.evaluate.episodes == 2 and results.cost.learn.tokens_in > 0
 
     # Killed during evaluation and resumed: SFT weights and the GRPO checkpoint are restored
     # before the digest, so the frozen check still holds.
@@ -418,9 +418,9 @@ def test_tiny_end_to_end_learns_from_valid_and_evaluates_frozen(plugins, tmp_pat
     (path / "episodes.jsonl").write_text("".join(lines[:-1]))
     (path / "results.json").unlink()
     _, resumed = protocol.run(None, resume=path, plugins=plugins)
-    assert resumed["valid"] is True, resumed["violations"]
-    assert resumed["provenance"]["model"]["weights_sha256"] == results["provenance"]["model"]["weights_sha256"]
-    assert resumed["learn"]["used_valid_split"] is True
+    assert resumed.valid is True, resumed.violations
+    assert resumed.provenance.model["weights_sha256"] == results.provenance.model["weights_sha256"]
+    assert resumed.learn.used_valid_split is True
 
 
 def test_a_separate_teacher_is_counted_in_the_run_cost_and_apart_in_the_method_sizes(plugins, fast, tmp_path):
@@ -431,13 +431,13 @@ def test_a_separate_teacher_is_counted_in_the_run_cost_and_apart_in_the_method_s
                  "learn.max_steps=3"]
     path, results = protocol.run("skillrl", config_file=config, overrides=overrides, out=tmp_path / "s",
                                  plugins=plugins)
-    sizes = results["state"]["method"]
+    sizes = results.state.method
     assert sizes["teacher_shares_policy_backend"] is False and sizes["teacher_calls"] == 2 + 1
     assert sizes["general_skills"] == 1  # the teacher's reply, not the policy's "A short insight."
     learn = [json.loads(line) for line in (path / "episodes.jsonl").read_text().splitlines()]
     policy_calls = sum(e["llm_calls"] for e in learn if e["phase"] == "learn")
     # The teacher is the run's auxiliary model: its calls are in the run's cost beside the policy's.
-    assert results["cost"]["learn"]["llm_calls"] == policy_calls + sizes["teacher_calls"]
+    assert results.cost.learn.llm_calls == policy_calls + sizes["teacher_calls"]
 
 
 def test_an_rl_step_makes_one_update_per_mini_batch_of_step_samples(plugins, tmp_path):
@@ -449,8 +449,8 @@ def test_an_rl_step_makes_one_update_per_mini_batch_of_step_samples(plugins, tmp
     (metrics,) = learned_metrics(path)
     assert metrics["samples"] >= 3  # 2 rollouts of up to 3 steps: more than one mini-batch
     assert metrics["updates"] == -(-metrics["samples"] // 2)
-    assert results["learn"]["used"]["gradient_steps"] == metrics["updates"]
-    assert results["valid"] is True, results["violations"]
+    assert results.learn.used["gradient_steps"] == metrics["updates"]
+    assert results.valid is True, results.violations
 
 
 # -- the authors' routing, order and cold start ---------------------------------------------------

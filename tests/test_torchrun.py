@@ -35,9 +35,9 @@ def test_two_ranks_finish_with_the_protocol_of_one_process(plugins, tmp_path) ->
     two = json.loads((tmp_path / "two" / "results.json").read_text())
     _, one = protocol.run("evolving_rl", preset="micro", overrides=MICRO, out=tmp_path / "one",
                           plugins=plugins)
-    assert two["valid"] is True and one["valid"] is True, two["violations"]
-    assert two["protocol"] == one["protocol"]
-    assert two["learn"]["used"] == one["learn"]["used"]
+    assert two["valid"] is True and one.valid is True, two["violations"]
+    assert two["protocol"] == one.to_json()["protocol"]
+    assert two["learn"]["used"] == one.learn.used
     assert two["learn"]["used"]["gradient_steps"] == 1
     tiny = plugins.backends.get("transformers").factory({"model": "tiny"}).weights_digest()
     assert two["provenance"]["model"]["weights_sha256"] != tiny  # the trained weights reached rank 0

@@ -20,7 +20,7 @@ def tracked_run(tmp_path: Path, tracker: str) -> tuple[Path, dict[int, float]]:
     """A MemRL run logged to ``tracker``; the learning success it logged, per step."""
     pytest.importorskip(PACKAGES[tracker], reason=f"{PACKAGES[tracker]} is not installed: {INSTALL_HINT}")
     path, results = protocol.run("memrl", overrides=[*FAKE, f"logging.trackers=[{tracker}]"], out=tmp_path / "run")
-    assert results["valid"] is True
+    assert results.valid is True
     logged = {e["step"]: e["metrics"]["success"] for e in read_metrics(path) if e["phase"] == "learn"}
     assert sorted(logged) == [1, 2, 3]
     return path, logged

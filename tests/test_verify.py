@@ -17,12 +17,14 @@ from click.testing import CliRunner
 import arena
 from arena import Run
 from arena.cli import cli
+from arena.core.results import Results
 from arena.report import ReportError, build_tables, load_run, load_runs
 from arena.report.evaluate_state import evaluate_state
 from arena.report.render import board_json, markdown
 from arena.report.verification import VERIFICATION
 from arena.report.verify import NOT_RESTORED, OUTCOMES_ONLY, verify_run
 from arena.testing import fresh_plugins, run_method
+from tests.helpers.results import made_up_results
 
 COUNTER_ENV = "ARENA_TEST_HOSTILE_COUNTER"
 
@@ -250,8 +252,8 @@ def test_a_board_run_reverifies_once_its_learned_state_is_back(memrl_run: Path, 
     # And the board's digest is what `arena evaluate --state` checks a learned state against.
     _, again = evaluate_state(board, tmp_path / "again", ["eval.salt=public"])
     original = json.loads((memrl_run / "results.json").read_text())
-    assert again["valid"], again["violations"]
-    assert again["splits"]["test_seen"]["success_rate"] == original["splits"]["test_seen"]["success_rate"]
+    assert again.valid, again.violations
+    assert again.splits["test_seen"].success_rate == original["splits"]["test_seen"]["success_rate"]
 
 
 def test_another_learned_state_put_beside_a_board_run_is_refused(memrl_run: Path, tmp_path: Path) -> None:
@@ -264,8 +266,8 @@ def test_another_learned_state_put_beside_a_board_run_is_refused(memrl_run: Path
     outcome = verify_run(board, write=False)
     assert outcome.status == "unverifiable" and "could not be restored" in outcome.reason
     _, again = evaluate_state(board, tmp_path / "again", ["eval.salt=public"])
-    assert again["valid"] is False
-    assert any(v.startswith(NOT_RESTORED) for v in again["violations"]), again["violations"]
+    assert again.valid is False
+    assert any(v.startswith(NOT_RESTORED) for v in again.violations), again.violations
 
 
 def test_a_board_run_on_a_secret_draw_names_why_it_cannot_be_replayed(base_run: Path, tmp_path: Path) -> None:
@@ -337,8 +339,8 @@ def test_a_tiny_model_run_in_float32_verifies(tmp_path: Path) -> None:
 def test_differences_in_bfloat16_carry_the_dtype_note() -> None:
     from arena.report.verify import dtype_notes
 
-    def results(dtype: str | None) -> dict[str, Any]:
-        return {"provenance": {"model": {} if dtype is None else {"dtype": dtype}}}
+    def results(dtype: str | None) -> Results:
+        return made_up_results(provenance={"model": {} if dtype is None else {"dtype": dtype}})
 
     assert dtype_notes(results("float32"), results("float32")) == []
     assert dtype_notes(results(None), results(None)) == []  # the fake backend

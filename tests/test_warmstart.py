@@ -124,8 +124,8 @@ def test_a_run_serves_the_merged_weights_and_records_the_base(built: tuple[Path,
     _, _, warm = built
     plain = run_method("base", TINY, out=tmp_path / "plain", fast=False)
     warmed = run_method("base", [*TINY, f"llm.warmstart={warm.folder}"], out=tmp_path / "warm", fast=False)
-    plain_model = plain.results["provenance"]["model"]
-    warm_model = warmed.results["provenance"]["model"]
+    plain_model = plain.results.provenance.model
+    warm_model = warmed.results.provenance.model
     assert "warmstart" not in plain_model
     assert warm_model["warmstart"]["adapter_sha256"] == warm.manifest["adapter_sha256"]
     assert warm_model["warmstart"]["recipe"] == "tiny-household"
@@ -150,8 +150,8 @@ def test_a_continued_run_serves_the_warm_start_its_source_learned_on(built: tupl
     shutil.copytree(warm.folder, moved)
     continued = run_method("base", [*TINY, f"llm.warmstart={moved}", f"run.continue_from={source.path}"],
                            out=tmp_path / "continued", fast=False)
-    assert continued.results["valid"]
-    assert continued.results["learn"]["continued_from"]["warmstart_adapter_sha256"] == warm.manifest["adapter_sha256"]
+    assert continued.results.valid
+    assert continued.results.learn.continued_from["warmstart_adapter_sha256"] == warm.manifest["adapter_sha256"]
     with pytest.raises(RunDirError, match=r"learned on the warm start with adapter .*this run serves no warm start"):
         run_method("base", [*TINY, f"run.continue_from={source.path}"], out=tmp_path / "plain", fast=False)
     assert not (tmp_path / "plain").exists()  # nothing was played: no folder is left behind

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig, OmegaConf
 
 from arena.core.ledger import Ledger
-from arena.core.rundir import CONFIG, RESULTS, RunDir, RunDirError, read_json
+from arena.core.rundir import CONFIG, RESULTS, RunDir, RunDirError, read_results
 from arena.core.settings import Settings
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ AN_ARM = ("is an arm of `arena experiment` (its experience was replaced, poisone
 def is_experiment_arm(run_path: Path) -> bool:
     """Whether the run in ``run_path`` is an arm of ``arena experiment`` (its results or its
     state carry the arm's mark)."""
-    marked = (run_path / RESULTS).is_file() and read_json(run_path / RESULTS, "its results").get("experiment")
+    marked = (run_path / RESULTS).is_file() and read_results(run_path).experiment
     return bool(marked) or Ledger(run_path).read().experiment is not None
 
 
@@ -71,22 +71,22 @@ def check_source(source: Path, cfg: DictConfig, target: RunDir, remaking: bool =
     if not (source / RESULTS).is_file() or not (source / CONFIG).is_file():
         raise RunDirError(f"{where} is not a finished run (no {RESULTS}): continue from a run "
                           "whose learning and evaluation ended (finish it with `arena run --resume`).")
-    results = read_json(source / RESULTS, "its results")
+    results = read_results(source)
     state = Ledger(source).read()
     method = Settings.of(cfg).method.name
-    if results.get("method") != method:
-        raise RunDirError(f"{where} is a run of method '{results.get('method')}', not '{method}': a "
+    if results.method != method:
+        raise RunDirError(f"{where} is a run of method '{results.method}', not '{method}': a "
                           "method continues from what it learned itself.")
-    if results.get("track") != "frozen":
-        raise RunDirError(f"{where} ran the {results.get('track')} track: its state kept learning on "
+    if results.track != "frozen":
+        raise RunDirError(f"{where} ran the {results.track} track: its state kept learning on "
                           "the test splits. Continue from a frozen run.")
-    if not results.get("valid", False):
-        raise RunDirError(f"{where} is invalid ({'; '.join(results.get('violations', []))[:300]}): "
+    if not results.valid:
+        raise RunDirError(f"{where} is invalid ({'; '.join(results.violations)[:300]}): "
                           "continue from a valid run.")
     if is_experiment_arm(source):
         raise RunDirError(f"{where} {AN_ARM}: continue from the run it was made from.")
     source_cfg = OmegaConf.load(source / CONFIG)
-    model = (results.get("provenance") or {}).get("model") or {}
+    model = results.provenance.model
     # A backend that records its weights records its warm start too (none: no warm start): the
     # served one is compared with it once the model is loaded (check_same_warm_start), by its
     # adapter's digest rather than by a path that depends on the folder the run was started in.
@@ -106,8 +106,8 @@ def check_source(source: Path, cfg: DictConfig, target: RunDir, remaking: bool =
     if not state.learn_done or not digest or digest != state.digest_after_eval:
         raise RunDirError(f"{where} does not record a learned state its evaluation kept unchanged "
                           "(digest_before_eval = digest_after_eval): there is nothing to continue from.")
-    return {"run": str(source.resolve()), "digest": digest, "env": results.get("env"),
-            "learn_used": results.get("learn", {}).get("used", {}),
+    return {"run": str(source.resolve()), "digest": digest, "env": results.env,
+            "learn_used": dict(results.learn.used),
             **({"warmstart_adapter_sha256": (model.get("warmstart") or {}).get("adapter_sha256")}
                if warm_start_known else {})}
 

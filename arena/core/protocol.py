@@ -24,12 +24,12 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 
 import arena
-from arena.core import continuation, integrity, provenance, stats
+from arena.core import continuation, integrity, provenance
 from arena.core import salt as eval_salt
 from arena.core.batching import BatchingBackend
 from arena.core.config import compose, load_yaml, to_plain
@@ -48,8 +48,8 @@ from arena.core.llm import LLMBackend
 from arena.core.phase import EVALUATE, LEARN
 from arena.core.plugins import Plugins, get_plugins, new_plugin_manager
 from arena.core.progress import Reporter, complete
-from arena.core.results import SCHEMA_VERSION
-from arena.core.results import validate as validate_results
+from arena.core.results import ProtocolFields, Results, SolverFields, SourcePool, Track
+from arena.core.results_builder import PRIMARY_VARIANT, SessionFacts, build_results
 from arena.core.rundir import RunDir, RunDirError, RunLock, new_run_dir
 from arena.core.settings import Settings
 from arena.core.store import ExperienceStore
@@ -60,7 +60,6 @@ from arena.core.views import public_task
 
 #: Random moments of a frozen evaluation at which the harness re-hashes store and weights.
 SPOT_CHECKS = 8
-PRIMARY_VARIANT = "default"
 
 
 @dataclass
@@ -407,14 +406,13 @@ class Session:
 
     # -- the protocol -------------------------------------------------------------------------
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> Results:
         if not self.run_dir.ledger.read().started:  # a new run, or one killed before it started
             self.run_dir.ledger.start(started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                                       provenance=provenance.collect(tuple(self.env.packages)))
         self._learn()
         self._evaluate()
         results = self.results()
-        validate_results(results, f"the results of {self.run_dir.path}")  # a harness bug if not
         self.run_dir.write_results(results)
         return results
 
@@ -584,13 +582,13 @@ class Session:
         """Every planned (task, seed) has exactly one result on record, and nothing unplanned
         has one: what the board counts is what the harness set out to play."""
         planned = {(task.task_id, seed) for task, seed in plan}
-        results: dict[tuple[str, int], int] = {}
+        on_record: dict[tuple[str, int], int] = {}
         for record in self.run_dir.episodes():
             if record.phase == EVALUATE and record.variant == PRIMARY_VARIANT:
-                results[(record.task_id, record.seed)] = results.get((record.task_id, record.seed), 0) + 1
-        missing = sorted(planned - set(results))
-        doubled = sorted(key for key, count in results.items() if count > 1)
-        unplanned = sorted(set(results) - planned)
+                on_record[(record.task_id, record.seed)] = on_record.get((record.task_id, record.seed), 0) + 1
+        missing = sorted(planned - set(on_record))
+        doubled = sorted(key for key, count in on_record.items() if count > 1)
+        unplanned = sorted(set(on_record) - planned)
         for what, keys in (("has no result on record", missing), ("has more than one result", doubled),
                            ("was not planned but has a result", unplanned)):
             if keys:
@@ -655,15 +653,6 @@ class Session:
             hashes[POOL_SPLIT] = self.env.split_hash(POOL_SPLIT)
         return hashes
 
-    def _experience_field(self, state: RunState) -> dict[str, Any]:
-        """``protocol.experience`` of an experiment's arm (and the poison it added), else
-        nothing: a protocol run's results read as before."""
-        settings = self.ctx.experience_control.settings
-        if settings.is_protocol():
-            return {}
-        return {"experience": {**settings.describe(),
-                               **({"poisoned": state.poisoned} if state.poisoned is not None else {})}}
-
     def _exported(self) -> dict[str, int] | None:
         """Counts by kind of what the method's ``export`` hook hands over (None: it exports
         nothing); a hook that fails is a violation, as ``state_size``'s."""
@@ -676,34 +665,15 @@ class Session:
             return None
         return None if exported is None else dict(sorted(Counter(item.kind for item in items).items()))
 
-    def results(self) -> dict[str, Any]:
+    def results(self) -> Results:
+        """The run's results: the ledger's state and the records, with what this session knows."""
         cfg = self.cfg
         state = self.run_dir.ledger.read()
-        records = self.run_dir.episodes()
-        evaluated = [r for r in records if r.phase == EVALUATE and r.split in cfg.eval.splits]
-        splits: dict[str, Any] = {}
-        for split in cfg.eval.splits:
-            in_split = [r for r in evaluated if r.split == split]
-            primary = [r for r in in_split if r.variant == PRIMARY_VARIANT]
-            summary = stats.summarise_split(primary)
-            variants = sorted({r.variant for r in in_split} - {PRIMARY_VARIANT})
-            if variants:
-                summary["variants"] = {
-                    v: stats.summarise_split([r for r in in_split if r.variant == v]) for v in variants
-                }
-            splits[split] = summary
         if self.ctx.has_store():
             for refused in self.ctx.store.violations:
                 self.ctx.violation(f"Refused store write during frozen evaluation: {refused}")
         size = self._store_size()  # may record a violation
         exported = self._exported()  # may record one too: before the violations and the head are read
-        violations = self.ctx.violations_log.messages  # the harness's record, not state.json's
-        used = state.splits_used_for_learning
-        cost = {}
-        for phase in (LEARN, EVALUATE):
-            phase_records = [r for r in records if r.phase == phase]
-            phase_cost = state.cost(phase)
-            cost[phase] = {**stats.cost(phase_records), **phase_cost.counts(), "wall_s": round(phase_cost.wall_s, 2)}
         method_sizes: dict[str, Any] = {}
         try:
             for extra in self.pm.hook.state_size(run=self.ctx.method_run):
@@ -711,76 +681,31 @@ class Session:
         except Exception as exc:  # the evaluation is kept; the run is invalid
             self.ctx.violation(f"state_size of method '{cfg.method.name}' raised "
                                f"{type(exc).__name__}: {exc}.")
-            violations = self.ctx.violations_log.messages
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "method": cfg.method.name,
-            "env": cfg.env.name,
-            "track": self.ctx.track,
-            "valid": not violations,
-            "violations": violations,
-            "seeds": [int(s) for s in cfg.run.seeds],
-            "limited": cfg.eval.limit is not None,
+        experience = self.ctx.experience_control.settings
+        facts = SessionFacts(
+            method=cfg.method.name, env=cfg.env.name, track=cast(Track, self.ctx.track),  # checked by the model
+            seeds=[int(s) for s in cfg.run.seeds],
             # What a leaderboard must hold equal between runs it ranks together.
-            "protocol": {
-                "max_steps": self.ctx.eval_max_steps(),
-                "max_invalid_actions": int(cfg.eval.max_invalid_actions),
-                "limit": cfg.eval.limit,
-                "splits": list(cfg.eval.splits),
-                "env": dict(self.env.protocol_fields()),
-                "source_pool": str(cfg.eval.source_pool),
-                "eval_salt": self.salt.describe(),
-                **self._experience_field(state),
-            },
+            protocol=ProtocolFields(
+                max_steps=self.ctx.eval_max_steps(), max_invalid_actions=int(cfg.eval.max_invalid_actions),
+                limit=cfg.eval.limit, splits=list(cfg.eval.splits), env=dict(self.env.protocol_fields()),
+                source_pool=cast(SourcePool, str(cfg.eval.source_pool)), eval_salt=self.salt.describe()),
             # How the standard solver laid out its prompts (a method's choice, so not a protocol
             # field; runs of different layouts never pool into one leaderboard row).
-            "solver": {"layout": str(cfg.solver.layout),
-                       "admissible_turns": str(cfg.solver.admissible_turns),
-                       "mode": str(cfg.solver.mode)},
-            "splits": splits,
-            "learn": {
-                "split": str(cfg.learn.split),
-                "splits_used": used,
-                "used_valid_split": any(s != TRAIN_SPLIT for s in used),
-                "budget": {k: v for k, v in self.ctx.budget.limits.items()},
-                "used": dict(state.learn_used if state.learn_used is not None else self.ctx.budget.used),
-                **({"continued_from": state.continued_from} if state.continued_from else {}),
-            },
-            "cost": cost,
-            "state": {
-                "digest_before_eval": state.digest_before_eval,
-                "digest_after_eval": state.digest_after_eval,
-                "memory_items": int(size.get("items", 0)),
-                "memory_bytes": int(size.get("bytes", 0)),
-                "method": method_sizes,
-            },
-            "provenance": {
-                **(state.provenance or provenance.collect(tuple(self.env.packages))),
-                "isolation": self._isolation(),
-                "env_version": self.env.version,
-                "split_hashes": self._split_hashes(),
-                "model": self.llm.describe(),
-                # Versions that resumed this run after the one that started it (--allow-version-change).
-                "resumed_by": list(state.resumed_by),
-                # Each phase's sessions: commit, CPU model and instruction set (GPU), so a row
-                # whose learning spans commits or machines says so.
-                "phases": dict(state.phase_sessions),
-                "embedder": dict(OmegaConf.to_container(cfg.embedder)),  # type: ignore[arg-type]
-                "config": to_plain(cfg),
-            },
-            # The chain of episodes.jsonl as this run left it (arena.core.integrity): reports
-            # refuse a file whose chain does not end here.
-            "record": {"episodes": len(records), "head": self.run_dir.head,
-                       "key_id": self.run_dir.record_key_id(),
-                       # Lines --repair moved aside (their episodes were played again) and the
-                       # lines after those holes, whose links to the line before are not checked.
-                       "damaged_lines": list(state.record_damaged),
-                       "breaks": list(state.record_breaks)},
-            "experiment": None if state.experiment is None else state.experiment.model_dump(exclude_none=True),
-            "exported": exported,
-            "started": state.started,
-            "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        }
+            solver=SolverFields(layout=str(cfg.solver.layout), admissible_turns=str(cfg.solver.admissible_turns),
+                                mode=str(cfg.solver.mode)),
+            learn_split=str(cfg.learn.split), budget=dict(self.ctx.budget.limits),
+            budget_used=dict(self.ctx.budget.used),
+            experience=None if experience.is_protocol() else experience.describe(),
+            violations=self.ctx.violations_log.messages,  # the harness's record, not state.json's
+            store_size=size, method_sizes=method_sizes, exported=exported,
+            collected=state.provenance or provenance.collect(tuple(self.env.packages)),
+            isolation=self._isolation(), env_version=self.env.version, split_hashes=self._split_hashes(),
+            model=self.llm.describe(),
+            embedder=dict(OmegaConf.to_container(cfg.embedder)),  # type: ignore[arg-type]
+            config=to_plain(cfg), record_head=self.run_dir.head, record_key_id=self.run_dir.record_key_id(),
+            finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        return build_results(state, self.run_dir.episodes(), facts)
 
 
 def run(
@@ -795,7 +720,7 @@ def run(
     preset: str | None = None,
     allow_version_change: bool = False,
     repair: bool = False,
-) -> tuple[Path, dict[str, Any]]:
+) -> tuple[Path, Results]:
     """Prepare and run; returns the run directory and its results."""
     plugins = plugins or get_plugins()
     prepared = prepare(method, env, config_file, overrides, out, resume, plugins, preset,

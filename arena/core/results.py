@@ -35,6 +35,8 @@ class _Closed(BaseModel):
 
 
 Rate = Field(ge=0.0, le=1.0)
+Track = Literal["frozen", "online"]
+SourcePool = Literal["train", "all_types"]
 
 
 class Summary(_Closed):
@@ -60,7 +62,7 @@ class ProtocolFields(_Closed):
     limit: int | None
     splits: list[str]
     env: dict[str, Any] = Field(default_factory=dict)  # the environment's own (e.g. level)
-    source_pool: Literal["train", "all_types"] | None = None
+    source_pool: SourcePool | None = None
     #: Where the test layouts came from (``eval.salt``): ``public``, or ``secret:``/``board:`` and a
     #: digest of the salt (absent in runs before salts: public).
     eval_salt: str | None = None
@@ -112,7 +114,8 @@ class StateFields(_Closed):
 
 
 class Provenance(BaseModel):
-    """Where the numbers came from. Open: ``provenance.collect`` may add facts."""
+    """Where the numbers came from. Open: ``provenance.collect`` may add facts. The fields are
+    declared in the order the harness writes them, so a file reads and writes back unchanged."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -120,12 +123,19 @@ class Provenance(BaseModel):
     git_sha: str | None
     packages: dict[str, str | None]
     machine: dict[str, Any]
+    #: How the method ran: ``mode`` (``process`` or ``in_process``), and a worker's sandbox and
+    #: restarts (absent in runs before Arena recorded it).
+    isolation: dict[str, Any] | None = None
     env_version: str
     split_hashes: dict[str, str]
     model: dict[str, Any]
+    #: Versions that resumed this run after the one that started it (--allow-version-change).
+    resumed_by: list[dict[str, Any]] = Field(default_factory=list)
+    #: Each phase's sessions: commit, CPU model and instruction set (GPU), so a row whose learning
+    #: spans commits or machines says so (absent in runs before Arena recorded it).
+    phases: dict[str, list[dict[str, Any]]] | None = None
     embedder: dict[str, Any]
     config: dict[str, Any]
-    resumed_by: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class Record(_Closed):
@@ -144,7 +154,7 @@ class Results(_Closed):
     schema_version: int
     method: str
     env: str
-    track: Literal["frozen", "online"]
+    track: Track
     valid: bool
     violations: list[str]
     seeds: list[int]
@@ -163,6 +173,16 @@ class Results(_Closed):
     exported: dict[str, int] | None = None
     started: str | None
     finished: str
+
+    def to_json(self) -> dict[str, Any]:
+        """results.json's object: every key that was set, none that was not (an optional key a
+        run never wrote stays absent), so a file reads and writes back as it was."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+    def with_violations(self, added: list[str]) -> Results:
+        """These results with ``added`` violations too, and so invalid (what a report shows of a
+        run whose record lists violations its results.json does not)."""
+        return self.model_copy(update={"valid": False, "violations": [*self.violations, *added]})
 
 
 def validate(data: Any, where: str = "results.json") -> Results:

@@ -28,7 +28,7 @@ from arena.core import integrity
 from arena.core.files import RunDirError, read_json, write_json_atomic
 from arena.core.journal import disk_full_point, no_space
 from arena.core.ledger import STATE, Ledger
-from arena.core.results import ResultsError
+from arena.core.results import Results, ResultsError
 from arena.core.results import validate as validate_results
 from arena.core.types import EpisodeResult, RolloutTokens, Trajectory
 
@@ -178,6 +178,16 @@ def unfinished_message(path: Path | str) -> str:
                 f"progress is in that process's output; look again when it has finished.")
     return (f"{path} was interrupted before it finished (no {RESULTS}). Finish it with "
             f"`arena run --resume {path}`.")
+
+
+def read_results(run: Path, what: str = "its results") -> Results:
+    """``run``'s results.json, checked against the schema; a :class:`RunDirError` names the file
+    and what is wrong with it."""
+    path = run / RESULTS
+    try:
+        return validate_results(read_json(path, what), str(path))
+    except ResultsError as exc:
+        raise RunDirError(str(exc)) from exc
 
 
 def run_status(path: Path | str) -> str:
@@ -515,22 +525,16 @@ class RunDir:
 
     # -- state checkpoints and results --------------------------------------------------------
 
-    def write_results(self, results: dict[str, Any]) -> Path:
+    def write_results(self, results: Results) -> Path:
         path = self.path / RESULTS
-        write_json_atomic(path, results)
+        write_json_atomic(path, results.to_json())
         return path
 
     def lock(self) -> RunLock:
         """The run's lock, to hold while this process writes the directory."""
         return RunLock(self.path / LOCK)
 
-    def read_results(self) -> dict[str, Any]:
-        path = self.path / RESULTS
-        if not path.exists():
+    def read_results(self) -> Results:
+        if not (self.path / RESULTS).exists():
             raise RunDirError(unfinished_message(self.path))
-        data = read_json(path, "the run's results")
-        try:
-            validate_results(data, str(path))
-        except ResultsError as exc:
-            raise RunDirError(str(exc)) from exc
-        return data
+        return read_results(self.path, "the run's results")

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Any
 
+from arena.core.ledger import PhaseCost as LedgerCost
+from arena.core.results import PhaseCost, Summary
 from arena.core.types import EpisodeResult
 
 Z_95 = 1.959963984540054
@@ -43,28 +44,28 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def summarise(records: list[EpisodeResult]) -> dict[str, Any]:
-    """Metrics of one split (or one task type)."""
+def summarise(records: list[EpisodeResult]) -> Summary:
+    """Metrics of one split (or one task type, or one variant)."""
     steps = sum(r.steps for r in records)
-    return {
-        "n_tasks": len({r.task_id for r in records}),
-        "n_episodes": len(records),
-        "success_rate": round(_mean([1.0 if r.success else 0.0 for r in records]), 4),
-        "ci95": list(success_ci(records)),
-        "progress_rate": round(_mean([r.progress for r in records]), 4),
-        "valid_action_rate": round(sum(r.valid_actions for r in records) / steps, 4) if steps else 0.0,
-        "mean_steps": round(_mean([float(r.steps) for r in records]), 3),
-        "status": _count_by(records, "status"),
-    }
+    return Summary(
+        n_tasks=len({r.task_id for r in records}),
+        n_episodes=len(records),
+        success_rate=round(_mean([1.0 if r.success else 0.0 for r in records]), 4),
+        ci95=success_ci(records),
+        progress_rate=round(_mean([r.progress for r in records]), 4),
+        valid_action_rate=round(sum(r.valid_actions for r in records) / steps, 4) if steps else 0.0,
+        mean_steps=round(_mean([float(r.steps) for r in records]), 3),
+        status=_count_by(records, "status"),
+    )
 
 
-def summarise_split(records: list[EpisodeResult]) -> dict[str, Any]:
+def summarise_split(records: list[EpisodeResult]) -> Summary:
     """Split metrics plus the same metrics per task type."""
     by_type: dict[str, list[EpisodeResult]] = defaultdict(list)
     for record in records:
         by_type[record.task_type].append(record)
     summary = summarise(records)
-    summary["by_task_type"] = {name: summarise(group) for name, group in sorted(by_type.items())}
+    summary.by_task_type = {name: summarise(group) for name, group in sorted(by_type.items())}
     return summary
 
 
@@ -75,15 +76,11 @@ def _count_by(records: list[EpisodeResult], attribute: str) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def cost(records: list[EpisodeResult]) -> dict[str, Any]:
-    """Episode-level cost totals (LLM calls made outside episodes are added by the caller).
+def phase_cost(records: list[EpisodeResult], spent: LedgerCost) -> PhaseCost:
+    """A phase's cost in results.json: its episodes and steps from its records, its model calls,
+    tokens and wall time from the ledger (which also counts calls made outside episodes).
     Copies of an episode (``copy_of``) were not played: they count under ``copied_episodes``."""
     played = [r for r in records if getattr(r, "copy_of", None) is None]
-    return {
-        "episodes": len(played),
-        "copied_episodes": len(records) - len(played),
-        "env_steps": sum(r.steps for r in played),
-        "llm_calls": sum(r.llm_calls for r in played),
-        "tokens_in": sum(r.tokens_in for r in played),
-        "tokens_out": sum(r.tokens_out for r in played),
-    }
+    return PhaseCost(episodes=len(played), copied_episodes=len(records) - len(played),
+                     env_steps=sum(r.steps for r in played), **spent.counts(),
+                     wall_s=round(spent.wall_s, 2))

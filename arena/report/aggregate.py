@@ -16,6 +16,7 @@ from typing import Any
 
 from arena.core import stats
 from arena.core.experience_controls import ExperienceSettings
+from arena.core.results import PhaseCost, Summary
 from arena.core.settings import Settings
 from arena.report.runs import PRIMARY_VARIANT, ReportError, Run
 
@@ -84,7 +85,7 @@ EXPERIENCE_FIELDS: dict[str, Any] = ExperienceSettings().describe()
 
 def warmstart_of(run: Run) -> str:
     """``recipe@adapter-digest`` of the run's warm-start base, or ``none``."""
-    warm = run.results.get("provenance", {}).get("model", {}).get("warmstart")
+    warm = run.model.get("warmstart")
     if not warm:
         return NO_WARMSTART
     return f"{warm.get('recipe')}@{str(warm.get('adapter_sha256'))[:12]}"
@@ -93,41 +94,41 @@ def warmstart_of(run: Run) -> str:
 def protocol_of(run: Run) -> dict[str, Any]:
     """The fields two runs must share to be ranked in one table (flat, named as in messages)."""
     results = run.results
-    provenance = results.get("provenance", {})
+    provenance = results.provenance
     config = run.config
     evaluation = config.get("eval", {})
     # The step limit actually used (eval.max_steps may be null: the environment's own limit).
-    max_steps = results.get("protocol", {}).get("max_steps", evaluation.get("max_steps"))
+    max_steps = results.protocol.max_steps
     # Not the results schema's version: it names a file format, and version 2 changed no figure
     # a version 1 file holds (arena/core/results.py), so runs of Arena 0.1 and 0.2 rank together.
     fields: dict[str, Any] = {
-        "env_version": provenance.get("env_version"),
-        SPLITS_FIELD: list(results.get("splits", {})),
+        "env_version": provenance.env_version,
+        SPLITS_FIELD: list(results.splits),
         "eval.max_steps": max_steps,
         "eval.max_invalid_actions": evaluation.get("max_invalid_actions"),
-        "track": results.get("track"),
-        "limited": bool(results.get("limited")),
+        "track": results.track,
+        "limited": results.limited,
         "eval.limit": evaluation.get("limit"),
         # Which train tasks a method could consult at test time (runs before it: train).
         "eval.source_pool": evaluation.get("source_pool", "train"),
     }
-    salt = results.get("protocol", {}).get("eval_salt") or "public"  # the kind and the draw's digest
+    salt = results.protocol.eval_salt or "public"  # the kind and the draw's digest
     if salt != "public":  # absent otherwise, so boards made before keep their files
         fields["eval.salt"] = salt  # runs of two salts played two different test sets
     warmstart = warmstart_of(run)
     if warmstart != NO_WARMSTART:  # absent otherwise, so boards made before keep their files
         fields[WARMSTART_FIELD] = warmstart
     # A second learning phase (run.continue_from): it learned twice, so it ranks apart.
-    continued = (results.get("learn") or {}).get("continued_from")
+    continued = results.learn.continued_from
     if continued:
         fields[CONTINUED_FIELD] = continued.get("digest")
     # An experiment's arm (arena experiment): what it changed about the learned experience.
-    for name, value in sorted((results.get("protocol", {}).get("experience") or {}).items()):
+    for name, value in sorted((results.protocol.experience or {}).items()):
         if name in EXPERIENCE_FIELDS and value != EXPERIENCE_FIELDS[name]:
             fields[f"eval.experience.{name}"] = value
-    for name, value in sorted(results.get("protocol", {}).get("env", {}).items()):
+    for name, value in sorted(results.protocol.env.items()):
         fields[f"env.{name}"] = value
-    for split, digest in sorted(provenance.get("split_hashes", {}).items()):
+    for split, digest in sorted(provenance.split_hashes.items()):
         fields[f"split_hashes.{split}"] = digest
     return fields
 
@@ -311,18 +312,23 @@ def _check_poolable(runs: list[Run], name: str) -> None:
             owner[seed] = run.label
 
 
+def board_summary(summary: Summary) -> dict[str, Any]:
+    """A summary as a board's row holds it: its keys as results.json has them, less its
+    ``variants`` (the row holds those apart, under ``variants``)."""
+    return summary.model_dump(mode="json", exclude_unset=True, exclude={"variants"})
+
+
 def pooled_splits(runs: list[Run], variant: str = PRIMARY_VARIANT) -> dict[str, dict[str, Any]]:
     """Per-split summaries (with per-type ones) over every run's episodes of ``variant``."""
     if len(runs) == 1 and variant == PRIMARY_VARIANT:
-        return {split: {k: v for k, v in summary.items() if k != "variants"}
-                for split, summary in runs[0].results["splits"].items()}
+        return {split: board_summary(summary) for split, summary in runs[0].results.splits.items()}
     splits = runs[0].eval_splits
     records = [r for run in runs for r in run.evaluated(variant)]
     pooled = {}
     for split in splits:
         in_split = [r for r in records if r.split == split]
         if in_split:
-            pooled[split] = stats.summarise_split(in_split)
+            pooled[split] = board_summary(stats.summarise_split(in_split))
     return pooled
 
 
@@ -332,12 +338,12 @@ def _pooled_variants(runs: list[Run]) -> dict[str, dict[str, dict[str, Any]]]:
     out: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
     for name in names:
         if len(runs) == 1:
-            for split, summary in runs[0].results["splits"].items():
-                if name in summary.get("variants", {}):
-                    out[split][name] = summary["variants"][name]
+            for split, summary in runs[0].results.splits.items():
+                if name in (summary.variants or {}):
+                    out[split][name] = board_summary((summary.variants or {})[name])
             continue
-        for split, summary in pooled_splits(runs, name).items():
-            out[split][name] = summary
+        for split, pooled in pooled_splits(runs, name).items():
+            out[split][name] = pooled
     return dict(out)
 
 
@@ -346,14 +352,14 @@ def _device(run: Run) -> str:
     device = str(run.model.get("device", ""))
     if device:
         return "GPU" if device.startswith("cuda") else "CPU"
-    machine = run.results.get("provenance", {}).get("machine", {})
+    machine = run.results.provenance.machine
     return "GPU" if machine.get("cuda") and run.model_id != "arena/fake" else "CPU"
 
 
 def _extra_test_episodes(run: Run) -> int:
     """Test-time episodes beyond one per (task, seed): helper and variant episodes."""
-    played = int(run.results["cost"]["evaluate"]["episodes"])
-    primary = sum(int(s["n_episodes"]) for s in run.results["splits"].values())
+    played = run.results.cost.evaluate.episodes
+    primary = sum(s.n_episodes for s in run.results.splits.values())
     return max(0, played - primary)
 
 
@@ -372,27 +378,27 @@ def _mean(values: Iterable[float]) -> float:
 
 def row_cost(runs: list[Run]) -> dict[str, Any]:
     """Cost of one run of the row (mean over its runs): what one learning of the method costs."""
-    def phase(run: Run, name: str) -> dict[str, Any]:
-        return run.results["cost"][name]
+    def phase(run: Run, name: str) -> PhaseCost:
+        return run.results.cost.learn if name == "learn" else run.results.cost.evaluate
 
     method_sizes: dict[str, list[float]] = defaultdict(list)
     for run in runs:
-        for key, value in run.results.get("state", {}).get("method", {}).items():
+        for key, value in run.results.state.method.items():
             if isinstance(value, (int, float)):
                 method_sizes[key].append(float(value))
     devices = sorted({_device(run) for run in runs})
     return {
         "per": "run (mean over the row's runs)",
-        "learn_episodes": _mean(phase(r, "learn")["episodes"] for r in runs),
-        "learn_env_steps": _mean(phase(r, "learn")["env_steps"] for r in runs),
-        "learn_tokens": _mean(phase(r, "learn")["tokens_in"] + phase(r, "learn")["tokens_out"] for r in runs),
-        "learn_gradient_steps": _mean(r.results["learn"]["used"].get("gradient_steps", 0) or 0 for r in runs),
-        "eval_tokens": _mean(phase(r, "evaluate")["tokens_in"] + phase(r, "evaluate")["tokens_out"] for r in runs),
-        "learn_hours": _mean(phase(r, "learn")["wall_s"] / 3600 for r in runs),
-        "eval_hours": _mean(phase(r, "evaluate")["wall_s"] / 3600 for r in runs),
+        "learn_episodes": _mean(phase(r, "learn").episodes for r in runs),
+        "learn_env_steps": _mean(phase(r, "learn").env_steps for r in runs),
+        "learn_tokens": _mean(phase(r, "learn").tokens_in + phase(r, "learn").tokens_out for r in runs),
+        "learn_gradient_steps": _mean(r.results.learn.used.get("gradient_steps", 0) or 0 for r in runs),
+        "eval_tokens": _mean(phase(r, "evaluate").tokens_in + phase(r, "evaluate").tokens_out for r in runs),
+        "learn_hours": _mean(phase(r, "learn").wall_s / 3600 for r in runs),
+        "eval_hours": _mean(phase(r, "evaluate").wall_s / 3600 for r in runs),
         "device": "+".join(devices),
-        "memory_items": _mean(r.results["state"]["memory_items"] for r in runs),
-        "memory_bytes": _mean(r.results["state"]["memory_bytes"] for r in runs),
+        "memory_items": _mean(r.results.state.memory_items for r in runs),
+        "memory_bytes": _mean(r.results.state.memory_bytes for r in runs),
         "method_state": {k: _mean(v) for k, v in sorted(method_sizes.items())},
         "extra_test_episodes": _mean(_extra_test_episodes(r) for r in runs),
     }
@@ -400,27 +406,27 @@ def row_cost(runs: list[Run]) -> dict[str, Any]:
 
 def row_flags(runs: list[Run], mixed: dict[str, Any]) -> list[str]:
     flags = []
-    limits = sorted({Settings.of(r.config).eval.limit for r in runs if r.results.get("limited")}, key=str)
+    limits = sorted({Settings.of(r.config).eval.limit for r in runs if r.results.limited}, key=str)
     if limits:
         flags.append(f"limited (eval.limit={', '.join(map(str, limits))})")
-    if any(r.results["learn"].get("used_valid_split") for r in runs):
+    if any(r.results.learn.used_valid_split for r in runs):
         flags.append("learned on valid")
     extra = sum(_extra_test_episodes(r) for r in runs)
     if extra:
         kinds = sorted({k for r in runs for k in _extra_episode_kinds(r)})
         flags.append(f"test-time extra episodes: {extra}" + (f" ({', '.join(kinds)})" if kinds else ""))
-    if any(r.results.get("track") == "online" for r in runs):
+    if any(r.results.track == "online" for r in runs):
         flags.append("online track")
-    invalid = [r for r in runs if not r.results.get("valid", True)]
+    invalid = [r for r in runs if not r.results.valid]
     for run in invalid:
-        reason = (run.results.get("violations") or ["protocol violation"])[0]
+        reason = (run.results.violations or ["protocol violation"])[0]
         flags.append(f"INVALID {run.label}: {reason}")
     errored = [r.label for r in runs if r.episodes is not None and r.evaluated()
                and all(e.status == "error" for e in r.evaluated())]
     if errored:
         flags.append(f"every test episode errored: {', '.join(errored)}")
-    repaired = [f"{r.label} ({len(r.results['record']['damaged_lines'])} lines)" for r in runs
-                if (r.results.get("record") or {}).get("damaged_lines")]
+    repaired = [f"{r.label} ({len(r.results.record.damaged_lines)} lines)" for r in runs
+                if r.results.record is not None and r.results.record.damaged_lines]
     if repaired:
         flags.append(f"record repaired, damaged lines moved aside and replayed: {', '.join(repaired)}")
     unchained = [r.label for r in runs if not r.chained]
@@ -441,7 +447,7 @@ def row_flags(runs: list[Run], mixed: dict[str, Any]) -> list[str]:
 
 def _sessions(run: Run, phase: str | None = None) -> list[dict[str, Any]]:
     """The sessions of a run's phases (``provenance.phases``; none for runs made before it)."""
-    phases = run.results.get("provenance", {}).get("phases") or {}
+    phases = run.results.provenance.phases or {}
     return [s for name, sessions in phases.items() if phase in (None, name) for s in sessions]
 
 
@@ -456,14 +462,14 @@ def _short(values: Iterable[Any]) -> list[str]:
 
 
 def row_provenance(runs: list[Run]) -> dict[str, Any]:
-    provenances = [r.results.get("provenance", {}) for r in runs]
+    provenances = [r.results.provenance for r in runs]
     return {
-        "arena_version": _short(p.get("arena_version") for p in provenances),
-        "git_sha": sorted({str(p.get("git_sha"))[:12] + ("-dirty" if str(p.get("git_sha")).endswith("-dirty") else "")
+        "arena_version": _short(p.arena_version for p in provenances),
+        "git_sha": sorted({str(p.git_sha)[:12] + ("-dirty" if str(p.git_sha).endswith("-dirty") else "")
                            for p in provenances}),
-        "model": _short(p.get("model", {}).get("id") for p in provenances),
+        "model": _short(p.model.get("id") for p in provenances),
         "dtype": sorted({r.model_dtype or (NO_DTYPE if r.called_model else NO_MODEL_CALL) for r in runs}),
-        "weights_sha256": _short(p.get("model", {}).get("weights_sha256") for p in provenances),
+        "weights_sha256": _short(p.model.get("weights_sha256") for p in provenances),
         # Where each phase ran (runs made before Arena recorded it add nothing).
         **({"machines": machines} if (machines := sorted({_machine(s) for r in runs for s in _sessions(r)})) else {}),
         "seeds": sorted(seed for r in runs for seed in r.seeds),
@@ -500,10 +506,10 @@ def build_row(runs: list[Run], mixed: dict[str, Any]) -> Row:
     protocol = protocol_of(first)
     return Row(
         method=first.method, preset=first.preset, model=first.model_id, env=first.env,
-        track=str(first.results.get("track")), runs=runs,
+        track=first.results.track, runs=runs,
         splits=pooled_splits(runs), variants=_pooled_variants(runs),
         cost=row_cost(runs), flags=row_flags(runs, mixed), provenance=row_provenance(runs),
-        valid=all(r.results.get("valid", True) for r in runs), protocol=protocol,
+        valid=all(r.results.valid for r in runs), protocol=protocol,
         learning_curves={r.label: c for r in runs if (c := learning_curves(r))},
     )
 
@@ -599,7 +605,7 @@ def build_tables(runs: list[Run], allow_mixed: bool = False, sort: str = "succes
     if sort not in SORT_KEYS:
         raise ReportError(f"Unknown sort '{sort}'. Choose one of: {', '.join(SORT_KEYS)}.")
     for run in runs:
-        arm = run.results.get("experiment")
+        arm = run.results.experiment
         if arm:  # its experience was replaced, poisoned or played elsewhere: not the method's row
             raise ReportError(f"{run.path} is the arm '{arm.get('arm')}' of `arena experiment {arm.get('name')}`: "
                               "an arm is never ranked with runs. Give the experiment's folder (the "

@@ -21,6 +21,7 @@ import arena
 from arena.core import integrity, provenance
 from arena.core.continuation import AN_ARM, is_experiment_arm
 from arena.core.ledger import ExperimentMark, Ledger, ModelChange
+from arena.core.results import Results
 from arena.core.rundir import CONFIG, RESULTS, RunDirError
 from arena.report.runs import ReportError, load_run
 from arena.report.verify import VerifyError, prepare_replay, trajectories_by_key
@@ -57,7 +58,7 @@ def board_overrides(overrides: list[str] | tuple[str, ...], allowed: tuple[str, 
 
 
 def evaluate_state(run_dir: Path | str, out: Path | str, overrides: list[str], *,
-                   plugins: Any = None) -> tuple[Path, dict[str, Any]]:
+                   plugins: Any = None) -> tuple[Path, Results]:
     """Evaluate the learned state of ``run_dir`` into the new run directory ``out``."""
     run_path, out = Path(run_dir), Path(out)
     settings = board_overrides(overrides)
@@ -111,7 +112,7 @@ def prepare_evaluation(run_path: Path, out: Path, settings: dict[str, Any], *, r
                                      "experiment": experiment})
     model_settings = {key: value for key, value in settings.items() if key.startswith("llm.")}
     if model_settings:  # evaluated with another model: its weights digest replaces the source's
-        weights = ((run.results.get("provenance") or {}).get("model") or {}).get("weights_sha256")
+        weights = run.model.get("weights_sha256")
         if weights is None:  # "" (a served API's, the fake's): no weights to tell apart
             shutil.rmtree(partial)
             raise EvaluateError(f"{run_path}'s results do not record its model's weights digest "
@@ -126,7 +127,7 @@ def prepare_evaluation(run_path: Path, out: Path, settings: dict[str, Any], *, r
     partial.rename(out)
 
 
-def finish_evaluation(out: Path, plugins: Any = None) -> tuple[Path, dict[str, Any]]:
+def finish_evaluation(out: Path, plugins: Any = None) -> tuple[Path, Results]:
     """Resume the prepared (or interrupted) evaluation in ``out`` to its end."""
     from arena.core import protocol
 

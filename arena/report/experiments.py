@@ -46,7 +46,7 @@ from arena.core.continuation import AN_ARM, is_experiment_arm
 from arena.core.experience_controls import OTHER_TYPE, ExperienceControl, poison_count
 from arena.core.ledger import ExperimentMark, Ledger
 from arena.core.registry import did_you_mean
-from arena.core.rundir import CONFIG, RESULTS, RunDirError, read_json, write_json_atomic
+from arena.core.rundir import CONFIG, RESULTS, RunDirError, read_json, read_results, write_json_atomic
 from arena.core.settings import ExperienceSettings, Settings
 from arena.report.aggregate import CONTINUED_FIELD as CONTINUED
 from arena.report.compare import compare_runs, compare_split, paired_outcomes
@@ -154,8 +154,8 @@ def make_plan(name: str, source: Path, *, fractions: tuple[float, ...] = DEFAULT
                               "--model llm.warmstart=null for the embedded model as shipped, or "
                               "--model llm.model=PATH).")
     _check_known_keys(source, target, "llm", "backend")
-    exported = read_json(source / RESULTS, "its results").get("exported", "unknown")
-    if exported is None:
+    results = read_results(source)
+    if "exported" in results.model_fields_set and results.exported is None:  # absent: a run from before
         raise ExperimentError(f"{source}'s method exports nothing (its export hook returned None): what "
                               "it learned is not text another model can read (its weights, say). "
                               "Transfer the experience of a method that exports some.")
@@ -179,7 +179,7 @@ def _check_poison_adds_items(source: Path, fractions: Iterable[float], defaulted
     of a store of 3 rounds to none, and would compare the clean store with itself)."""
     if not (source / RESULTS).is_file():
         return  # refused with its reason when the arm is made
-    clean = int((read_json(source / RESULTS, "its results").get("state") or {}).get("memory_items", 0))
+    clean = read_results(source).state.memory_items
     empty = [f for f in fractions if f > 0 and poison_count(clean, f) == 0]
     if empty:
         smallest = next((f / 100 for f in range(1, 100) if poison_count(clean, f / 100) > 0), None)
@@ -341,9 +341,8 @@ def _same_test_draw(other: Path, out: Path, arm: Path) -> bool:
 
 def _evaluated_state_of(arm: Path) -> dict[str, Any]:
     """The source an arm evaluated, as its own files record it (method, learned-state digest)."""
-    results = read_json(arm / RESULTS, "its results")
     made_from = Ledger(arm).read().provenance.get("experiment_of") or {}
-    return {"method": results.get("method"), "digest": made_from.get("digest_before_eval")}
+    return {"method": read_results(arm).method, "digest": made_from.get("digest_before_eval")}
 
 
 def _plays_as(arm_folder: Path, source: Path, arm: Arm, learned: dict[str, Any]) -> bool:
@@ -374,8 +373,8 @@ def _learned(source: Path) -> dict[str, Any]:
                               "that finished, or finish it first with `arena run --resume`.")
     if is_experiment_arm(source):
         raise ExperimentError(f"{source} {AN_ARM}: give the run it was made from.")
-    results = read_json(source / RESULTS, "its results")
-    return {"method": results.get("method"), "digest": (results.get("state") or {}).get("digest_before_eval"),
+    results = read_results(source)
+    return {"method": results.method, "digest": results.state.digest_before_eval,
             "config": config_identity(OmegaConf.load(source / CONFIG))}
 
 
@@ -446,14 +445,14 @@ def second_phase(both: Path, source: Path) -> dict[str, Any]:
     """What the second learning phase did: episodes it played and the store before and after.
     A method whose ``learn`` resumes from its own progress learns nothing again; then the
     experiment cannot test a conflict, and says so."""
-    continued = read_json(both / RESULTS, "its results")
-    before = read_json(source / RESULTS, "its results")
-    episodes = int(continued["learn"]["used"].get("episodes", 0))
-    phase = {"episodes": episodes, "items_before": before["state"]["memory_items"],
-             "items_after": continued["state"]["memory_items"],
-             "digest_changed": continued["state"]["digest_before_eval"] != before["state"]["digest_before_eval"]}
+    continued, before = read_results(both), read_results(source)
+    episodes = int(continued.learn.used.get("episodes", 0))
+    phase: dict[str, Any] = {
+        "episodes": episodes, "items_before": before.state.memory_items,
+        "items_after": continued.state.memory_items,
+        "digest_changed": continued.state.digest_before_eval != before.state.digest_before_eval}
     if not phase["digest_changed"]:
-        phase["note"] = (f"{continued['method']} learned nothing in the second phase (its learned state is "
+        phase["note"] = (f"{continued.method} learned nothing in the second phase (its learned state is "
                          "the first phase's): its learn hook resumed from its own progress, so no "
                          "lesson was contradicted and `both` tests nothing `old` does not.")
     return phase
@@ -492,7 +491,7 @@ def summarise(plan: Plan, out: Path) -> list[dict[str, Any]]:
         run, control = runs[name], runs[control_name]
         overall = compare_runs(run, control, allow_mixed=True)
         others = [f for f in overall["mixed_fields"] if not _in_factor(f, plan.factor)]
-        invalid = [arm for arm in (name, control_name) if not runs[arm].results.get("valid", False)]
+        invalid = [arm for arm in (name, control_name) if not runs[arm].results.valid]
         pairs = paired_outcomes(run, control, PRIMARY_VARIANT, PRIMARY_VARIANT)
         types = _task_types(run)
         shown, shown_control = shown_by_arm[name], shown_by_arm[control_name]

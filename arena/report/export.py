@@ -69,18 +69,18 @@ def _collection(run: Run) -> str:
 
 
 def _insert_run(db: sqlite3.Connection, run_id: int, run: Run) -> dict[str, int]:
-    results, provenance = run.results, run.results.get("provenance", {})
+    results, provenance = run.results, run.results.provenance
     db.execute("INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", (
         run_id, str(run.path.resolve()), run.label, run.method, run.preset, run.env,
-        results.get("track"), int(bool(results.get("valid"))), int(bool(results.get("limited"))),
-        json.dumps(results.get("seeds", [])), run.model_id, provenance.get("arena_version"),
-        provenance.get("git_sha"), results.get("started"), results.get("finished"),
-        json.dumps(results, sort_keys=True)))
-    for split, summary in results.get("splits", {}).items():
-        low, high = summary.get("ci95", (None, None))
+        results.track, int(results.valid), int(results.limited),
+        json.dumps(results.seeds), run.model_id, provenance.arena_version,
+        provenance.git_sha, results.started, results.finished,
+        json.dumps(results.to_json(), sort_keys=True)))
+    for split, summary in results.splits.items():
+        low, high = summary.ci95
         db.execute("INSERT INTO splits VALUES (?,?,?,?,?,?,?,?,?,?)", (
-            run_id, split, summary["n_tasks"], summary["n_episodes"], summary["success_rate"], low, high,
-            summary["progress_rate"], summary["valid_action_rate"], summary["mean_steps"]))
+            run_id, split, summary.n_tasks, summary.n_episodes, summary.success_rate, low, high,
+            summary.progress_rate, summary.valid_action_rate, summary.mean_steps))
     episodes = [record.to_dict() for record in run.episodes or []]
     db.executemany(f"INSERT INTO episodes VALUES ({','.join('?' * (len(EPISODE_COLUMNS) + 3))})", [
         (run_id, *(e.get(c) for c in EPISODE_COLUMNS), json.dumps(e.get("experience_ids", [])),

@@ -17,7 +17,7 @@ from typing import Any
 from arena.core import integrity
 from arena.core.ledger import STATE, Ledger, RunState
 from arena.core.metrics import read_metrics
-from arena.core.results import ResultsError
+from arena.core.results import Record, Results, ResultsError
 from arena.core.results import validate as validate_results
 from arena.core.rundir import (
     CONFIG,
@@ -48,7 +48,7 @@ class Run:
     """One finished run: its results plus, where recorded, its episodes and state."""
 
     path: Path
-    results: dict[str, Any]
+    results: Results
     episodes: list[EpisodeResult] | None = None  # None: no episodes.jsonl beside results.json
     state: RunState | None = None
     #: The run's logged curves (``metrics.jsonl``: ``run.log_metrics``), merged per step.
@@ -59,14 +59,14 @@ class Run:
     #: The run's verification.json (``arena verify``) where it has one of this very record.
     verification: dict[str, Any] | None = None
     #: Where results.json or state.json disagree with the violations on record: each is also
-    #: in ``results["violations"]`` (and the run invalid), as the harness would have added it.
+    #: in ``results.violations`` (and the run invalid), as the harness would have added it.
     record_problems: list[str] = field(default_factory=list)
 
     @property
     def isolation(self) -> str:
         """How the method ran (``provenance.isolation.mode``): ``process`` or ``in_process``;
         ``unknown`` for a run from before Arena recorded it (it ran in Arena's process)."""
-        mode = ((self.results.get("provenance") or {}).get("isolation") or {}).get("mode")
+        mode = (self.results.provenance.isolation or {}).get("mode")
         return str(mode) if mode in ("process", "in_process") else "unknown"
 
     @property
@@ -82,15 +82,15 @@ class Run:
 
     @property
     def config(self) -> dict[str, Any]:
-        return dict(self.results.get("provenance", {}).get("config", {}))
+        return dict(self.results.provenance.config)
 
     @property
     def method(self) -> str:
-        return str(self.results["method"])
+        return self.results.method
 
     @property
     def env(self) -> str:
-        return str(self.results["env"])
+        return self.results.env
 
     @property
     def preset(self) -> str | None:
@@ -99,7 +99,7 @@ class Run:
 
     @property
     def model(self) -> dict[str, Any]:
-        return dict(self.results.get("provenance", {}).get("model", {}))
+        return dict(self.results.provenance.model)
 
     @property
     def model_id(self) -> str:
@@ -108,8 +108,8 @@ class Run:
     @property
     def called_model(self) -> bool:
         """Whether any prompt reached the model (the random policy sends none)."""
-        cost = self.results.get("cost", {})
-        return any(cost.get(phase, {}).get("tokens_in") for phase in (LEARN, EVALUATE))
+        cost = self.results.cost
+        return bool(cost.learn.tokens_in or cost.evaluate.tokens_in)
 
     @property
     def model_dtype(self) -> str | None:
@@ -120,11 +120,11 @@ class Run:
 
     @property
     def seeds(self) -> list[int]:
-        return [int(s) for s in self.results.get("seeds", [])]
+        return list(self.results.seeds)
 
     @property
     def eval_splits(self) -> list[str]:
-        return list(self.results.get("splits", {}))
+        return list(self.results.splits)
 
     def evaluated(self, variant: str = PRIMARY_VARIANT) -> list[EpisodeResult]:
         """Test episodes of one variant, as results.json counts them (evaluated splits only)."""
@@ -143,8 +143,8 @@ class Run:
     def variants(self) -> list[str]:
         """Variants evaluated on the test splits besides the primary (e.g. ``without_skill``)."""
         names: set[str] = set()
-        for summary in self.results.get("splits", {}).values():
-            names.update(summary.get("variants", {}))
+        for summary in self.results.splits.values():
+            names.update(summary.variants or {})
         return sorted(names)
 
 
@@ -166,40 +166,36 @@ def load_run(path: Path | str, verification: bool = True) -> Run:
         raise ReportError(f"{path} has no {RESULTS}: pass a folder that `arena run` wrote "
                           "(it holds results.json).")
     try:
-        results = read_json(results_file, "its results")
+        results = validate_results(read_json(results_file, "its results"), str(results_file))
         lines = read_episode_lines(path / EPISODES) if (path / EPISODES).is_file() else None
         violation_lines = read_episode_lines(path / VIOLATIONS) if (path / VIOLATIONS).is_file() else None
         state = Ledger(path).read() if Ledger(path).exists() else None
         metrics = read_metrics(path)
-    except RunDirError as exc:
-        raise ReportError(str(exc)) from exc
-    try:
-        validate_results(results, str(results_file))
-    except ResultsError as exc:
+    except (RunDirError, ResultsError) as exc:
         raise ReportError(str(exc)) from exc
     episodes = None
     chained = False
     on_record = None  # the violations on record; None where the run keeps no record of them
     if lines is not None:
-        chained, on_record = check_record(path, lines, results.get("record"), violation_lines)
+        chained, on_record = check_record(path, lines, results.record, violation_lines)
         episodes = [EpisodeResult.from_dict(r) for r in lines]
     elif violation_lines is not None:  # no episodes to chain them with: their messages only
         on_record = [str(v.get(integrity.VIOLATION)) for v in violation_lines]
     problems = violation_problems(on_record if violation_lines is not None else None,
                                   results, state)
     if problems:  # as the harness would have: the run is invalid, and says why
-        results = {**results, "valid": False,
-                   "violations": [*results.get("violations", []), *problems]}
+        results = results.with_violations(problems)
 
     try:
-        verified = read_verification(path, (results.get("record") or {}).get("head")) if verification else None
+        verified = read_verification(path, None if results.record is None else results.record.head) \
+            if verification else None
     except VerifyError as exc:
         raise ReportError(str(exc)) from exc
     return Run(path=path, results=results, episodes=episodes, state=state, metrics=metrics,
                chained=chained, verification=verified, record_problems=problems)
 
 
-def check_record(path: Path, lines: list[dict[str, Any]], record: dict[str, Any] | None,
+def check_record(path: Path, lines: list[dict[str, Any]], record: Record | None,
                  violations: list[dict[str, Any]] | None = None) -> tuple[bool, list[str]]:
     """Check the chain of episodes.jsonl and violations.jsonl (and the trajectories and MACs
     where they can be checked) against results.json's ``record``: (chained, the violations on
@@ -212,8 +208,8 @@ def check_record(path: Path, lines: list[dict[str, Any]], record: dict[str, Any]
     try:
         report = integrity.verify(lines, episodes_file, trajectories=trajectories,
                                   key=integrity.record_key(create=False),
-                                  expected_key_id=(record or {}).get("key_id"),
-                                  breaks=set((record or {}).get("breaks", [])),
+                                  expected_key_id=None if record is None else record.key_id,
+                                  breaks=set() if record is None else set(record.breaks),
                                   violations=violations, violations_path=path / VIOLATIONS)
     except integrity.RecordError as exc:
         raise ReportError(str(exc)) from exc
@@ -222,23 +218,23 @@ def check_record(path: Path, lines: list[dict[str, Any]], record: dict[str, Any]
             raise ReportError(f"{path / RESULTS} has no record of its episodes' chain while "
                               f"{EPISODES} is chained: results.json was replaced.")
         return False, report.violations
-    head = record.get("head")
+    head = record.head
     ends_there = report.head == head or (
         head in report.hashes and not any(report.is_episode[report.hashes.index(head) + 1:]))
-    if not report.chained or not ends_there or report.lines != record.get("episodes"):
+    if not report.chained or not ends_there or report.lines != record.episodes:
         raise ReportError(f"{episodes_file} does not end where {path / RESULTS} says it does "
-                          f"({record.get('episodes')} lines): lines were added, dropped or the file "
+                          f"({record.episodes} lines): lines were added, dropped or the file "
                           "was replaced. The run cannot be trusted.")
     return True, report.violations
 
 
-def violation_problems(on_record: list[str] | None, results: dict[str, Any],
+def violation_problems(on_record: list[str] | None, results: Results,
                        state: RunState | None) -> list[str]:
     """What makes a run invalid beyond what results.json says: results.json or state.json
     listing other violations than the record (``on_record``; None for a run that keeps no
     record of violations, made before Arena kept one or with none: then state.json's list is
     the truth, and results.json must hold every entry of it)."""
-    listed = [str(v) for v in results.get("violations", [])]
+    listed = list(results.violations)
     in_state = None if state is None else state.violations
     if on_record is None:
         missing = [v for v in in_state or [] if v not in listed]

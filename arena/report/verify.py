@@ -41,6 +41,7 @@ import arena
 from arena.core import provenance
 from arena.core.continuation import LEARNED_STATE, links_in_learned_state
 from arena.core.ledger import Ledger
+from arena.core.results import Results
 from arena.core.rundir import (
     CONFIG,
     EPISODES,
@@ -50,6 +51,7 @@ from arena.core.rundir import (
     RunDirError,
     read_json,
     read_jsonl,
+    read_results,
 )
 from arena.core.salt import SALT_FILE
 from arena.core.settings import Settings
@@ -123,7 +125,7 @@ def trajectories_by_key(path: Path) -> dict[tuple, dict[str, Any]]:
     return {tuple(line.pop("key")): line for line in read_jsonl(path / TRAJECTORIES, repair=False)}
 
 
-def prepare_replay(run_path: Path, replay: Path, results: dict[str, Any],
+def prepare_replay(run_path: Path, replay: Path, results: Results,
                    records: list[EpisodeResult], trajectories: dict[tuple, dict[str, Any]],
                    same_test_draw: bool = True) -> None:
     """A run directory at ``replay`` that ``arena run --resume`` continues from the end of the
@@ -134,8 +136,8 @@ def prepare_replay(run_path: Path, replay: Path, results: dict[str, Any],
         raise VerifyError(f"{Ledger(run_path).path} does not record the end of learning (learn_done and "
                           "the digest evaluation started from): there is no learned state to "
                           "replay from.")
-    if str(results.get("track")) != "frozen":
-        raise VerifyError(f"{run_path} ran the {results.get('track')} track: its method updated after "
+    if results.track != "frozen":
+        raise VerifyError(f"{run_path} ran the {results.track} track: its method updated after "
                           "each test episode, so its evaluation cannot be replayed from the state "
                           "learning ended with. Only frozen evaluations are verified.")
     linked = links_in_learned_state(run_path)
@@ -165,7 +167,7 @@ def prepare_replay(run_path: Path, replay: Path, results: dict[str, Any],
         if trajectory is None and kept_trajectories:
             raise VerifyError(f"{run_path / TRAJECTORIES} lacks the learning episode {record.key}.")
         directory.record(record, Trajectory.from_dict(trajectory) if trajectory is not None
-                         else outcome_only(record, str(results.get("env"))))
+                         else outcome_only(record, results.env))
 
 
 def outcome_only(record: EpisodeResult, env: str) -> Trajectory:
@@ -263,12 +265,12 @@ def compare_episodes(recorded: list[EpisodeResult], recorded_trajectories: dict[
     return len(ours), differing
 
 
-def _dtype(results: dict[str, Any]) -> str | None:
-    dtype = results.get("provenance", {}).get("model", {}).get("dtype")
+def _dtype(results: Results) -> str | None:
+    dtype = results.provenance.model.get("dtype")
     return None if dtype is None else str(dtype)
 
 
-def dtype_notes(original: dict[str, Any], replayed: dict[str, Any]) -> list[str]:
+def dtype_notes(original: Results, replayed: Results) -> list[str]:
     """Why greedy choices may differ on replay: the model's dtype (docs/numerics.md)."""
     ran, now = _dtype(original), _dtype(replayed)
     notes = []
@@ -296,10 +298,7 @@ def verify_run(path: Path | str, *, plugins: Any = None, keep: Path | str | None
     run_path = Path(path)
     if not (run_path / RESULTS).is_file():
         raise VerifyError(f"{run_path} has no {RESULTS}: only a finished run can be verified.")
-    try:
-        record_head = (read_json(run_path / RESULTS, "its results").get("record") or {}).get("head")
-    except RunDirError as exc:
-        raise VerifyError(str(exc)) from exc
+    record_head = _recorded_head(run_path)
     try:
         run = load_run(run_path, verification=False)
     except ReportError as exc:  # the record was changed: nothing to replay against
@@ -322,11 +321,22 @@ def verify_run(path: Path | str, *, plugins: Any = None, keep: Path | str | None
     return outcome
 
 
-def _verify(run_path: Path, results: dict[str, Any], records: list[EpisodeResult], plugins: Any,
+def _recorded_head(run_path: Path) -> str | None:
+    """The head of the record results.json names, read before (and whether or not) the file
+    passes the schema: a verdict on an edited run is tied to the record it names too."""
+    try:
+        record = read_json(run_path / RESULTS, "its results").get("record")
+    except RunDirError as exc:
+        raise VerifyError(str(exc)) from exc
+    head = record.get("head") if isinstance(record, dict) else None
+    return None if head is None else str(head)
+
+
+def _verify(run_path: Path, results: Results, records: list[EpisodeResult], plugins: Any,
             keep: Path | str | None) -> Verification:
     if not records:
         raise VerifyError(f"{run_path} has no {EPISODES}: nothing to compare a replay with.")
-    salt = str((results.get("protocol") or {}).get("eval_salt") or "public")
+    salt = results.protocol.eval_salt or "public"
     if salt.startswith("secret") and not (run_path / SALT_FILE).is_file():
         raise VerifyError(f"{run_path} was evaluated on a secret test draw ({salt}) whose salt is not "
                           f"here ({SALT_FILE} is never committed): verify it where it was made, or "
@@ -342,8 +352,8 @@ def _verify(run_path: Path, results: dict[str, Any], records: list[EpisodeResult
             _replay_in_subprocess(replay)
         else:
             _replay_in_process(replay, plugins)
-        replayed_results = read_json(replay / RESULTS, "the replay's results")
-        not_restored = [v for v in replayed_results.get("violations", []) if v.startswith(NOT_RESTORED)]
+        replayed_results = read_results(replay, "the replay's results")
+        not_restored = [v for v in replayed_results.violations if v.startswith(NOT_RESTORED)]
         if not_restored:
             absent = [name for name in LEARNED_STATE if not (run_path / name).is_dir()]
             where = (f" {run_path} has no {' or '.join(f'{name}/' for name in absent)}: a board keeps "
@@ -359,21 +369,20 @@ def _verify(run_path: Path, results: dict[str, Any], records: list[EpisodeResult
         compared, differing = compare_episodes(records, trajectories if kept_trajectories else None,
                                                replayed, trajectories_by_key(replay))
         summary = {"arena_version": arena.__version__,
-                   "run_arena_version": results.get("provenance", {}).get("arena_version"),
-                   "valid": replayed_results.get("valid"),
-                   "violations": replayed_results.get("violations", []),
+                   "run_arena_version": results.provenance.arena_version,
+                   "valid": replayed_results.valid,
+                   "violations": replayed_results.violations,
                    "dtype": _dtype(replayed_results),
                    "folder": str(replay) if keep is not None else None}
-        made = results.get("provenance", {})
+        made = {"arena_version": results.provenance.arena_version, "git_sha": results.provenance.git_sha}
         now = {"arena_version": arena.__version__, "git_sha": provenance.git_sha()}
-        changed = [f"{k} {made.get(k)} -> {v}" for k, v in now.items() if made.get(k) not in (None, v)]
+        changed = [f"{k} {made[k]} -> {v}" for k, v in now.items() if made[k] not in (None, v)]
         versions = ([f"replayed by another Arena than the run's ({'; '.join(changed)}): a difference "
                      "may come from a change of Arena itself"] if changed else [])
         if not kept_trajectories:
             versions.append(OUTCOMES_ONLY)
             summary["compared"] = "outcomes"
-        new_violations = [v for v in replayed_results.get("violations", [])
-                          if v not in results.get("violations", [])]
+        new_violations = [v for v in replayed_results.violations if v not in results.violations]
         if differing or new_violations:
             parts = []
             if differing:

@@ -70,11 +70,11 @@ class ViewedRun:
     def summary(self, number: int) -> dict[str, Any]:
         results = self.run.results
         return {"run": number, "label": self.run.label, "path": str(self.run.path), "method": self.run.method,
-                "env": self.run.env, "model": self.run.model_id, "track": results.get("track"),
-                "valid": results.get("valid"), "seeds": results.get("seeds", []),
+                "env": self.run.env, "model": self.run.model_id, "track": results.track,
+                "valid": results.valid, "seeds": results.seeds,
                 "episodes": len(self.episodes),
-                "splits": {s: {"success_rate": v["success_rate"], "ci95": v["ci95"], "n_episodes": v["n_episodes"]}
-                           for s, v in results.get("splits", {}).items()}}
+                "splits": {s: {"success_rate": v.success_rate, "ci95": list(v.ci95), "n_episodes": v.n_episodes}
+                           for s, v in results.splits.items()}}
 
     def trajectory(self, index: int) -> dict[str, Any]:
         if not 0 <= index < len(self.episodes):

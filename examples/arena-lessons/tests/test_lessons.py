@@ -21,7 +21,7 @@ def test_plugin_is_installed() -> None:
 def test_learns_lessons_and_uses_them_frozen(run_method) -> None:
     run = run_method("lessons", ["learn.budget.episodes=6"])
     assert_frozen_protocol(run)
-    assert run.results["state"]["method"] == {"lessons": 6}
+    assert run.results.state.method == {"lessons": 6}
     learned_types = {r.task_type for r in run.episodes("learn")}
     evaluated = run.episodes("evaluate")
     # An episode is shown lessons exactly when its task type was learned: never a lesson of
