@@ -11,7 +11,7 @@ from arena import STANDARD, EpisodeRequest
 from arena.core import protocol
 from tests.helpers.runs import register
 
-EVAL = ["eval.limit=1"]
+EVAL = ["eval.limit=1", "learn.budget.episodes=2"]  # every learning episode is budgeted
 
 
 class OwnEpisode:

@@ -286,7 +286,7 @@ class RunContext:
     @overload
     def play(self, request: Sequence[EpisodeRequest], *,
              on_done: Callable[[], object] | None = None) -> list[Trajectory]: ...
-    def play(self, request: EpisodeRequest | Sequence[EpisodeRequest], *,
+    def play(self, request: EpisodeRequest | Sequence[EpisodeRequest], *legacy_args: Any,
              on_done: Callable[[], object] | None = None, **legacy: Any) -> Trajectory | list[Trajectory]:
         """Play one request, or many side by side (results in their order, ``on_done()`` after
         each): the method's ``solve``, the standard solver or a policy of the method's; inside a
@@ -295,10 +295,10 @@ class RunContext:
         learning. The 0.2 form ``run.play(task, experiences, seed=..., ...)`` still works, with
         a ``DeprecationWarning``."""
         if isinstance(request, Task):
-            request = self._legacy_request("run.play(task, ...)", request, **legacy)
-        elif legacy:
+            request = self._legacy_request("run.play(task, ...)", request, *legacy_args, **legacy)
+        elif legacy or legacy_args:
             raise TypeError(f"run.play takes an EpisodeRequest (or a list of them) and on_done, not "
-                            f"{', '.join(sorted(legacy))}: put them on the request.")
+                            f"{', '.join(sorted(legacy)) or 'more arguments'}: put them on the request.")
         requests = [request] if isinstance(request, EpisodeRequest) else list(request)
         for one in requests:
             if not one.record and not self.phases.is_learning():

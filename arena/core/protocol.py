@@ -681,20 +681,21 @@ class Session:
         except Exception as exc:  # the evaluation is kept; the run is invalid
             self.ctx.violation(f"state_size of method '{cfg.method.name}' raised "
                                f"{type(exc).__name__}: {exc}.")
-        experience = self.ctx.experience_control.settings
+        experience, settings = self.ctx.experience_control.settings, self.settings
         facts = SessionFacts(
-            method=cfg.method.name, env=cfg.env.name, track=cast(Track, self.ctx.track),  # checked by the model
-            seeds=[int(s) for s in cfg.run.seeds],
+            method=settings.method.name, env=settings.env.name,
+            track=cast(Track, self.ctx.track),  # checked by the model
+            seeds=list(settings.run.seeds),
             # What a leaderboard must hold equal between runs it ranks together.
             protocol=ProtocolFields(
-                max_steps=self.ctx.eval_max_steps(), max_invalid_actions=int(cfg.eval.max_invalid_actions),
-                limit=cfg.eval.limit, splits=list(cfg.eval.splits), env=dict(self.env.protocol_fields()),
-                source_pool=cast(SourcePool, str(cfg.eval.source_pool)), eval_salt=self.salt.describe()),
+                max_steps=self.ctx.eval_max_steps(), max_invalid_actions=settings.eval.max_invalid_actions,
+                limit=settings.eval.limit, splits=list(settings.eval.splits), env=dict(self.env.protocol_fields()),
+                source_pool=cast(SourcePool, settings.eval.source_pool), eval_salt=self.salt.describe()),
             # How the standard solver laid out its prompts (a method's choice, so not a protocol
             # field; runs of different layouts never pool into one leaderboard row).
-            solver=SolverFields(layout=str(cfg.solver.layout), admissible_turns=str(cfg.solver.admissible_turns),
-                                mode=str(cfg.solver.mode)),
-            learn_split=str(cfg.learn.split), budget=dict(self.ctx.budget.limits),
+            solver=SolverFields(layout=settings.solver.layout, admissible_turns=settings.solver.admissible_turns,
+                                mode=settings.solver.mode),
+            learn_split=settings.learn.split, budget=dict(self.ctx.budget.limits),
             budget_used=dict(self.ctx.budget.used),
             experience=None if experience.is_protocol() else experience.describe(),
             violations=self.ctx.violations_log.messages,  # the harness's record, not state.json's
