@@ -281,7 +281,8 @@ def test_grpo_with_skill_is_evaluated_with_and_without_its_own_card(plugins, tmp
     variants = {json.loads(line)["variant"] for line in (path / "episodes.jsonl").read_text().splitlines()}
     assert {"without_skill", "default"} <= variants and any(v.startswith("eval_source/") for v in variants)
     for split in ("test_seen", "test_unseen"):
-        assert results["splits"][split]["variants"]["without_skill"]["n_episodes"] == 1
+        variants_of = results.splits[split].variants
+        assert variants_of is not None and variants_of["without_skill"].n_episodes == 1
 
 
 @pytest.mark.slow
@@ -576,4 +577,4 @@ def test_an_empty_extractor_reply_is_played_without_a_skill(plugins, tmp_path, m
     assert len(downstream) == 2 * 2 * 2 and not any(e["experience_ids"] for e in downstream)
     primary = [e for e in episodes if e["phase"] != "learn" and e["variant"] == "default"]
     assert primary and all(e["copy_of"] == "without_skill" for e in primary)
-    assert results["valid"] is True
+    assert results.valid is True
