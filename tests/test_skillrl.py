@@ -491,7 +491,7 @@ def test_sft_steps_follow_the_epochs_and_the_target_follows_the_solver(plugins):
     method = object.__new__(skillrl.SkillRL)
     for mode, target in (("choose", "action"), ("react", "tagged")):
         method.cfg = default
-        run = types.SimpleNamespace(cfg=OmegaConf.create({"solver": {"mode": mode}}))
+        run = types.SimpleNamespace(settings=types.SimpleNamespace(solver=types.SimpleNamespace(mode=mode)))
         assert method.sft_target(run) == target
     with pytest.raises(ValueError, match="sft.epochs must be > 0"):
         compose_settings = compose(plugins, "skillrl", overrides=["method.sft.epochs=0"]).method

@@ -248,7 +248,7 @@ class LastTokenEmbedder(Embedder):
     """A decoder embedding model read from the local Hugging Face cache: the last token's hidden
     state of each text (at most ``max_length`` tokens, no instruction), L2-normalised, as
     Evolving-RL's authors embed task questions with Qwen3-Embedding-4B
-    (``env/alfworld/retrieve_server/build_unified_cache.py``). Loads on first use; refuses to
+    (their retrieval server's cache builder). Loads on first use; refuses to
     be built without its weights, naming where they come from (nothing is downloaded)."""
 
     def __init__(self, model_id: str = QWEN3_EMBEDDING_4B, name: str = "qwen3-embedding-4b",

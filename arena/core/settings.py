@@ -112,10 +112,10 @@ class EvalSettings(Section):
 
 @dataclass
 class SolverSettings(Section):
-    layout: str
-    history: int
-    show_admissible: bool
-    admissible_turns: str
+    layout: str = "window"
+    history: int = 2
+    show_admissible: bool = True
+    admissible_turns: str = "full"
     reasoning_max_tokens: int = 64
     max_experiences: int = 4
     max_experience_chars: int | None = 800

@@ -39,7 +39,7 @@ MODES = ("choose", "react")
 #: How many next-best options of a constrained choice a step records (for the viewer).
 ALTERNATIVES = 3
 #: Where a ``react`` reply ends under ``solver.stop_after_action`` (Evolving-RL's authors' stop
-#: string, ``src/alfworld/generate/episode.py:243``).
+#: string, their episode loop, ``generate/episode.py:243``).
 ACTION_END = "</action>"
 _ACTION_TAG = re.compile(r"<action>(.*?)(?:</action>|$)", re.S | re.I)
 
@@ -88,7 +88,7 @@ _CLOSED_ACTION_TAG = re.compile(r"<action>(.*?)</action>", re.S | re.I)
 
 def first_tag_action(reply: str) -> str:
     """The action as Evolving-RL's authors read it (``extract_action``,
-    ``src/alfworld/generate/episode.py:78-98``): the first closed ``<action>`` tag's text,
+    ``generate/episode.py:78-98``): the first closed ``<action>`` tag's text,
     stripped and lower-cased, played as written; with no closed tag, the reply's last 30
     characters (which the world then answers as an unknown command)."""
     match = _CLOSED_ACTION_TAG.search(reply)
@@ -348,7 +348,7 @@ def with_task_message(chat: Chat, edit: Callable[[str], str]) -> Chat:
 
 class EndOnRepeat:
     """``policy``, ending its episode on an action equal to the one before, once played
-    (``Action.final``): ExpeL's and Reflexion's authors end an ALFWorld episode so."""
+    (``Action.final``): ExpeL's and Reflexion's authors end an episode so."""
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
@@ -505,7 +505,7 @@ class StandardSolver:
 
 def overflow(reply: Generation, max_new_tokens: int) -> str:
     """Why a ``react`` turn did not fit, as Evolving-RL's authors end an episode on it (status
-    TRUNCATED, ``src/alfworld/generate/episode.py:223-250, 286-288``): ``prompt`` when the
+    TRUNCATED, ``generate/episode.py:223-250, 286-288``): ``prompt`` when the
     transcript had to be cut to fit ``llm.max_context``; ``reply`` when the reply ran to its
     token limit without closing its action (their generation stops at ``</action>``, so only a
     reply cut by the limit lacks it); empty when it fit. A reply whose end-of-turn token is
