@@ -11,10 +11,9 @@ from typing import Any
 import pytest
 
 from arena.api import typed_config
-from arena.core.config import compose
 from arena.core.rl import group_advantages
 from arena.core.solver import StandardSolver
-from arena.core.types import Observation, RolloutTokens, Step, Task, Termination, Trajectory
+from arena.core.types import RolloutTokens, Step, Task, Termination, Trajectory
 from arena.plugins.evolving_rl.method import Candidate, build_samples
 from arena.plugins.evolving_rl.settings import EvolvingRLSettings
 from arena.plugins.evolving_rl.skills import SkillParseError, audit, parse_skill, richest_json_object
@@ -28,13 +27,7 @@ CARD = json.dumps({"name": "find-then-place", "description": "Find the object, t
 
 @pytest.fixture(scope="module")
 def paper() -> Any:
-    from arena.core.plugins import get_plugins
-
-    return compose(get_plugins(), "evolving_rl", preset="paper")
-
-
-def _by_kind(kind: str) -> list[dict[str, Any]]:
-    return golden.by_kind(CASES, kind)
+    return golden.paper_config("evolving_rl")
 
 
 def test_every_case_names_its_source_and_kind() -> None:
@@ -45,7 +38,7 @@ def test_every_case_names_its_source_and_kind() -> None:
         assert case["source"].startswith("Fanzy27/Evolving-RL@3049822 "), case["name"]
 
 
-@pytest.mark.parametrize("case", _by_kind("card_choice"), ids=golden.names(_by_kind("card_choice")))
+@pytest.mark.parametrize("case", golden.by_kind(CASES, "card_choice"), ids=golden.names(golden.by_kind(CASES, "card_choice")))
 def test_the_card_is_the_object_the_authors_choose(case: dict[str, Any]) -> None:
     try:
         chosen = richest_json_object(case["input"])
@@ -54,7 +47,7 @@ def test_the_card_is_the_object_the_authors_choose(case: dict[str, Any]) -> None
     assert chosen == case["expected"]
 
 
-@pytest.mark.parametrize("case", _by_kind("card_well_formed"), ids=golden.names(_by_kind("card_well_formed")))
+@pytest.mark.parametrize("case", golden.by_kind(CASES, "card_well_formed"), ids=golden.names(golden.by_kind(CASES, "card_well_formed")))
 def test_a_card_is_well_formed_as_the_authors_check_it(case: dict[str, Any]) -> None:
     try:
         parse_skill(json.dumps(case["input"]))
@@ -64,13 +57,13 @@ def test_a_card_is_well_formed_as_the_authors_check_it(case: dict[str, Any]) -> 
     assert formed is case["expected"]
 
 
-@pytest.mark.parametrize("case", _by_kind("card_render"), ids=golden.names(_by_kind("card_render")))
+@pytest.mark.parametrize("case", golden.by_kind(CASES, "card_render"), ids=golden.names(golden.by_kind(CASES, "card_render")))
 def test_a_card_is_rendered_in_the_authors_layout(case: dict[str, Any]) -> None:
     """What the solver is shown and what the audit reads."""
     assert parse_skill(json.dumps(case["input"])).render() == case["expected"]
 
 
-@pytest.mark.parametrize("case", _by_kind("audit"), ids=golden.names(_by_kind("audit")))
+@pytest.mark.parametrize("case", golden.by_kind(CASES, "audit"), ids=golden.names(golden.by_kind(CASES, "audit")))
 def test_the_language_audit_judges_as_the_authors(case: dict[str, Any]) -> None:
     flags = audit(case["input"])
     assert {"passed": not flags, "suspicious": "suspicious characters" in flags,
@@ -78,7 +71,7 @@ def test_the_language_audit_judges_as_the_authors(case: dict[str, Any]) -> None:
             "repetition": any(flag.startswith("repetition") for flag in flags)} == case["expected"]
 
 
-@pytest.mark.parametrize("case", _by_kind("grpo_normalize"), ids=golden.names(_by_kind("grpo_normalize")))
+@pytest.mark.parametrize("case", golden.by_kind(CASES, "grpo_normalize"), ids=golden.names(golden.by_kind(CASES, "grpo_normalize")))
 def test_grpo_normalises_a_group_as_the_authors(case: dict[str, Any], paper: Any) -> None:
     cfg = typed_config(paper.method, EvolvingRLSettings)
     rewards = case["input"]
@@ -103,7 +96,7 @@ def _card(spec: dict[str, bool]) -> Any:
     return card
 
 
-@pytest.mark.parametrize("case", _by_kind("coevolution"), ids=golden.names(_by_kind("coevolution")))
+@pytest.mark.parametrize("case", golden.by_kind(CASES, "coevolution"), ids=golden.names(golden.by_kind(CASES, "coevolution")))
 def test_an_iterations_rewards_and_advantages_are_the_authors(case: dict[str, Any], paper: Any) -> None:
     """Extractor reward = the card's downstream win rate, 0 when it does not parse or fails the
     audit; solver reward 10 x won; both normalised in their groups and scaled (0.2, 1.0)."""
@@ -126,16 +119,13 @@ def _paper_solver(paper: Any, script: list[Any]) -> StandardSolver:
     return StandardSolver.from_config(ScriptedLLM(script), paper.solver)
 
 
-@pytest.mark.parametrize("case", _by_kind("action"), ids=golden.names(_by_kind("action")))
+@pytest.mark.parametrize("case", golden.by_kind(CASES, "action"), ids=golden.names(golden.by_kind(CASES, "action")))
 def test_the_action_is_read_from_a_reply_as_the_authors_read_it(case: dict[str, Any], paper: Any) -> None:
     solver = _paper_solver(paper, [(case["input"], 5, False)])
-    task = Task("room", "toy", "train", "toy", "look around")
-    observation = Observation("You are in a room.", ("go to desk 1", "look", "open drawer 1"))
-    action = solver.policy(task, [], seed=0)(observation, Trajectory(task=task, initial_observation=observation.text))
-    assert action.text == case["expected"]
+    assert golden.action_played(solver) == case["expected"]
 
 
-@pytest.mark.parametrize("case", _by_kind("turn_end"), ids=golden.names(_by_kind("turn_end")))
+@pytest.mark.parametrize("case", golden.by_kind(CASES, "turn_end"), ids=golden.names(golden.by_kind(CASES, "turn_end")))
 def test_an_episode_ends_where_the_authors_end_it(case: dict[str, Any], paper: Any) -> None:
     trajectory, room = play_script(_paper_solver(paper, case["input"]), len(case["input"]))
     expected = case["expected"]
@@ -150,7 +140,7 @@ def tiny() -> Any:
     return TransformersBackend({"model": "tiny", "dtype": "float32"})
 
 
-@pytest.mark.parametrize("case", _by_kind("stop"), ids=golden.names(_by_kind("stop")))
+@pytest.mark.parametrize("case", golden.by_kind(CASES, "stop"), ids=golden.names(golden.by_kind(CASES, "stop")))
 def test_a_reply_stops_where_the_authors_stop_it(case: dict[str, Any], paper: Any, tiny: Any) -> None:
     """The paper solver asks for the authors' stop string; the backend keeps what SGLang keeps
     under it (up to and with the first </action>)."""

@@ -10,9 +10,8 @@ from typing import Any
 import pytest
 
 from arena.api import typed_config
-from arena.core.config import compose
 from arena.core.solver import StandardSolver
-from arena.core.types import Observation, RolloutTokens, Step, Task, Termination, Trajectory
+from arena.core.types import RolloutTokens, Step, Task, Termination, Trajectory
 from arena.plugins.evolving_rl.method import grpo_samples
 from arena.plugins.evolving_rl.settings import EvolvingRLSettings
 from tests.helpers import golden
@@ -23,13 +22,7 @@ CASES = golden.load("grpo")
 
 @pytest.fixture(scope="module")
 def paper() -> Any:
-    from arena.core.plugins import get_plugins
-
-    return compose(get_plugins(), "grpo", preset="paper")
-
-
-def _by_kind(kind: str) -> list[dict[str, Any]]:
-    return golden.by_kind(CASES, kind)
+    return golden.paper_config("grpo")
 
 
 def test_every_case_names_its_source() -> None:
@@ -45,7 +38,7 @@ def _episode(won: bool) -> Trajectory:
                       status=Termination.SUCCESS if won else Termination.FAILURE)
 
 
-@pytest.mark.parametrize("case", _by_kind("grpo_group"), ids=golden.names(_by_kind("grpo_group")))
+@pytest.mark.parametrize("case", golden.by_kind(CASES, "grpo_group"), ids=golden.names(golden.by_kind(CASES, "grpo_group")))
 def test_a_groups_rewards_and_advantages_are_the_authors(case: dict[str, Any], paper: Any) -> None:
     cfg = typed_config(paper.method, EvolvingRLSettings)
     assert cfg.mode == "grpo"
@@ -55,16 +48,13 @@ def test_a_groups_rewards_and_advantages_are_the_authors(case: dict[str, Any], p
     assert [s.advantage for s in samples] == pytest.approx(case["expected"]["advantages"], rel=1e-9, abs=1e-12)
 
 
-@pytest.mark.parametrize("case", _by_kind("action"), ids=golden.names(_by_kind("action")))
+@pytest.mark.parametrize("case", golden.by_kind(CASES, "action"), ids=golden.names(golden.by_kind(CASES, "action")))
 def test_the_action_is_read_as_the_authors_read_it(case: dict[str, Any], paper: Any) -> None:
     solver = StandardSolver.from_config(ScriptedLLM([(case["input"], 5, False)]), paper.solver)
-    task = Task("room", "toy", "train", "toy", "look around")
-    observation = Observation("You are in a room.", ("go to desk 1", "look", "open drawer 1"))
-    action = solver.policy(task, [], seed=0)(observation, Trajectory(task=task, initial_observation=observation.text))
-    assert action.text == case["expected"]
+    assert golden.action_played(solver) == case["expected"]
 
 
-@pytest.mark.parametrize("case", _by_kind("turn_end"), ids=golden.names(_by_kind("turn_end")))
+@pytest.mark.parametrize("case", golden.by_kind(CASES, "turn_end"), ids=golden.names(golden.by_kind(CASES, "turn_end")))
 def test_an_episode_ends_where_the_authors_end_it(case: dict[str, Any], paper: Any) -> None:
     solver = StandardSolver.from_config(ScriptedLLM(case["input"]), paper.solver)
     trajectory, room = play_script(solver, len(case["input"]))

@@ -118,7 +118,7 @@ class RunContext:
             make_store=make_store, before_store_write=window.before_store_write,
             frozen=self.phases.is_frozen, make_backend=make_backend, reporter=reporter)
         self.budget = Budget(
-            {key_: self.settings.learn.budget.limits()[key_] for key_ in BUDGET_KEYS},
+            self.settings.learn.budget.limits(),
             tokens_now=self.services.tokens,
             persist=lambda counters: run_dir.ledger.gradient_steps(counters["gradient_steps"]))
         #: What every method hook is handed as ``run`` (in one process; a worker gets the same names).

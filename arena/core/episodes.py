@@ -450,7 +450,8 @@ class EpisodeRunner:
     def standard_policy(self, task: Task, experiences: list[Experience], seed: int,
                         sampling: Mapping[str, float] | None = None) -> Policy:
         """The harness's standard solver as a policy, decoding as the phase does (or ``sampling``)."""
-        chosen = self.sampling() if sampling is None else Sampling.from_config(sampling)
+        # A request's sampling is plain floats already (EpisodeRequest): no config to type here.
+        chosen = self.sampling() if sampling is None else Sampling(sampling["temperature"], sampling.get("top_p", 1.0))
         return self.solver.policy(task, experiences, seed, temperature=chosen.temperature,
                                   top_p=chosen.top_p)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -30,9 +30,10 @@ class Section:
 
     @classmethod
     def from_config(cls: type[S], section: DictConfig | Mapping[str, Any] | None) -> S:
-        """``section`` (of a composed or stored config; None: absent, every default) typed."""
-        plain = OmegaConf.to_container(section, resolve=True) if isinstance(section, DictConfig) else section
-        return cast(S, _typed(cast(Mapping[str, Any], plain or {}), cls))
+        """``section`` (of a composed or stored config; None: absent, every default) typed:
+        keys another version wrote are left out (composing refuses unknown keys), ``"3"``
+        becomes 3 for an int, ``"abc"`` is refused."""
+        return typed_config(section or {}, cls, prefix="", ignore=(), others=True)
 
 
 @dataclass
@@ -204,8 +205,3 @@ class Settings:
                    logging=LoggingSettings.from_config(plain.get("logging")),
                    executor=ExecutorSettings.from_config(plain.get("executor")))
 
-
-def _typed(section: Mapping[str, Any], schema: type) -> Any:
-    """``section`` as an instance of ``schema``: keys another version wrote are left out
-    (composing refuses unknown keys), ``"3"`` becomes 3 for an int, ``"abc"`` is refused."""
-    return typed_config(section, schema, prefix="", ignore=(), others=True)

@@ -10,7 +10,7 @@ import yaml
 
 from arena.core.settings import Settings
 from arena.core.solver import EndOnRepeat, play
-from arena.core.types import Termination
+from arena.core.types import Observation, Task, Termination, Trajectory
 from arena.testing import FakeLLM
 from tests.helpers.worlds import RepeatWinEpisode, scripted_policy
 
@@ -21,6 +21,21 @@ def load(method: str) -> list[dict[str, Any]]:
     """The method's cases, in file order (a list, or a mapping with ``cases``)."""
     data = yaml.safe_load((GOLDEN / f"{method}.yaml").read_text())
     return list(data["cases"] if isinstance(data, dict) else data)
+
+
+def action_played(solver: Any) -> str:
+    """The action ``solver`` plays at its first step in a room of three admissible actions."""
+    task = Task("room", "toy", "train", "toy", "look around")
+    observation = Observation("You are in a room.", ("go to desk 1", "look", "open drawer 1"))
+    return solver.policy(task, [], seed=0)(observation, Trajectory(task=task, initial_observation=observation.text)).text
+
+
+def paper_config(method: str) -> Any:
+    """The method's config under its paper preset (the authors' settings the cases run with)."""
+    from arena.core.config import compose
+    from arena.core.plugins import get_plugins
+
+    return compose(get_plugins(), method, preset="paper")
 
 
 def by_kind(cases: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
