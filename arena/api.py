@@ -12,30 +12,13 @@ classes load torch on first use.
 from __future__ import annotations
 
 from arena.core import rl
-from arena.core.continuation import begin_learning_phase
-from arena.core.embedder import Embedder
-from arena.core.env import TEST_SPLITS, Environment, Episode, Instructions
-from arena.core.episodes import run_in_threads
-from arena.core.errors import BudgetExhausted, HookReturnError, NotTrainable, ProtocolViolation
-from arena.core.hookspecs import hookimpl, hookspec
-from arena.core.llm import Chat, Generation, LLMBackend, SamplingParams, TrainableBackend
-from arena.core.method_config import typed_config
-from arena.core.method_state import Checkpoints, MethodState
-from arena.core.phase import EVALUATE, LEARN
-from arena.core.progress import ProgressTask
-from arena.core.run_api import STANDARD, BudgetView, EpisodeRequest, PolicyChoice, Run, Store
-from arena.core.rundir import write_json_atomic
-from arena.core.solver import (
-    Action,
-    EndOnRepeat,
-    Policy,
-    StandardSolver,
-    build_prompt,
-    episode_seed,
-    with_task_message,
-)
-from arena.core.tasks import select_tasks
-from arena.core.types import (
+from arena.core.contract.env import TEST_SPLITS, Environment, Episode, Instructions
+from arena.core.contract.errors import BudgetExhausted, HookReturnError, NotTrainable, ProtocolViolation
+from arena.core.contract.hookspecs import hookimpl, hookspec
+from arena.core.contract.llm import Chat, Generation, LLMBackend, SamplingParams, TrainableBackend
+from arena.core.contract.method_config import typed_config
+from arena.core.contract.run_api import STANDARD, BudgetView, EpisodeRequest, PolicyChoice, Run, Store
+from arena.core.contract.types import (
     EpisodeResult,
     Experience,
     Observation,
@@ -45,7 +28,24 @@ from arena.core.types import (
     Termination,
     Trajectory,
 )
-from arena.core.views import EnvironmentView
+from arena.core.execution.episodes import run_in_threads
+from arena.core.execution.phase import EVALUATE, LEARN
+from arena.core.execution.solver import (
+    Action,
+    EndOnRepeat,
+    Policy,
+    StandardSolver,
+    build_prompt,
+    episode_seed,
+    with_task_message,
+)
+from arena.core.execution.tasks import select_tasks
+from arena.core.execution.views import EnvironmentView
+from arena.core.protocol.continuation import begin_learning_phase
+from arena.core.services.embedder import Embedder
+from arena.core.services.progress import ProgressTask
+from arena.core.storage.method_state import Checkpoints, MethodState
+from arena.core.storage.rundir import write_json_atomic
 
 __all__ = [
     "EVALUATE",

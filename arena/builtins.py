@@ -1,6 +1,6 @@
 """The modules of Arena's built-in plugins: environments, LLM backends and methods.
 
-Each registers through the same hooks a third-party package uses (``arena.core.hookspecs``);
+Each registers through the same hooks a third-party package uses (``arena.core.contract.hookspecs``);
 the list lives outside ``arena.core``, which knows no particular environment or method.
 """
 

@@ -19,12 +19,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from arena.core.allocator import compact_allocator
-from arena.core.config import ConfigError
-from arena.core.errors import RanksLost
-from arena.core.registry import RegistrationError, UnknownNameError
-from arena.core.results import Results
-from arena.core.rundir import RunDir, RunDirError
+from arena.core.config.compose import ConfigError
+from arena.core.config.registry import RegistrationError, UnknownNameError
+from arena.core.contract.errors import RanksLost
+from arena.core.contract.results import Results
+from arena.core.host.allocator import compact_allocator
+from arena.core.storage.rundir import RunDir, RunDirError
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -157,7 +157,7 @@ def print_summary(results: Results, path: Path) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (keys methods, envs, backends).")
 def plugins(as_json: bool) -> None:
     """List registered methods, environments and LLM backends."""
-    from arena.core.plugins import get_plugins
+    from arena.core.config.plugins import get_plugins
 
     loaded = get_plugins()
     listing: dict[str, list[dict[str, Any]]] = {

@@ -30,10 +30,10 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from arena.core.context import EVALUATE
-from arena.core.progress import PhaseTally, format_duration
+from arena.core.contract.types import EpisodeResult
+from arena.core.execution.context import EVALUATE
 from arena.core.protocol import PRIMARY_VARIANT
-from arena.core.types import EpisodeResult
+from arena.core.services.progress import PhaseTally, format_duration
 
 
 def counted(result: EpisodeResult) -> bool:

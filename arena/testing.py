@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import arena
-from arena.core.llm import (
+from arena.core.contract.llm import (
     Chat,
     Choice,
     Generation,
@@ -42,9 +42,9 @@ from arena.core.llm import (
     per_prompt,
     sample_option,
 )
-from arena.core.results import Results
-from arena.core.results import validate as validate_results
-from arena.core.types import EpisodeResult, Observation
+from arena.core.contract.results import Results
+from arena.core.contract.results import validate as validate_results
+from arena.core.contract.types import EpisodeResult, Observation
 
 try:  # only the fixtures need it
     import pytest
@@ -253,7 +253,7 @@ LEARN_SPLITS = frozenset({"train", "valid"})
 @dataclass
 class MethodRun:
     """What :func:`run_method` returns: the run directory and its ``results.json`` (as the
-    :class:`~arena.core.results.Results` model: ``run.results.learn.used["episodes"]``)."""
+    :class:`~arena.core.contract.results.Results` model: ``run.results.learn.used["episodes"]``)."""
 
     path: Path
     results: Results
@@ -276,7 +276,7 @@ class MethodRun:
 def fresh_plugins(*, entry_points: bool = True) -> Any:
     """Built-in plugins plus (by default) installed entry points, loaded anew (not the cached
     process-wide set), so a test sees exactly what is installed now."""
-    from arena.core.plugins import Plugins
+    from arena.core.config.plugins import Plugins
 
     plugins = Plugins()
     plugins.load_defaults()
@@ -362,7 +362,7 @@ def learning_context(
     plugins: Any = None,
     fast: bool = True,
 ) -> Any:
-    """A real :class:`~arena.core.context.RunContext` in the learning phase, to call a method's
+    """A real :class:`~arena.core.execution.context.RunContext` in the learning phase, to call a method's
     hooks one by one (``MyMethod(run).update(run, ...)``) against a real store and world.
 
     The context's own hooks (``run.hook``, ``run.play``) are those of ``method``. Close its
@@ -381,7 +381,7 @@ def learning_context(
 def expert_trajectory(env: Any, task: Any, *, max_steps: int = 100) -> Any:
     """A successful trajectory of ``task``, played by the environment's expert (the household
     world has one): a success to learn from without a model that can solve anything."""
-    from arena.core.solver import Action, play
+    from arena.core.execution.solver import Action, play
 
     episode = env.open(task)
 
@@ -519,8 +519,8 @@ if pytest is not None:
     @pytest.fixture
     def experience_store(tmp_path: Path) -> Any:
         """An empty experience store in a temporary folder, with the model-free embedder."""
-        from arena.core.embedder import HashingEmbedder
-        from arena.core.store import ExperienceStore
+        from arena.core.services.embedder import HashingEmbedder
+        from arena.core.services.store import ExperienceStore
 
         return ExperienceStore(tmp_path / "store", HashingEmbedder())
 

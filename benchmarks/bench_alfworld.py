@@ -23,9 +23,9 @@ from pathlib import Path
 import psutil  # installed with accelerate, a core dependency
 import pytest
 
-from arena.core.env import Environment
-from arena.core.env_workers import ProcessEnvironment
-from arena.core.types import Task
+from arena.core.contract.env import Environment
+from arena.core.contract.types import Task
+from arena.core.execution.env_workers import ProcessEnvironment
 from arena.envs.alfworld import data
 from arena.envs.alfworld.environment import AlfworldEnvironment, engine, missing_engine_packages
 from arena.envs.alfworld.plugin import build_local, build_worker

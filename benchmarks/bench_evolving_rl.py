@@ -10,7 +10,7 @@ import json
 import os
 
 from arena.core import protocol
-from arena.core.plugins import Plugins
+from arena.core.config.plugins import Plugins
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

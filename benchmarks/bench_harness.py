@@ -16,10 +16,10 @@ import time
 import pytest
 
 from arena.core import protocol
-from arena.core.llm import SamplingParams
-from arena.core.plugins import Plugins
-from arena.core.solver import Action, build_prompt, play
-from arena.core.types import Trajectory
+from arena.core.config.plugins import Plugins
+from arena.core.contract.llm import SamplingParams
+from arena.core.contract.types import Trajectory
+from arena.core.execution.solver import Action, build_prompt, play
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -21,7 +21,7 @@ import time
 import pytest
 
 from arena.core import protocol
-from arena.core.plugins import Plugins
+from arena.core.config.plugins import Plugins
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from arena.core import protocol
-from arena.core.plugins import Plugins
+from arena.core.config.plugins import Plugins
 from arena.testing import ChoiceRecorder, RecordedChoice
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -16,7 +16,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from arena.backends.transformers_backend import TransformersBackend
-from arena.core.llm import Chat, SamplingParams
+from arena.core.contract.llm import Chat, SamplingParams
 
 SYSTEM = (
     "You are an agent in a household text game. Pick one admissible action; reply with it only."

@@ -37,8 +37,8 @@ ROWS = {
 def overrides(method: str, preset: str | None) -> list[str]:
     if preset is None:
         return ["eval.limit=1"]
-    from arena.core.config import compose
-    from arena.core.plugins import get_plugins
+    from arena.core.config.compose import compose
+    from arena.core.config.plugins import get_plugins
     from arena.testing import shrunk_overrides
 
     return shrunk_overrides(compose(get_plugins(), method, preset=preset))

@@ -97,7 +97,7 @@ def _peak_gib() -> float:
 
 def _arena(requests: list[dict[str, Any]]) -> dict[str, Any]:
     from arena.backends.transformers_backend import TransformersBackend
-    from arena.core.llm import SamplingParams
+    from arena.core.contract.llm import SamplingParams
 
     backend = TransformersBackend({"model": "embedded", "dtype": DTYPE})
     greedy = SamplingParams(temperature=0.0)
@@ -177,7 +177,7 @@ def _timed(requests: list[dict[str, Any]], score: Any, loaded_gib: float, tokens
 
 def _vllm(requests: list[dict[str, Any]]) -> dict[str, Any]:
     from arena.backends.openai_backend import OpenAIBackend
-    from arena.core.llm import SamplingParams
+    from arena.core.contract.llm import SamplingParams
 
     backend = OpenAIBackend({"base_url": os.environ["ARENA_PEER_VLLM_URL"], "model": SERVED,
                              "choose_by": "option_scores", "timeout_s": 600, "concurrency": 8})

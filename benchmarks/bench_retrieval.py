@@ -30,9 +30,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from omegaconf import OmegaConf
 
-from arena.core.embedder import HashingEmbedder, MiniLMEmbedder
-from arena.core.store import ExperienceStore
-from arena.core.types import Experience, Provenance
+from arena.core.contract.types import Experience, Provenance
+from arena.core.services.embedder import HashingEmbedder, MiniLMEmbedder
+from arena.core.services.store import ExperienceStore
 from arena.plugins.memrl.method import INTENT, MEMORY, MemRL
 
 DIM = 384  # MiniLM's dimension: the vectors a default run stores

@@ -14,7 +14,7 @@ import os
 import time
 
 from arena.core import protocol
-from arena.core.plugins import Plugins
+from arena.core.config.plugins import Plugins
 from arena.testing import ChoiceRecorder
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

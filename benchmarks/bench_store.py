@@ -17,9 +17,9 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from arena.core.embedder import HashingEmbedder, MiniLMEmbedder
-from arena.core.store import ExperienceStore
-from arena.core.types import Experience, Provenance
+from arena.core.contract.types import Experience, Provenance
+from arena.core.services.embedder import HashingEmbedder, MiniLMEmbedder
+from arena.core.services.store import ExperienceStore
 
 N_ITEMS = 1_000
 TASK_TYPES = ("pick", "clean", "heat", "cool", "examine", "pick_two")

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from arena.core import protocol
-from arena.core.rundir import RunDir
-from arena.core.types import EpisodeResult, Step, Task, Termination, Trajectory
+from arena.core.contract.types import EpisodeResult, Step, Task, Termination, Trajectory
+from arena.core.storage.rundir import RunDir
 from arena.report.viewer import Viewer
 
 EPISODES = 10_000

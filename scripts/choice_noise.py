@@ -25,8 +25,8 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from arena.core import protocol
-from arena.core.llm import SamplingParams
-from arena.core.plugins import Plugins
+from arena.core.config.plugins import Plugins
+from arena.core.contract.llm import SamplingParams
 from arena.testing import ChoiceRecorder
 
 THRESHOLDS = (0.1, 0.5, 1.0, 1.5, 2.0)

@@ -83,8 +83,8 @@ def main() -> int:
 
 
 def _shrunk(method: str, preset: str | None) -> list[str]:
-    from arena.core.config import compose
-    from arena.core.plugins import get_plugins
+    from arena.core.config.compose import compose
+    from arena.core.config.plugins import get_plugins
     from arena.testing import shrunk_overrides
 
     return shrunk_overrides(compose(get_plugins(), method, preset=preset))

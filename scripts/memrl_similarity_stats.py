@@ -24,7 +24,7 @@ import argparse
 
 import numpy as np
 
-from arena.core.embedder import MiniLMEmbedder
+from arena.core.services.embedder import MiniLMEmbedder
 from arena.envs.household.environment import HouseholdEnvironment
 
 AUTHORS_MEAN, AUTHORS_STD, AUTHORS_THRESHOLD, AUTHORS_MERGE = 0.5187, 0.1203, 0.5, 0.9

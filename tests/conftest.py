@@ -8,7 +8,7 @@ import tempfile
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
-# The record key of this test session (arena.core.integrity), never the user's own.
+# The record key of this test session (arena.core.storage.integrity), never the user's own.
 os.environ.setdefault("ARENA_RECORD_KEY_FILE",
                       os.path.join(tempfile.mkdtemp(prefix="arena-tests-"), "record.key"))
 
@@ -17,7 +17,7 @@ import pytest
 # The helpers' asserts report as the test modules' do (before tests.helpers is first imported).
 pytest.register_assert_rewrite("tests.helpers")
 
-from arena.core.plugins import Plugins  # noqa: E402
+from arena.core.config.plugins import Plugins  # noqa: E402
 from tests.helpers.overrides import FAST  # noqa: E402
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from arena.core.contract.types import RolloutTokens, Step, Task, Trajectory
 from arena.core.rl import (
     AdvantageSettings,
     EpisodeSignal,
@@ -14,7 +15,6 @@ from arena.core.rl import (
     step_anchors,
     terminal_rewards,
 )
-from arena.core.types import RolloutTokens, Step, Task, Trajectory
 
 # Group g: the first episode reaches B from A and is rewarded 8; the second stays in A one step
 # longer (a "Nothing happens" loop), reaches B and gets nothing. Group h: one episode alone.

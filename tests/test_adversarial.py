@@ -21,15 +21,18 @@ from click.testing import CliRunner
 
 import arena
 from arena.cli import cli
-from arena.core import integrity, isolation, protocol, rpc
-from arena.core.context import ProtocolViolation
-from arena.core.method_state import Checkpoints, OutsideFolder
-from arena.core.results import Results
-from arena.core.rpc import RemoteError
-from arena.core.run_api import EpisodeRequest
-from arena.core.rundir import VIOLATIONS, RunDir, RunDirError
-from arena.core.solver import Action
-from arena.core.types import Experience, Provenance, Step, Task, Termination, Trajectory
+from arena.core import protocol
+from arena.core.contract.results import Results
+from arena.core.contract.run_api import EpisodeRequest
+from arena.core.contract.types import Experience, Provenance, Step, Task, Termination, Trajectory
+from arena.core.execution.context import ProtocolViolation
+from arena.core.execution.solver import Action
+from arena.core.isolation import rpc
+from arena.core.isolation.isolated import isolated as isolation
+from arena.core.isolation.rpc import RemoteError
+from arena.core.storage import integrity
+from arena.core.storage.method_state import Checkpoints, OutsideFolder
+from arena.core.storage.rundir import VIOLATIONS, RunDir, RunDirError
 from arena.report import ReportError, build_tables, compare_runs, load_run, load_runs
 from arena.report.verification import UNVERIFIED
 from arena.report.verify import verify_run
@@ -406,7 +409,7 @@ def test_a_hook_returning_the_wrong_type_is_named(plugins, fast, tmp_path):
     path, _ = run(plugins, fast, tmp_path, "wrong_types", "learn.budget.episodes=0")
     errors = {e["error"] for e in evaluated(path)}
     assert errors == {("retrieve failed: HookReturnError: retrieve of method 'wrong_types' returned str; "
-                       "expected a list of arena.core.types.Experience (or None).")}
+                       "expected a list of arena.core.contract.types.Experience (or None).")}
     row, = build_tables(load_runs([path]))[0].rows
     assert any(flag.startswith("every test episode errored") for flag in row.flags)
 
@@ -480,7 +483,7 @@ def test_erasing_violations_from_state_json_does_not_validate_a_run(plugins, fas
 def test_a_store_that_cannot_be_read_is_a_violation_not_a_crash(plugins, fast, tmp_path, monkeypatch):
     # chromadb sometimes raises (code 14, unable to open database file) once a plugin has deleted
     # the store's folder under it: the harness must still write its results, flagged.
-    from arena.core.store import ExperienceStore
+    from arena.core.services.store import ExperienceStore
 
     def unreadable(self):
         raise RuntimeError("unable to open database file")
@@ -637,7 +640,7 @@ class HarnessPatcher(Hostile):
 
     @arena.hookimpl
     def solve(self, run, task, experiences, seed):
-        from arena.core import episodes
+        from arena.core.execution import episodes
 
         episodes.EpisodeRunner._replay_problem = lambda self, trajectory, task: None
         return Trajectory(task=task, initial_observation="You won.", steps=[Step("win", "You won.", True)],
@@ -645,7 +648,7 @@ class HarnessPatcher(Hostile):
 
 
 def test_patching_the_harness_from_a_hook_patches_only_the_methods_process(plugins, fast, tmp_path, monkeypatch):
-    from arena.core import episodes
+    from arena.core.execution import episodes
 
     monkeypatch.setattr(episodes.EpisodeRunner, "_replay_problem", episodes.EpisodeRunner._replay_problem)
     register(plugins, patcher=HarnessPatcher)
@@ -1081,9 +1084,9 @@ def test_an_answer_holds_no_reference(channels):
 def test_a_payload_cannot_change_a_class_or_an_enum_member_of_the_harness():
     """pickle's BUILD sets attributes on whatever is on its stack: with the C unpickler, a class
     the payload was allowed to name (``Trajectory.success = True`` for every trajectory)."""
-    modules = ["arena.core.types"]
-    on_class = b"carena.core.types\nTrajectory\nN}X\x07\x00\x00\x00success\x88s\x86b."
-    on_member = (b"carena.core.types\nTermination\nX\x07\x00\x00\x00success\x85R"
+    modules = ["arena.core.contract.types"]
+    on_class = b"carena.core.contract.types\nTrajectory\nN}X\x07\x00\x00\x00success\x88s\x86b."
+    on_member = (b"carena.core.contract.types\nTermination\nX\x07\x00\x00\x00success\x85R"
                  b"}X\x07\x00\x00\x00_value_X\x07\x00\x00\x00failuresb.")
     on_function = b"ccopyreg\n_reconstructor\nN}X\x0c\x00\x00\x00__defaults__Ns\x86b."
     for data in (on_class, on_member, on_function):
@@ -1201,8 +1204,8 @@ def test_the_workers_environment_is_allow_listed(monkeypatch):
     env = isolation.worker_environment("/w", withheld=frozenset({"BOARD_SALT", "OMP_NUM_THREADS"}))
     assert "BOARD_SALT" not in env and "AWS_SECRET_ACCESS_KEY" not in env and "OMP_NUM_THREADS" not in env
     assert env["LC_ALL"] == "C.UTF-8" and env["TMPDIR"] == "/w" and env["HF_HUB_OFFLINE"] == "1"
-    from arena.core.config import compose
-    from arena.core.plugins import get_plugins
+    from arena.core.config.compose import compose
+    from arena.core.config.plugins import get_plugins
 
     cfg = compose(get_plugins(), "base", overrides=["eval.salt=env:BOARD_SALT", "run.isolation=process"])
     assert isolation.withheld_variables(cfg) == {"BOARD_SALT"}

@@ -24,7 +24,7 @@ from click.testing import CliRunner
 
 from arena.cli import cli
 from arena.core import protocol
-from arena.core.env import TEST_SPLITS, TRAIN_SPLIT, VALID_SPLIT
+from arena.core.contract.env import TEST_SPLITS, TRAIN_SPLIT, VALID_SPLIT
 from arena.envs import alfworld_tasks
 from arena.envs.alfworld import data
 from arena.envs.alfworld.environment import (

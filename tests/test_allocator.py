@@ -1,4 +1,4 @@
-"""The C allocator settings a run starts with (arena.core.allocator)."""
+"""The C allocator settings a run starts with (arena.core.host.allocator)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import sys
 
 import pytest
 
-from arena.core import allocator
+from arena.core.host import allocator
 
 pytestmark = pytest.mark.skipif(allocator._LIBC is None, reason="glibc only (Linux)")
 
-SHOW = "import json; from arena.core.allocator import compact_allocator as c; print(json.dumps(c()))"
+SHOW = "import json; from arena.core.host.allocator import compact_allocator as c; print(json.dumps(c()))"
 
 
 def chosen(**env: str) -> dict[str, int]:

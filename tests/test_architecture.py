@@ -18,7 +18,7 @@ THIRD_PARTY_FILES = sorted([*(ROOT / "examples").rglob("*.py"), *(ROOT / "arena"
 #: pytest helpers.
 PUBLIC = {"arena", "arena.api"}
 TESTING = {"arena.testing"}
-CORE_FILES = sorted([*(ROOT / "arena" / "core").glob("*.py"), *(ROOT / "arena" / "core" / "rl").glob("*.py")])
+CORE_FILES = sorted((ROOT / "arena" / "core").rglob("*.py"))
 #: What no built-in plugin may do: (pattern, why).
 FORBIDDEN = [
     (r"\brun_dir\b|state\.json", "the run directory and state.json are the harness's: use run.method_state"),
@@ -77,7 +77,7 @@ def test_the_whitelist_refuses_the_core_and_another_plugin() -> None:
     own = "arena.plugins.rag"
     assert allowed("arena", own, False) and allowed("arena.plugins.rag.settings", own, False)
     assert allowed("arena.testing", own, True) and not allowed("arena.testing", own, False)
-    for module in ("arena.core.context", "arena.core", "arena.core.rl", "arena.plugins.ragged",
+    for module in ("arena.core.execution.context", "arena.core", "arena.core.rl", "arena.plugins.ragged",
                    "arena.plugins.expel.insights", "arena.cli"):
         assert not allowed(module, own, False), module
 
@@ -92,15 +92,15 @@ def test_there_are_third_party_files_to_check() -> None:
 #: contracts it implements and the harness services it runs on, each named. A plugin outside
 #: Arena gets the contracts from ``arena``; these modules give a built-in the rest.
 BUILT_IN_CORE = {
-    "envs": {"arena.core.env": "the Environment contract and the split names",
-             "arena.core.types": "Task and Observation",
-             "arena.core.env_workers": "a world served from worker processes (ALFWorld)"},
-    "backends": {"arena.core.llm": "the LLMBackend contract",
-                 "arena.core.config": "to_plain, for a backend's description",
-                 "arena.core.allocator": "returning freed memory to the system",
-                 "arena.core.torch_utils": "eval mode and transformers' imports",
-                 "arena.core.cache": "what is built once per machine (converted models)",
-                 "arena.core.method_config": "typed_config, the backend's llm keys typed"},
+    "envs": {"arena.core.contract.env": "the Environment contract and the split names",
+             "arena.core.contract.types": "Task and Observation",
+             "arena.core.execution.env_workers": "a world served from worker processes (ALFWorld)"},
+    "backends": {"arena.core.contract.llm": "the LLMBackend contract",
+                 "arena.core.config.compose": "to_plain, for a backend's description",
+                 "arena.core.host.allocator": "returning freed memory to the system",
+                 "arena.core.host.torch_utils": "eval mode and transformers' imports",
+                 "arena.core.host.cache": "what is built once per machine (converted models)",
+                 "arena.core.contract.method_config": "typed_config, the backend's llm keys typed"},
 }
 
 
@@ -124,11 +124,11 @@ def test_a_built_in_environment_or_backend_imports_only_its_whitelist(area: str)
 
 
 def test_the_built_in_whitelist_refuses_the_harness() -> None:
-    assert built_in_allowed("arena.core.env", "envs") and built_in_allowed("arena.envs.household.world", "envs")
-    for module in ("arena.core.protocol", "arena.core.rundir", "arena.core.context", "arena.plugins.rag",
+    assert built_in_allowed("arena.core.contract.env", "envs") and built_in_allowed("arena.envs.household.world", "envs")
+    for module in ("arena.core.protocol", "arena.core.storage.rundir", "arena.core.execution.context", "arena.plugins.rag",
                    "arena.backends.embedded", "arena.report.runs"):
         assert not built_in_allowed(module, "envs"), module
-    assert not built_in_allowed("arena.core.env", "backends")
+    assert not built_in_allowed("arena.core.contract.env", "backends")
 
 
 def core_module(path: Path) -> str:
@@ -140,15 +140,19 @@ def core_import_graph() -> dict[str, set[str]]:
     return import_graph(CORE_FILES)
 
 
-def import_graph(files: list[Path]) -> dict[str, set[str]]:
+def import_graph(files: list[Path], type_only: bool = True) -> dict[str, set[str]]:
     """module -> the modules of ``files`` it imports, counting every import in the file: at the
-    top, under ``TYPE_CHECKING`` (a cycle there is still two modules that must change together)
-    and inside functions. ``from arena.core import rl`` is the module ``arena.core.rl``."""
+    top, under ``TYPE_CHECKING`` (a cycle there is still two modules that must change together;
+    ``type_only=False`` leaves them out) and inside functions. ``from arena.core import rl`` is
+    the module ``arena.core.rl``."""
     modules = {core_module(path): path for path in files}
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         targets = set()
-        for module, names in _imports_of(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        if not type_only:
+            _drop_type_checking_blocks(tree)
+        for module, names in _imports_of(tree):
             submodules = {f"{module}.{n}" for n in names} & set(modules)
             targets |= submodules or ({module} & set(modules))
         graph[name] = targets - {name}
@@ -210,22 +214,62 @@ def test_no_module_of_arena_and_no_part_of_it_is_in_an_import_cycle() -> None:
     assert cycle is None, "import cycle between arena's parts: " + " -> ".join(cycle or [])
 
 
+def _drop_type_checking_blocks(tree: ast.AST) -> None:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            node.body = []
+
+
+#: arena/core's groups, lowest first (docs/architecture.md says what each holds). A module imports
+#: only its own group and the groups below it; imports under ``TYPE_CHECKING`` are left out (the
+#: contract names in its annotations what the harness hands a method, e.g. the store).
+CORE_GROUPS = ("contract", "host", "storage", "rl", "services", "config", "execution", "isolation", "protocol")
+
+
+def group_of(module: str) -> str:
+    """``arena.core.storage.ledger`` -> ``storage``; ``arena.core`` itself is its own."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 else ""
+
+
+def upward_imports(graph: dict[str, set[str]], groups: tuple[str, ...] = CORE_GROUPS) -> list[str]:
+    """Every edge of ``graph`` from a group to a higher one, as ``module -> module``."""
+    rank = {group: number for number, group in enumerate(groups)}
+    return sorted(f"{source} -> {target}" for source, targets in graph.items() for target in targets
+                  if group_of(source) in rank and rank.get(group_of(target), -1) > rank[group_of(source)])
+
+
+def test_every_core_module_is_in_a_group() -> None:
+    loose = [core_module(path) for path in CORE_FILES if group_of(core_module(path)) not in CORE_GROUPS
+             and core_module(path) != "arena.core"]
+    assert not loose, f"{loose}: put each in one of the groups {CORE_GROUPS} (docs/architecture.md)"
+
+
+def test_the_core_groups_import_only_downward() -> None:
+    graph = import_graph(CORE_FILES, type_only=False)
+    assert "arena.core.storage.ledger" in graph["arena.core.storage.rundir"]  # the edges are read
+    assert not upward_imports(graph), upward_imports(graph)
+
+
+def test_the_direction_check_finds_an_upward_import() -> None:
+    graph = {"arena.core.contract.types": {"arena.core.storage.ledger"},
+             "arena.core.protocol.session": {"arena.core.contract.types"}}
+    assert upward_imports(graph) == ["arena.core.contract.types -> arena.core.storage.ledger"]
+
+
 def test_the_run_protocols_module_imports_no_implementation() -> None:
     """The contract is the ground floor: what ``run_api`` imports when it runs (not under
     ``TYPE_CHECKING``) is the plain types only."""
-    tree = ast.parse((ROOT / "arena" / "core" / "run_api.py").read_text())
-    checking = [node for node in ast.walk(tree) if isinstance(node, ast.If)
-                and getattr(node.test, "id", None) == "TYPE_CHECKING"]
-    for block in checking:
-        block.body = []
+    tree = ast.parse((ROOT / "arena" / "core" / "contract" / "run_api.py").read_text())
+    _drop_type_checking_blocks(tree)
     imported = {module for module, _ in _imports_of(tree) if module.startswith("arena")}
-    assert imported == {"arena.core.types"}, imported
+    assert imported == {"arena.core.contract.types"}, imported
 
 
 def test_the_core_import_graph_has_no_cycle() -> None:
     graph = core_import_graph()
-    assert {"arena.core.context", "arena.core.episodes", "arena.core.rl.trainer"} <= set(graph)
-    assert "arena.core.run_api" in graph["arena.core.episodes"]  # the edges are read
+    assert {"arena.core.execution.context", "arena.core.execution.episodes", "arena.core.rl.trainer"} <= set(graph)
+    assert "arena.core.contract.run_api" in graph["arena.core.execution.episodes"]  # the edges are read
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle in arena/core: " + " -> ".join(cycle or [])
 
@@ -372,11 +416,11 @@ def results_dicts(source: str) -> list[str]:
 
 @pytest.mark.parametrize("path", RESULTS_READERS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_a_runs_results_are_never_a_dict(path: Path) -> None:
-    """Results are built by arena.core.results_builder and read as arena.core.results.Results
+    """Results are built by arena.core.protocol.results_builder and read as arena.core.contract.results.Results
     (attributes, not keys): a results dict would let a misspelt key read as absent."""
     found = results_dicts(path.read_text())
     assert not found, (f"{path.relative_to(ROOT)} types a run's results as a mapping ({'; '.join(found)}): "
-                       "use arena.core.results.Results (read_results, Results.to_json for the file's JSON)")
+                       "use arena.core.contract.results.Results (read_results, Results.to_json for the file's JSON)")
 
 
 def test_the_results_dict_check_finds_them() -> None:

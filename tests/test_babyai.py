@@ -16,8 +16,8 @@ from minigrid.minigrid_env import MiniGridEnv
 
 from arena.cli import cli
 from arena.core import protocol
-from arena.core.env import POOL_SPLIT, TEST_SPLITS, TRAIN_SPLIT
-from arena.core.types import Task
+from arena.core.contract.env import POOL_SPLIT, TEST_SPLITS, TRAIN_SPLIT
+from arena.core.contract.types import Task
 from arena.envs.babyai import LADDER
 from arena.envs.babyai.environment import (
     SPLIT_SEED_BASE,
@@ -282,7 +282,7 @@ def test_every_trained_built_in_method_runs_on_babyai(method, plugins, tmp_path)
 def test_environments_in_worker_processes_keep_their_instructions_and_packages() -> None:
     """env.workers wraps an environment in a process pool; what the agent is told and which
     packages a run records must come from the wrapped world, not the interface's defaults."""
-    from arena.core.env_workers import ProcessEnvironment
+    from arena.core.execution.env_workers import ProcessEnvironment
     from arena.envs.babyai.environment import INSTRUCTIONS
 
     local = BabyAIEnvironment(n_train=2, n_valid=1, n_test=1)

@@ -29,7 +29,7 @@ from arena.backends.transformers_backend import (
     TransformersBackend,
     TransformersConfig,
 )
-from arena.core.llm import Chat, SamplingParams
+from arena.core.contract.llm import Chat, SamplingParams
 
 WORDS = ["go", "to", "take", "open", "close", "desk", "drawer", "1", "2", "3", "apple", "mug", "from", "in", "on", "look", "fridge", "north"]
 GREEDY = SamplingParams()
@@ -376,7 +376,7 @@ LEAN_RUN = """
 import json, sys
 import torch
 from arena.backends.transformers_backend import TransformersBackend
-from arena.core.embedder import MiniLMEmbedder
+from arena.core.services.embedder import MiniLMEmbedder
 from arena.core.rl.loss import token_entropy, token_logprobs
 llm = TransformersBackend({"model": "tiny", "dtype": "float32"})
 MiniLMEmbedder().embed(["put a clean mug in coffeemachine"])

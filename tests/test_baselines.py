@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from arena.core import protocol
-from arena.core.config import compose
-from arena.core.context import EVALUATE, LEARN
-from arena.core.embedder import HashingEmbedder
-from arena.core.method_config import typed_config
+from arena.core.config.compose import compose
+from arena.core.contract.method_config import typed_config
+from arena.core.contract.types import Experience, Provenance, RolloutTokens, Step, Task, Termination, Trajectory
+from arena.core.execution.context import EVALUATE, LEARN
 from arena.core.rl import AdvantageSettings, EpisodeSignal, step_advantages
-from arena.core.store import ExperienceStore
-from arena.core.types import Experience, Provenance, RolloutTokens, Step, Task, Termination, Trajectory
+from arena.core.services.embedder import HashingEmbedder
+from arena.core.services.store import ExperienceStore
 from arena.plugins.gigpo.method import build_samples
 from arena.plugins.gigpo.settings import GiGPOSettings
 from arena.plugins.mem0.method import MEMORY, apply_events
@@ -78,7 +78,7 @@ def test_gigpo_samples_carry_each_decisions_own_advantage(plugins) -> None:
 def test_gigpo_takes_its_penalty_off_the_steps_whose_reply_was_malformed_only(plugins) -> None:
     """The authors' "invalid" is a reply without its tags (or in another script): a
     well-formed inadmissible action is not penalised; a malformed one is, on its own step."""
-    from arena.core.solver import well_formed
+    from arena.core.execution.solver import well_formed
     from arena.plugins.gigpo.method import step_penalties, step_rewards
 
     assert well_formed("<reasoning>the mug is on the desk</reasoning> <Action>take mug 1</ACTION>")
@@ -102,7 +102,7 @@ def test_gigpo_takes_its_penalty_off_the_steps_whose_reply_was_malformed_only(pl
 
 
 def test_the_react_solver_records_whether_each_reply_was_well_formed() -> None:
-    from arena.core.solver import StandardSolver, play
+    from arena.core.execution.solver import StandardSolver, play
     from arena.envs.household.environment import HouseholdEnvironment
 
     replies = iter(["<reasoning>look</reasoning><action>look</action>", "look around"])

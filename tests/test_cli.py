@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from arena.cli import cli
-from arena.core.rundir import RunDirError
+from arena.core.storage.rundir import RunDirError
 from tests.helpers.overrides import FAST
 
 
@@ -65,7 +65,7 @@ def test_show_tells_a_running_run_from_an_interrupted_one(tmp_path):
 
     (tmp_path / "config.yaml").write_text("method: {name: base}\n")
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from arena.core.rundir import RunDir; "
+        [sys.executable, "-c", "import sys, time; from arena.core.storage.rundir import RunDir; "
          "lock = RunDir(sys.argv[1]).lock().acquire(); print('held', flush=True); time.sleep(60)",
          str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:

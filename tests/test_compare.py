@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from arena.cli import cli
-from arena.core.types import EpisodeResult
+from arena.core.contract.types import EpisodeResult
 from arena.report import ReportError, Run, compare_runs, load_run
 from arena.report.compare import bootstrap_ci, compare_split, sign_flip_p_value
 from tests.helpers.reports import make_run, report_plugins, scripted_success

@@ -9,16 +9,16 @@ import time
 
 import pytest
 
-from arena.core import stopping
-from arena.core.batching import BatchingBackend
-from arena.core.config import ConfigError, compose, parse_overrides
-from arena.core.env import Episode
-from arena.core.episodes import run_in_threads
-from arena.core.llm import SamplingParams, sample_option
-from arena.core.rundir import RunDir
-from arena.core.solver import Action, play
-from arena.core.stats import success_ci, wilson_interval
-from arena.core.types import EpisodeResult, Observation, Task, Termination, Trajectory
+from arena.core.config.compose import ConfigError, compose, parse_overrides
+from arena.core.contract.env import Episode
+from arena.core.contract.llm import SamplingParams, sample_option
+from arena.core.contract.types import EpisodeResult, Observation, Task, Termination, Trajectory
+from arena.core.execution.episodes import run_in_threads
+from arena.core.execution.solver import Action, play
+from arena.core.host import stopping
+from arena.core.services.batching import BatchingBackend
+from arena.core.storage.rundir import RunDir
+from arena.core.storage.stats import success_ci, wilson_interval
 from arena.testing import FakeLLM, random_chat
 
 

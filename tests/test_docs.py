@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from arena import Run
-from arena.core.plugins import new_plugin_manager
+from arena.core.config.plugins import new_plugin_manager
 from tests.helpers.packaging import make_venv, sh
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
@@ -200,8 +200,8 @@ def test_fidelity_defaults_match_the_configs() -> None:
 
     from omegaconf import OmegaConf
 
-    from arena.core.config import compose
-    from arena.core.plugins import Plugins
+    from arena.core.config.compose import compose
+    from arena.core.config.plugins import Plugins
 
     plugins = Plugins()
     plugins.load_defaults()
@@ -249,8 +249,8 @@ def paper_preset_problems(table: dict[str, dict[str, dict[str, object]]],
 
     from omegaconf import OmegaConf
 
-    from arena.core.config import compose
-    from arena.core.plugins import Plugins
+    from arena.core.config.compose import compose
+    from arena.core.config.plugins import Plugins
 
     plugins = Plugins()
     plugins.load_defaults()

@@ -1,4 +1,4 @@
-"""Environment worker processes (arena.core.env_workers), on the household world and on a
+"""Environment worker processes (arena.core.execution.env_workers), on the household world and on a
 scripted environment that fails on request: same observations as in-process, errors with the
 worker's traceback, dead and hung workers replaced, steps of different workers overlapping."""
 
@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from arena.core.env_workers import EnvWorkerError, ProcessEnvironment
+from arena.core.execution.env_workers import EnvWorkerError, ProcessEnvironment
 from arena.envs.household import HouseholdEnvironment
 from tests.helpers.worlds import HOUSEHOLD, ScriptedEnvironment, play_script
 

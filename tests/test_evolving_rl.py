@@ -10,11 +10,11 @@ import pytest
 from omegaconf import OmegaConf
 
 from arena.core import protocol
-from arena.core.config import compose
-from arena.core.llm import Generation, SamplingParams
+from arena.core.config.compose import compose
+from arena.core.contract.llm import Generation, SamplingParams
+from arena.core.contract.types import RolloutTokens, Step, Task, Termination, Trajectory
+from arena.core.execution.solver import StandardSolver
 from arena.core.rl import group_advantages
-from arena.core.solver import StandardSolver
-from arena.core.types import RolloutTokens, Step, Task, Termination, Trajectory
 from arena.envs.alfworld_tasks import HOUSEHOLD_INSTRUCTIONS
 from arena.plugins.evolving_rl import method as evolving
 from arena.plugins.evolving_rl.method import Candidate, build_samples
@@ -131,7 +131,7 @@ def test_the_solver_is_asked_to_judge_whether_the_skill_applies(plugins):
     """The authors' with-skill prompt tells the solver to analyse, in its reasoning, whether the
     skill applies; every card the solver is shown (parsed or raw) comes after that instruction,
     and ``method.skill_applicability=false`` shows the card alone."""
-    from arena.core.method_config import typed_config
+    from arena.core.contract.method_config import typed_config
     from arena.plugins.evolving_rl.method import APPLICABILITY, Candidate, candidate_experience
     from arena.plugins.evolving_rl.settings import EvolvingRLSettings
 
@@ -157,8 +157,8 @@ def test_the_solver_is_asked_to_judge_whether_the_skill_applies(plugins):
 def test_a_whole_card_reaches_the_solver(plugins):
     """A 1,500-character card is shown whole (the authors inject the whole card); the harness
     default would cut it at 800 characters."""
-    from arena.core.solver import StandardSolver
-    from arena.core.types import Experience, Observation, Provenance
+    from arena.core.contract.types import Experience, Observation, Provenance
+    from arena.core.execution.solver import StandardSolver
 
     cfg = compose(plugins, "evolving_rl")
     assert cfg.solver.max_experience_chars is None
@@ -303,9 +303,9 @@ class Killed(BaseException):
 
 @pytest.mark.slow
 def test_kill_mid_iteration_resumes_without_replaying_or_losing_rollouts(plugins, tmp_path, monkeypatch):
-    from arena.core.context import LEARN
+    from arena.core.execution.context import LEARN
     from arena.core.rl.trainer import PolicyTrainer
-    from arena.core.rundir import RunDir
+    from arena.core.storage.rundir import RunDir
 
     monkeypatch.setattr(evolving, "parse_skill", lambda text: parse_skill(CARD_JSON))
     real_record, real_step, real_extract = RunDir.record, PolicyTrainer.step, evolving.EvolvingRL.extract
@@ -360,7 +360,7 @@ def test_kill_mid_iteration_resumes_without_replaying_or_losing_rollouts(plugins
 def test_the_extractor_reads_the_reasoning_a_free_text_solver_wrote():
     """The authors' extractor reads the whole episode, the solver's reasoning included; a
     constrained choice writes none, so its transcript is unchanged."""
-    from arena.core.types import Step
+    from arena.core.contract.types import Step
     from arena.envs.household.environment import HouseholdEnvironment
     from arena.plugins.evolving_rl.prompts import extractor_prompt
 
@@ -379,7 +379,7 @@ def test_extractor_reply_prefix_is_prompt_and_part_of_the_card():
     """The prefix opens the assistant's reply; the card parsed is prefix + generated text."""
     from types import SimpleNamespace
 
-    from arena.core.llm import SamplingParams
+    from arena.core.contract.llm import SamplingParams
 
     body = CARD_JSON.removeprefix('{"name": "')
     seen = []
@@ -511,7 +511,7 @@ def test_the_paper_preset_names_the_authors_retrieval_embedder(plugins, tmp_path
     embedder, as they run the tiny model); without its weights the run stops before it plays,
     naming the fix; the embedder itself pools the last token of a local model."""
     from arena.backends.embedded import tiny_model_dir
-    from arena.core.embedder import LastTokenEmbedder, make_embedder
+    from arena.core.services.embedder import LastTokenEmbedder, make_embedder
 
     for method in ("evolving_rl", "grpo"):
         assert compose(plugins, method, preset="paper").embedder.name == "qwen3-embedding-4b"

@@ -94,7 +94,7 @@ def test_card_that_fails_audit_parses_but_is_flagged():
 
 
 def test_extractor_prompt_asks_for_the_authors_schema_without_the_type_label():
-    from arena.core.types import Step, Task, Trajectory
+    from arena.core.contract.types import Step, Task, Trajectory
     from arena.plugins.evolving_rl.prompts import extractor_prompt
 
     task = Task(task_id="t", env="household", split="train", task_type="pick_heat_then_place_in_recep",

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from arena.core import protocol
-from arena.core.results import Results
+from arena.core.contract.results import Results
 from tests.helpers.methods import HelperCopier
 from tests.helpers.overrides import FAST
 from tests.helpers.runs import killed_run, register
@@ -133,7 +133,7 @@ def test_a_declared_copy_of_a_helper_recorded_before_a_kill_stays_valid(tmp_path
     """Killed right after a task's helper episode was recorded: on resume the helper comes back
     from the record, and the result copied from it is still the copy of that task's only helper."""
     overrides = [*FAST, "eval.limit=1", "learn.budget.episodes=0", "eval.concurrency=1"]
-    code = ("import sys; from arena.core import protocol; from arena.core.plugins import Plugins; "
+    code = ("import sys; from arena.core import protocol; from arena.core.config.plugins import Plugins; "
             "from tests.helpers.runs import register; from tests.helpers.methods import HelperCopier; "
             "p = Plugins(); p.load_defaults(); register(p, helper_copier=HelperCopier); "
             "protocol.run('helper_copier', overrides=sys.argv[2:], out=sys.argv[1], plugins=p)")

@@ -1,4 +1,4 @@
-"""Executors (arena.core.executors): the Ray executor against a local Ray of 2 CPUs gives the
+"""Executors (arena.core.execution.executors): the Ray executor against a local Ray of 2 CPUs gives the
 same observations and the same run results as the local executor; actor errors carry their
 traceback, dead actors are replaced, bad settings get errors that say what to do."""
 
@@ -12,8 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from arena.core.env_workers import EnvWorkerError
-from arena.core.registry import UnknownNameError
+from arena.core.config.registry import UnknownNameError
+from arena.core.execution.env_workers import EnvWorkerError
 from arena.testing import TINY_MODEL_OVERRIDES, run_method
 from tests.helpers.worlds import HOUSEHOLD, ScriptedEnvironment, play_script
 
@@ -37,7 +37,7 @@ def local_ray():
 
 
 def ray_env(local, factory, **options):
-    from arena.core.executors import RayEnvironment
+    from arena.core.execution.executors import RayEnvironment
 
     options.setdefault("actors", 2)
     return RayEnvironment(local, factory, **options)
@@ -150,7 +150,7 @@ def test_an_unknown_executor_names_the_choices(tmp_path):
 
 
 def test_without_ray_the_error_says_how_to_install_it(monkeypatch):
-    from arena.core.executors import RayEnvironment
+    from arena.core.execution.executors import RayEnvironment
 
     monkeypatch.setitem(sys.modules, "ray", None)
     with pytest.raises(ImportError, match=r"pip install 'arena\[ray\]'"):

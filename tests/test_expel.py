@@ -13,10 +13,10 @@ from omegaconf import OmegaConf
 
 import arena
 from arena.core import protocol
-from arena.core.embedder import HashingEmbedder
-from arena.core.llm import Choice, Generation
-from arena.core.store import ExperienceStore
-from arena.core.types import Experience, Provenance, Task
+from arena.core.contract.llm import Choice, Generation
+from arena.core.contract.types import Experience, Provenance, Task
+from arena.core.services.embedder import HashingEmbedder
+from arena.core.services.store import ExperienceStore
 from arena.envs.alfworld_tasks import HOUSEHOLD_INSTRUCTIONS
 from arena.plugins.expel.insights import Insight, InsightBook, Operation, parse_operations
 from arena.plugins.expel.method import ExpeL, select_fewshots, trials_needed
@@ -444,7 +444,7 @@ def test_fewer_reflections_mean_fewer_trials(plugins, oracle, tmp_path):
 
 
 def test_defaults_follow_the_authors(plugins):
-    from arena.core.config import compose
+    from arena.core.config.compose import compose
 
     cfg = compose(plugins, "expel")
     method = cfg.method

@@ -78,7 +78,7 @@ def learned(plugins, fast, tmp_path):
 
 def shown_types(arm_path):
     """(played task type, [types of the notes it was shown]) per test episode of an arm."""
-    from arena.core.store import stored_experiences
+    from arena.core.services.store import stored_experiences
 
     notes = {e.experience_id: e.text.removeprefix("type ") for e in stored_experiences(arm_path / "store")}
     shown = []
@@ -149,13 +149,13 @@ def test_poison_adds_a_share_of_other_types_notes_under_learned_keys(learned, pl
     misled = [t for played, t in shown_types(tmp_path / "poison" / "poison-0.5") if any(x != played for x in t)]
     assert misled
     assert all(x == played for played, t in shown_types(tmp_path / "poison" / "poison-0") for x in t)
-    from arena.core.store import stored_experiences
+    from arena.core.services.store import stored_experiences
     assert not any("poison" in e.experience_id for e in stored_experiences(tmp_path / "poison" / "poison-0.5" / "store"))
 
 
 def test_poison_killed_while_poisoning_is_poisoned_once_and_a_share_that_adds_nothing_is_refused(
         learned, plugins, fast, tmp_path, monkeypatch):
-    from arena.core.ledger import Ledger
+    from arena.core.storage.ledger import Ledger
 
     source = learned["type_notes"]
     items = load_run(source).results.state.memory_items
@@ -182,7 +182,7 @@ def test_poison_killed_while_poisoning_is_poisoned_once_and_a_share_that_adds_no
     assert direct.valid and direct.protocol.experience["poisoned"]["poison_items"] == 0
 
 
-#: The state entry of a learned state evaluated with another model (arena.core.ledger.ModelChange).
+#: The state entry of a learned state evaluated with another model (arena.core.storage.ledger.ModelChange).
 MODEL_CHANGED = "model_changed"
 
 
@@ -373,7 +373,7 @@ def placing(plugins, fast, tmp_path):
 
 def rules_shown(arm_path):
     """The placing commands each test episode of an arm was shown."""
-    from arena.core.store import stored_experiences
+    from arena.core.services.store import stored_experiences
 
     rules = {e.experience_id: e.text.split(":")[0].strip() for e in stored_experiences(arm_path / "store")}
     return {tuple(sorted(rules[i] for i in json.loads(line)["experience_ids"]))
@@ -413,7 +413,7 @@ def test_conflict_says_when_a_method_learns_nothing_again(placing, plugins, tmp_
 
 
 def test_a_run_continues_only_from_a_finished_valid_run_of_its_method(placing, plugins, fast, tmp_path):
-    from arena.core.rundir import RunDirError
+    from arena.core.storage.rundir import RunDirError
 
     with pytest.raises(RunDirError, match="not 'placing_rule'"):
         protocol.run("placing_rule", overrides=fast + [f"run.continue_from={placing['learns_once']}"],
@@ -463,7 +463,7 @@ def test_stale_on_a_recoloured_babyai(plugins, fast, tmp_path):
 
 def test_reflexion_learns_again_on_the_changed_world_beside_its_old_reflections(plugins, fast, tmp_path):
     """A continued Reflexion tries every train task again and keeps both phases' reflections."""
-    from arena.core.store import stored_experiences
+    from arena.core.services.store import stored_experiences
 
     settings = fast + ["llm.reply=Open the fridge before taking the apple.", "method.train_tasks=2",
                        "method.trials=2", "eval.limit=2", "eval.max_steps=3", "learn.max_steps=3"]
@@ -482,7 +482,7 @@ def test_reflexion_learns_again_on_the_changed_world_beside_its_old_reflections(
 def test_expel_gathers_again_on_the_changed_world_beside_its_old_trials(plugins, fast, tmp_path):
     """A continued ExpeL gathers every train task again (its trials stored beside the first
     phase's) and critiques them against the insights the first phase left."""
-    from arena.core.store import stored_experiences
+    from arena.core.services.store import stored_experiences
 
     settings = fast + ["method.max_reflections=1", "method.train_tasks=2", "eval.limit=2", "eval.max_steps=3",
                        "learn.max_steps=3"]
@@ -534,7 +534,7 @@ def test_transfer_to_other_weights_checks_the_learned_state_under_the_source_wei
 def test_a_learned_state_with_links_is_neither_evaluated_nor_continued(placing, plugins, fast, tmp_path):
     """A link in a submitted run's store would bring what it points to (the signing key, say)
     into the copy the method reads."""
-    from arena.core.rundir import RunDirError
+    from arena.core.storage.rundir import RunDirError
     from arena.report.evaluate_state import EvaluateError, prepare_evaluation
 
     secret = tmp_path / "secret"
@@ -552,7 +552,7 @@ def test_a_learned_state_with_links_is_neither_evaluated_nor_continued(placing, 
 
 def test_a_continued_run_killed_before_its_first_state_is_made_again_on_resume(placing, plugins, fast,
                                                                              tmp_path, monkeypatch):
-    from arena.core.rundir import RunDir
+    from arena.core.storage.rundir import RunDir
 
     real = RunDir.write_first_state
     with monkeypatch.context() as patched:
@@ -726,7 +726,7 @@ class WinsWithItsOwnNote(TypeNotes):
     @arena.hookimpl
     def solve(self, run: arena.Run, task: arena.Task, experiences: list[arena.Experience],
               seed: int) -> arena.Trajectory:
-        from arena.core.solver import Action, play
+        from arena.core.execution.solver import Action, play
         from tests.helpers.runs import harness_of, oracle_episode
 
         if f"type {task.task_type}" not in {e.text for e in experiences}:

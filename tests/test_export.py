@@ -11,8 +11,8 @@ from click.testing import CliRunner
 
 from arena.cli import cli
 from arena.core import protocol
-from arena.core.metrics import read_metrics
-from arena.core.store import stored_experiences
+from arena.core.services.store import stored_experiences
+from arena.core.storage.metrics import read_metrics
 
 FAKE = ["llm.backend=fake", "embedder.name=hashing", "env.n_train=20", "env.n_valid=4", "env.n_test=4",
         "eval.max_steps=6", "eval.limit=2", "learn.budget.episodes=3"]

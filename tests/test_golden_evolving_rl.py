@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from arena.api import typed_config
+from arena.core.contract.types import RolloutTokens, Step, Task, Termination, Trajectory
+from arena.core.execution.solver import StandardSolver
 from arena.core.rl import group_advantages
-from arena.core.solver import StandardSolver
-from arena.core.types import RolloutTokens, Step, Task, Termination, Trajectory
 from arena.plugins.evolving_rl.method import Candidate, build_samples
 from arena.plugins.evolving_rl.settings import EvolvingRLSettings
 from arena.plugins.evolving_rl.skills import SkillParseError, audit, parse_skill, richest_json_object

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from arena.core.config import compose
+from arena.core.config.compose import compose
 from arena.envs.alfworld_tasks import HOUSEHOLD_INSTRUCTIONS
 from arena.plugins.expel.insights import parse_operations
 from arena.plugins.expel.method import EndOnRepeat, ExpeL, fresh_state

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from arena.core.config import compose
-from arena.core.method_config import typed_config
+from arena.core.config.compose import compose
+from arena.core.contract.method_config import typed_config
+from arena.core.execution.solver import parse_action, well_formed
 from arena.core.rl import discounted_returns
-from arena.core.solver import parse_action, well_formed
 from arena.plugins.gigpo.method import build_samples, episode_reward, step_penalties, step_rewards
 from arena.plugins.gigpo.settings import GiGPOSettings
 from tests.helpers.golden_verl import cases, group_episodes

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from arena.api import typed_config
-from arena.core.solver import StandardSolver
-from arena.core.types import RolloutTokens, Step, Task, Termination, Trajectory
+from arena.core.contract.types import RolloutTokens, Step, Task, Termination, Trajectory
+from arena.core.execution.solver import StandardSolver
 from arena.plugins.evolving_rl.method import grpo_samples
 from arena.plugins.evolving_rl.settings import EvolvingRLSettings
 from tests.helpers import golden

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import yaml
 
-from arena.core.config import compose
-from arena.core.embedder import HashingEmbedder
-from arena.core.store import ExperienceStore
-from arena.core.types import Experience, Provenance
+from arena.core.config.compose import compose
+from arena.core.contract.types import Experience, Provenance
+from arena.core.services.embedder import HashingEmbedder
+from arena.core.services.store import ExperienceStore
 from arena.plugins.mem0.method import MEMORY, apply_events
 from arena.plugins.mem0.prompts import parse_events, parse_facts
 
@@ -25,7 +25,7 @@ EVENTS = [case for case in CASES if case["kind"] == "events"]
 
 @pytest.fixture(scope="module")
 def paper_method() -> Any:
-    from arena.core.plugins import Plugins
+    from arena.core.config.plugins import Plugins
 
     plugins = Plugins()
     plugins.load_defaults()

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import yaml
 
-from arena.core.config import compose
-from arena.core.context import EVALUATE
-from arena.core.embedder import Embedder
-from arena.core.store import ExperienceStore
-from arena.core.types import Experience, Provenance, Step, Task, Termination, Trajectory
+from arena.core.config.compose import compose
+from arena.core.contract.types import Experience, Provenance, Step, Task, Termination, Trajectory
+from arena.core.execution.context import EVALUATE
+from arena.core.services.embedder import Embedder
+from arena.core.services.store import ExperienceStore
 from arena.plugins.memrl.method import INTENT, MEMORY, MemRL, q_update, reward_of
 
 CASES = {case["name"]: case for case in

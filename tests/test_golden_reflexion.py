@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import yaml
 
-from arena.core.config import compose
-from arena.core.embedder import HashingEmbedder
-from arena.core.store import ExperienceStore
-from arena.core.types import Step, Task, Termination, Trajectory
+from arena.core.config.compose import compose
+from arena.core.contract.types import Step, Task, Termination, Trajectory
+from arena.core.services.embedder import HashingEmbedder
+from arena.core.services.store import ExperienceStore
 from arena.envs.alfworld_tasks import HOUSEHOLD_INSTRUCTIONS
 from arena.plugins.reflexion.method import EndOnRepeat, Reflexion, reflection_experience
 from arena.plugins.reflexion.prompts import reflection_prompt

@@ -9,12 +9,12 @@ import math
 import pytest
 from omegaconf import OmegaConf
 
-from arena.core.config import compose
-from arena.core.embedder import make_embedder
-from arena.core.method_config import typed_config
-from arena.core.solver import parse_action, well_formed
-from arena.core.store import ExperienceStore
-from arena.core.types import Task
+from arena.core.config.compose import compose
+from arena.core.contract.method_config import typed_config
+from arena.core.contract.types import Task
+from arena.core.execution.solver import parse_action, well_formed
+from arena.core.services.embedder import make_embedder
+from arena.core.services.store import ExperienceStore
 from arena.plugins.skillrl.method import grpo_samples, sft_completion
 from arena.plugins.skillrl.retrieval import (
     STYLE_AUTHORS,

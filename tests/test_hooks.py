@@ -14,9 +14,9 @@ import pytest
 
 import arena
 from arena.core import protocol
-from arena.core.plugins import PluginLoadError, PluginLoadWarning, Plugins, hook_names
-from arena.core.registry import RegistrationError, UnknownNameError
-from arena.core.solver import play
+from arena.core.config.plugins import PluginLoadError, PluginLoadWarning, Plugins, hook_names
+from arena.core.config.registry import RegistrationError, UnknownNameError
+from arena.core.execution.solver import play
 from tests.helpers.runs import harness_of, oracle_episode
 
 
@@ -42,7 +42,7 @@ class ExpertMethod:
 
 
 def _expert_action(episode):
-    from arena.core.solver import Action
+    from arena.core.execution.solver import Action
 
     return Action(text=episode.expert_action())
 
@@ -110,7 +110,7 @@ def test_hookimpl_with_unknown_argument_is_rejected(plugins):
 
 
 def test_every_hook_is_documented():
-    import arena.core.hookspecs as specs
+    import arena.core.contract.hookspecs as specs
 
     names = hook_names()
     assert {"extract", "retrieve", "solve", "update", "learn", "register_methods"} <= set(names)
@@ -206,15 +206,15 @@ def test_missing_config_file_is_reported(plugins, tmp_path):
         plugins.register_plugin(module, name="cfgless")
 
 
-# -- an isolated method's stand-in hooks (arena.core.isolation) ----------------------------------
+# -- an isolated method's stand-in hooks (arena.core.isolation.isolated) ----------------------------------
 
 
 def test_an_isolated_hooks_stand_in_declares_its_argument_names_as_pluggy_reads_them():
     """pluggy 1.7 reads an implementation's arguments from ``__code__``, earlier releases from
     its signature: a stand-in whose code declares none gets none passed (every isolated hook
     with arguments then failed). Both readings, and a real call through a plugin manager."""
-    from arena.core import hookspecs
-    from arena.core.isolation import hook_parameters, named_forwarder
+    from arena.core.contract import hookspecs
+    from arena.core.isolation.isolated import hook_parameters, named_forwarder
 
     received = []
     params = hook_parameters("solve", ["run", "task", "seed"], "m")
@@ -238,7 +238,7 @@ def test_an_isolated_hooks_stand_in_declares_its_argument_names_as_pluggy_reads_
 
 @pytest.mark.parametrize("declared", [["run", "os.system('x')"], ["run", "run"], "run", ["run", "payload"]])
 def test_a_worker_cannot_declare_arguments_its_hook_does_not_have(declared):
-    from arena.core.isolation import IsolationError, hook_parameters
+    from arena.core.isolation.isolated import IsolationError, hook_parameters
 
     with pytest.raises(IsolationError, match="takes some of"):
         hook_parameters("solve", declared, "m")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from arena.core.types import Observation, Task
+from arena.core.contract.types import Observation, Task
 from arena.envs.household import VERSION, HouseholdEnvironment, HouseholdEpisode
 from arena.envs.household import catalog as cat
 from arena.envs.household.layout import generate
@@ -571,7 +571,7 @@ def test_plugin_registers_household_with_its_config() -> None:
 #: The hard level's split hashes at version 2.0 (default sizes, seed 0), as the runs made on it
 #: record them: a change of any task fails here, and then VERSION must change with it (1.0's
 #: were 9fa8d25e..., 1bea79c5..., 1e915298..., 62be31a5...: 2.0 keeps only each split's family
-#: of games, arena.core.env.draw_games).
+#: of games, arena.core.contract.env.draw_games).
 HARD_SPLIT_HASHES = {
     "train": "b16e1cef721224b7f61ce51b5fd0c8daa7527abd92eb4cf497382e7c9740430f",
     "valid": "08aa5f6b6be2aaa2b72894d906472754864860121e40eed32d706b7a5aa6e1c9",

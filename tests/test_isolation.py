@@ -1,4 +1,4 @@
-"""``run.isolation=process``: the method's hooks in a worker process (arena.core.isolation).
+"""``run.isolation=process``: the method's hooks in a worker process (arena.core.isolation.isolated).
 
 An isolated run must play what an in-process run plays; the worker must get nothing of the
 harness but the plugin API; a worker that dies or overruns ends its episode, not the run.
@@ -15,8 +15,8 @@ import pytest
 
 import arena
 from arena.core import protocol
-from arena.core.isolation import IsolationError, harness_export
-from arena.core.rpc import SafeUnpickler
+from arena.core.isolation.isolated import IsolationError, harness_export
+from arena.core.isolation.rpc import SafeUnpickler
 from tests.helpers.overrides import EVOLVING_RL_TINY
 from tests.helpers.runs import register
 
@@ -134,15 +134,15 @@ def test_the_safe_unpickler_builds_data_and_refuses_code():
     import io
     import pickle
 
-    from arena.core.types import Experience, Provenance
+    from arena.core.contract.types import Experience, Provenance
 
     experience = Experience(kind="insight", text="t", provenance=Provenance(("x",), "train"))
     data = pickle.dumps([experience, {"a": (1, 2.0)}, {3}])
-    built = SafeUnpickler(io.BytesIO(data), ["arena.core.types"], lambda pid: pid).load()
+    built = SafeUnpickler(io.BytesIO(data), ["arena.core.contract.types"], lambda pid: pid).load()
     assert built[0] == experience and built[1] == {"a": (1, 2.0)} and built[2] == {3}
     for evil in (Payload(), os.getcwd, Path):
         with pytest.raises(pickle.UnpicklingError, match="may not be sent"):
-            SafeUnpickler(io.BytesIO(pickle.dumps(evil)), ["arena.core.types"], lambda pid: pid).load()
+            SafeUnpickler(io.BytesIO(pickle.dumps(evil)), ["arena.core.contract.types"], lambda pid: pid).load()
 
 
 def test_the_harness_hands_over_only_the_api_and_plain_data(plugins, fast, tmp_path):
@@ -300,7 +300,7 @@ def test_objects_the_other_side_no_longer_refers_to_are_let_go():
     import gc
     import multiprocessing
 
-    from arena.core.rpc import ROOT, Channel, Proxy
+    from arena.core.isolation.rpc import ROOT, Channel, Proxy
 
     class Harness:
         def play(self, policy, steps):
@@ -348,7 +348,7 @@ def test_a_closed_channels_reader_ends_before_its_descriptor_can_be_reused():
     arrived: a hang). Closing now wakes the reader and waits for it to end first."""
     import multiprocessing
 
-    from arena.core.rpc import Channel
+    from arena.core.isolation.rpc import Channel
 
     ours, theirs = multiprocessing.Pipe()
     channel = Channel(ours, "h", lambda obj: None).start()

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from arena.core import protocol
-from arena.core.plugins import Plugins
-from arena.core.solver import StandardSolver, build_prompt
-from arena.core.types import Observation, Step, Task, Trajectory
+from arena.core.config.plugins import Plugins
+from arena.core.contract.types import Observation, Step, Task, Trajectory
+from arena.core.execution.solver import StandardSolver, build_prompt
 from arena.testing import ChoiceRecorder
 
 #: Episodes side by side (their calls batched when the cache is off), long enough to matter.
@@ -136,7 +136,7 @@ def test_the_cache_stays_within_its_token_bound_with_many_episodes_alive() -> No
     """Twelve interleaved 'episodes' against a bound of 600 positions: the cache drops its
     least recently used prompts instead of growing, and scores stay exact."""
     from arena.backends.transformers_backend import TransformersBackend
-    from arena.core.llm import SamplingParams
+    from arena.core.contract.llm import SamplingParams
 
     llm = TransformersBackend({"model": "tiny", "dtype": "float32", "prefix_cache": True,
                                "prefix_cache_tokens": 600})
@@ -208,7 +208,7 @@ def test_long_uncached_prompts_are_computed_in_chunks_with_the_same_scores(monke
     the scores are those of one forward, from scratch or from a cached prefix."""
     from arena.backends import transformers_backend
     from arena.backends.transformers_backend import TransformersBackend
-    from arena.core.llm import SamplingParams
+    from arena.core.contract.llm import SamplingParams
 
     monkeypatch.setattr(transformers_backend, "PREFILL_CHUNK", 8)
     llm = TransformersBackend({"model": "tiny", "dtype": "float32", "prefix_cache": True})

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 import arena
 from arena.cli import cli
-from arena.core.types import EpisodeResult
+from arena.core.contract.types import EpisodeResult
 from arena.report import ReportError, Run, build_tables, load_run, load_runs, write_board
 from arena.report.aggregate import pooled_splits, row_cost
 from arena.report.render import protocol_line

@@ -1,4 +1,4 @@
-"""The run's ledger (``arena.core.ledger``): the one owner of state.json, typed and versioned;
+"""The run's ledger (``arena.core.storage.ledger``): the one owner of state.json, typed and versioned;
 every committed run's state migrates; a phase's cost travels with its records, so a run killed
 after any record resumes to the cost of a run never killed."""
 
@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from arena.core import protocol
-from arena.core.files import RunDirError
-from arena.core.ledger import STATE, Ledger, LedgerError, PhaseCost, RunState
-from arena.core.results import Results
+from arena.core.contract.results import Results
+from arena.core.storage.files import RunDirError
+from arena.core.storage.ledger import STATE, Ledger, LedgerError, PhaseCost, RunState
 from tests.helpers.overrides import FAST
 from tests.helpers.runs import killed_run
 
@@ -91,7 +91,7 @@ def test_undoing_a_step_keeps_the_violations_recorded_since_and_sets_the_phases_
 def test_only_the_ledger_names_the_run_state_file():
     """No module of arena/ but the ledger (and a method's own state, method/state.json) names
     state.json in code: every read and write of the run's state goes through the ledger."""
-    allowed = {ROOT / "arena/core/ledger.py", ROOT / "arena/core/method_state.py"}
+    allowed = {ROOT / "arena/core/storage/ledger.py", ROOT / "arena/core/storage/method_state.py"}
     found = []
     for path in sorted((ROOT / "arena").rglob("*.py")):
         if path in allowed:
@@ -111,14 +111,14 @@ def first_caller() -> str:
     """The module that asked for the file: the first frame outside the file helpers."""
     frame = sys._getframe(2)
     while frame is not None and frame.f_globals.get("__name__") in (
-            "arena.core.files", "pathlib", "pathlib._local", "os", __name__):
+            "arena.core.storage.files", "pathlib", "pathlib._local", "os", __name__):
         frame = frame.f_back
     return frame.f_globals.get("__name__", "?") if frame is not None else "?"
 
 
 def test_a_run_reads_and_writes_its_state_through_the_ledger_only(tmp_path, monkeypatch):
     """Every read and write of a run's state.json, from its start to its results and a resume,
-    comes from arena.core.ledger (each file access records who asked)."""
+    comes from arena.core.storage.ledger (each file access records who asked)."""
     callers: set[str] = set()
 
     def watched(real, where=lambda self, *a, **k: self):
@@ -135,7 +135,7 @@ def test_a_run_reads_and_writes_its_state_through_the_ledger_only(tmp_path, monk
     path, results = protocol.run("memrl", overrides=overrides, out=tmp_path / "run")
     assert results.valid, results.violations
     assert (path / STATE).is_file()
-    assert callers == {"arena.core.ledger"}, callers
+    assert callers == {"arena.core.storage.ledger"}, callers
 
 
 # -- cost on the record: a kill after any record ----------------------------------------------

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from arena.core import protocol
-from arena.core.config import compose
-from arena.core.context import EVALUATE, LEARN
-from arena.core.embedder import HashingEmbedder
-from arena.core.store import ExperienceStore
-from arena.core.types import Experience, Provenance, Step, Task, Termination, Trajectory
+from arena.core.config.compose import compose
+from arena.core.contract.types import Experience, Provenance, Step, Task, Termination, Trajectory
+from arena.core.execution.context import EVALUATE, LEARN
+from arena.core.services.embedder import HashingEmbedder
+from arena.core.services.store import ExperienceStore
 from arena.envs.alfworld_tasks import HOUSEHOLD_INSTRUCTIONS
 from arena.plugins.memrl.method import (
     INTENT,
@@ -366,7 +366,7 @@ def test_embedder_dependent_constants_are_measured_for_minilm(plugins):
     import importlib.util
     from pathlib import Path
 
-    from arena.core.config import compose
+    from arena.core.config.compose import compose
 
     path = Path(__file__).resolve().parents[1] / "scripts" / "memrl_similarity_stats.py"
     spec = importlib.util.spec_from_file_location("memrl_similarity_stats", path)

@@ -9,8 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from arena.cli import cli
-from arena.core.config import compose
-from arena.core.method_config import MethodConfigError, typed_config
+from arena.core.config.compose import compose
+from arena.core.contract.method_config import MethodConfigError, typed_config
 from arena.plugins.evolving_rl.settings import EvolvingRLSettings
 from arena.plugins.expel.settings import ExpeLSettings
 from arena.plugins.memrl.settings import MemRLSettings

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from arena.core.metrics import METRICS, MetricsLog, read_metrics
+from arena.core.storage.metrics import METRICS, MetricsLog, read_metrics
 
 
 def test_steps_merge_and_a_later_figure_wins(tmp_path) -> None:

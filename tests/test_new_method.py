@@ -38,7 +38,7 @@ def test_refuses_a_folder_with_files(tmp_path: Path) -> None:
 
 
 def test_plugin_module_stubs_every_method_hook(tmp_path: Path) -> None:
-    from arena.core.plugins import hook_names, implemented_hooks
+    from arena.core.config.plugins import hook_names, implemented_hooks
 
     files = create_method_package("demo", tmp_path / "pkg")
     plugin_file = next(f for f in files if f.name == "plugin.py")

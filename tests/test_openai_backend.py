@@ -45,7 +45,7 @@ from arena.backends.openai_backend import (
     normalise,
 )
 from arena.cli import cli
-from arena.core.llm import Chat, SamplingParams
+from arena.core.contract.llm import Chat, SamplingParams
 from arena.testing import assert_frozen_protocol, run_method
 
 pytest.importorskip("openai", reason="the openai client is not installed: pip install 'arena[openai]'")
@@ -201,7 +201,7 @@ def test_module_imports_and_registers_without_the_openai_package() -> None:
     """Arena loads every built-in plugin at start: a missing client must only fail when used."""
     code = (
         "import sys; sys.modules['openai'] = None\n"
-        "from arena.core.plugins import Plugins\n"
+        "from arena.core.config.plugins import Plugins\n"
         "from arena.backends import openai_backend as ob\n"
         "p = Plugins(); p.load_defaults(); assert 'openai' in p.backends.names()\n"
         "try:\n"
@@ -446,8 +446,8 @@ def test_option_scores_score_every_option_as_the_local_backends_do(stub_server: 
     assert completions[0]["prompt_logprobs"] == 0 and completions[0]["max_tokens"] == 1
     assert llm.describe()["choose_by"] == "option_scores"
 
-    # Sampling is arena.core.llm.sample_option over the same scores, so a seed picks alike.
-    from arena.core.llm import sample_option
+    # Sampling is arena.core.contract.llm.sample_option over the same scores, so a seed picks alike.
+    from arena.core.contract.llm import sample_option
 
     warm = SamplingParams(temperature=8.0, seed=3)
     (sampled,) = llm.choose([chat("where")], [options], warm)

@@ -17,9 +17,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from arena.core import protocol
-from arena.core.config import compose
-from arena.core.metrics import read_metrics
-from arena.core.schema import flatten
+from arena.core.config.compose import compose
+from arena.core.config.schema import flatten
+from arena.core.storage.metrics import read_metrics
 from arena.testing import shrunk_overrides
 
 #: Where the run happens, not what it is: the tiny model, the CPU, the hashing embedder (for
@@ -57,7 +57,7 @@ def _shrunk(plugins: Any, method: str, preset: str) -> list[str]:
 
 def pytest_generate_tests(metafunc: Any) -> None:
     if "method_preset" in metafunc.fixturenames:
-        from arena.core.plugins import get_plugins
+        from arena.core.config.plugins import get_plugins
 
         pairs = _presets(get_plugins())
         metafunc.parametrize("method_preset", pairs, ids=[f"{m}-{p}" for m, p in pairs])

@@ -20,8 +20,8 @@ import arena
 from arena.cli import cli
 from arena.console import LineReporter
 from arena.core import protocol
-from arena.core.progress import ProgressTask, format_duration
-from arena.core.types import EpisodeResult
+from arena.core.contract.types import EpisodeResult
+from arena.core.services.progress import ProgressTask, format_duration
 from tests.helpers.overrides import EVOLVING_RL_TINY
 from tests.helpers.runs import harness_of
 
@@ -236,7 +236,7 @@ def test_a_long_generation_moves_the_phase_line_and_leaves_it_when_done() -> Non
 
 def test_the_backend_tells_its_generation_as_it_goes() -> None:
     from arena.backends.transformers_backend import TransformersBackend
-    from arena.core.llm import SamplingParams
+    from arena.core.contract.llm import SamplingParams
 
     llm = TransformersBackend({"model": "tiny", "dtype": "float32"})
     told: list[tuple[int, int, int]] = []

@@ -10,11 +10,11 @@ import pytest
 
 import arena
 from arena.core import protocol
-from arena.core.context import ProtocolViolation
-from arena.core.env import TEST_SPLITS
+from arena.core.contract.env import TEST_SPLITS
+from arena.core.contract.types import Experience, Provenance
+from arena.core.execution.context import ProtocolViolation
 from arena.core.protocol import select_tasks
-from arena.core.rundir import RunDirError
-from arena.core.types import Experience, Provenance
+from arena.core.storage.rundir import RunDirError
 from tests.helpers.runs import register
 
 
@@ -105,7 +105,7 @@ class GreedyLearner:
 
     @arena.hookimpl
     def learn(self, run):
-        from arena.core.context import BudgetExhausted
+        from arena.core.execution.context import BudgetExhausted
 
         tasks = run.tasks("train") + run.tasks("valid")
         try:
@@ -291,7 +291,7 @@ class WrongTrajectory:
 
     @arena.hookimpl
     def solve(self, run, task, experiences, seed):
-        from arena.core.types import Termination, Trajectory
+        from arena.core.contract.types import Termination, Trajectory
 
         other = run.tasks("train")[0] if run.phase == "learn" else run.env.tasks("train")[0]
         return Trajectory(task=other, initial_observation="", status=Termination.SUCCESS)
@@ -402,7 +402,7 @@ class HelperPlayer:
 def expected_spot_checks(plugins, fast, tmp_path, method, monkeypatch) -> tuple[float, int]:
     """The checks a frozen evaluation expects (the sum of the check chance over its decisions),
     and the decisions it made."""
-    from arena.core.episodes import EpisodeRunner
+    from arena.core.execution.episodes import EpisodeRunner
 
     chances: list[float] = []
     rate = EpisodeRunner.spot_rate
@@ -431,7 +431,7 @@ def test_spot_checks_count_the_episodes_a_method_plays_not_only_the_planned_task
 
 
 def test_a_method_cannot_dilute_the_spot_checks_with_endless_helper_episodes():
-    from arena.core.episodes import MAX_EPISODES_PER_TASK, EpisodePace
+    from arena.core.execution.episodes import MAX_EPISODES_PER_TASK, EpisodePace
 
     pace = EpisodePace()
     for _ in range(3):
@@ -446,7 +446,7 @@ def test_a_method_cannot_dilute_the_spot_checks_with_endless_helper_episodes():
 def test_results_record_each_phases_commit_and_machine(plugins, fast, tmp_path, monkeypatch):
     """Issue 55: a row's learning can span commits and machines (float32 kernels differ by
     instruction set); results.json says which, phase by phase."""
-    from arena.core import provenance
+    from arena.core.host import provenance
 
     sessions = iter([{"git_sha": "aaa", "cpu": {"model": "X", "isa": ["avx2"]}},
                      {"git_sha": "bbb", "cpu": {"model": "Y", "isa": ["avx512f"]}}])

@@ -10,12 +10,12 @@ import pytest
 
 import arena
 from arena.core import protocol
-from arena.core.config import compose
-from arena.core.context import EVALUATE, LEARN
-from arena.core.embedder import HashingEmbedder
-from arena.core.solver import Action, play
-from arena.core.store import ExperienceStore
-from arena.core.types import Provenance, Step, Task, Termination, Trajectory
+from arena.core.config.compose import compose
+from arena.core.contract.types import Provenance, Step, Task, Termination, Trajectory
+from arena.core.execution.context import EVALUATE, LEARN
+from arena.core.execution.solver import Action, play
+from arena.core.services.embedder import HashingEmbedder
+from arena.core.services.store import ExperienceStore
 from arena.plugins.rag import TRAJECTORY, Rag, example_experience, render_example
 from tests.helpers.runs import harness_of
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from arena.core import protocol
-from arena.core.plugins import Plugins
+from arena.core.config.plugins import Plugins
 
 
 def episodes(run_dir: Path) -> list[dict]:

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from arena.core import protocol
-from arena.core.plugins import Plugins
-from arena.core.solver import build_prompt, parse_action, well_formed
-from arena.core.types import Observation, Step, Task, Trajectory
+from arena.core.config.plugins import Plugins
+from arena.core.contract.types import Observation, Step, Task, Trajectory
+from arena.core.execution.solver import build_prompt, parse_action, well_formed
 from arena.envs.alfworld_tasks import HOUSEHOLD_INSTRUCTIONS
 from tests.helpers.overrides import SKILLRL_TINY
 from tests.helpers.runs import learned_metrics

@@ -10,9 +10,9 @@ import jsonschema
 import pytest
 
 from arena.core import protocol
-from arena.core.metrics import read_metrics
-from arena.core.results import SCHEMA_FILE, ResultsError, render_schema, validate
-from arena.core.rundir import RunDir
+from arena.core.contract.results import SCHEMA_FILE, ResultsError, render_schema, validate
+from arena.core.storage.metrics import read_metrics
+from arena.core.storage.rundir import RunDir
 from arena.report import build_tables, load_runs
 from arena.report.runs import ReportError, load_run
 
@@ -41,7 +41,7 @@ BUILT_IN = {
 
 
 def test_the_committed_schema_is_the_models_schema() -> None:
-    """docs/results.schema.json is generated from arena.core.results (python -m arena.core.results)."""
+    """docs/results.schema.json is generated from arena.core.contract.results (python -m arena.core.contract.results)."""
     assert SCHEMA_FILE.read_text() == render_schema()
 
 

@@ -84,7 +84,7 @@ def test_killed_run_resumes_to_the_same_results(tmp_path):
 def test_two_resumes_at_once_one_refused_the_directory_as_if_uninterrupted(tmp_path):
     """Two `arena run --resume DIR` at once: the second is refused while the first holds the run's
     lock; the first finishes it, with the same episodes as a run never interrupted."""
-    from arena.core.rundir import running_pid
+    from arena.core.storage.rundir import running_pid
 
     full, killed = full_and_killed(tmp_path, after=3)
     first = arena("run", "--resume", str(killed))

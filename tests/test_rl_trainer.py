@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 
 from arena.backends.embedded import tiny_model_dir
 from arena.backends.transformers_backend import TransformersBackend
-from arena.core.llm import SamplingParams
+from arena.core.contract.llm import SamplingParams
 from arena.core.rl import (
     LoraSettings,
     PolicyTrainer,
@@ -671,8 +671,8 @@ def test_episode_sample_replays_the_exact_context_of_every_decision(layout: str)
     """A transcript episode is one sample whose generated tokens are every decision's, at the
     positions the model wrote them: the trainer's log-probs there equal the rollout's. A window
     episode rebuilds its prompt each step, so it has no such sample."""
+    from arena.core.execution.solver import StandardSolver, play
     from arena.core.rl import episode_sample
-    from arena.core.solver import StandardSolver, play
     from arena.envs.household import HouseholdEnvironment
 
     llm = TransformersBackend({"model": "tiny", "dtype": "float32"})

@@ -11,9 +11,9 @@ import pytest
 
 import arena
 from arena.core import protocol
-from arena.core.context import RunContext
-from arena.core.errors import NotTrainable
-from arena.core.llm import SamplingParams, TrainableBackend
+from arena.core.contract.errors import NotTrainable
+from arena.core.contract.llm import SamplingParams, TrainableBackend
+from arena.core.execution.context import RunContext
 from arena.testing import learning_context
 from tests.helpers.runs import register
 
@@ -196,8 +196,8 @@ def test_the_checkpointed_trainer_is_seeded_saves_one_checkpoint_and_resumes(plu
     the newest checkpoint only; ``resume`` loads it, and refuses a state that counts more."""
     import torch
 
-    from arena.core.method_state import Checkpoints
     from arena.core.rl import CheckpointedTrainer, TrainerConfig
+    from arena.core.storage.method_state import Checkpoints
 
     make = plugins.backends.get("transformers").factory
     config = TrainerConfig.from_mapping({"lora": {"r": 4, "alpha": 8}})

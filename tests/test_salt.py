@@ -1,4 +1,4 @@
-"""``eval.salt``: test layouts drawn from a salt the method never sees (arena.core.salt)."""
+"""``eval.salt``: test layouts drawn from a salt the method never sees (arena.core.execution.salt)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from arena.core import protocol
-from arena.core.env import SALTED_SEED_BASE, TEST_SPLITS, SaltUnsupported
-from arena.core.salt import SaltError
+from arena.core.contract.env import SALTED_SEED_BASE, TEST_SPLITS, SaltUnsupported
+from arena.core.execution.salt import SaltError
 from arena.envs.household.environment import HouseholdEnvironment
 from tests.helpers.methods import WorldRebuilder
 from tests.helpers.runs import register
@@ -118,7 +118,7 @@ def test_a_world_rebuilt_by_import_wins_in_public_and_fails_on_a_secret_draw(plu
 
 def test_an_environment_that_refuses_a_salt_leaves_no_run_directory(plugins, fast, tmp_path, monkeypatch):
     """As ALFWorld does under run.isolation=process (whose salt is secret unless told)."""
-    from arena.core.env import Environment
+    from arena.core.contract.env import Environment
 
     monkeypatch.setattr(HouseholdEnvironment, "draw_tests_with", Environment.draw_tests_with)
     with pytest.raises(SaltUnsupported, match="set eval.salt=public"):

@@ -1,4 +1,4 @@
-"""The harness's config, typed (arena.core.settings): built once from the YAML, read without casts."""
+"""The harness's config, typed (arena.core.contract.settings): built once from the YAML, read without casts."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
-import arena.core.settings as settings_module
-from arena.core.config import compose, load_yaml
-from arena.core.plugins import get_plugins
-from arena.core.settings import Sampling, Settings, SolverSettings
+import arena.core.contract.settings as settings_module
+from arena.core.config.compose import compose, load_yaml
+from arena.core.config.plugins import get_plugins
+from arena.core.contract.settings import Sampling, Settings, SolverSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULTS = ROOT / "arena" / "core" / "configs" / "defaults.yaml"
@@ -102,7 +102,7 @@ def _casts_of_config(tree: ast.AST) -> list[str]:
 def test_nothing_in_arena_casts_a_config_value(path: Path) -> None:
     casts = _casts_of_config(ast.parse(path.read_text()))
     assert not casts, (f"{path.relative_to(ROOT)} casts config values: the harness reads its sections "
-                       "from arena.core.settings, a plugin types its own with arena.typed_config:\n"
+                       "from arena.core.contract.settings, a plugin types its own with arena.typed_config:\n"
                        + "\n".join(casts))
 
 

@@ -11,14 +11,14 @@ import torch
 from omegaconf import OmegaConf
 
 from arena.core import protocol
-from arena.core.config import compose
-from arena.core.embedder import make_embedder
-from arena.core.llm import Chat, Choice, SamplingParams
+from arena.core.config.compose import compose
+from arena.core.contract.llm import Chat, Choice, SamplingParams
+from arena.core.contract.types import RolloutTokens, Step, Task, Termination, Trajectory
+from arena.core.execution.solver import StandardSolver, play
 from arena.core.rl import PolicyTrainer, group_advantages
 from arena.core.rl import sft as sft_stage
-from arena.core.solver import StandardSolver, play
-from arena.core.store import ExperienceStore
-from arena.core.types import RolloutTokens, Step, Task, Termination, Trajectory
+from arena.core.services.embedder import make_embedder
+from arena.core.services.store import ExperienceStore
 from arena.envs.alfworld_tasks import HOUSEHOLD_INSTRUCTIONS
 from arena.plugins.skillrl import distill
 from arena.plugins.skillrl import method as skillrl
@@ -458,7 +458,7 @@ def test_an_rl_step_makes_one_update_per_mini_batch_of_step_samples(plugins, tmp
 
 def test_skills_keep_the_banks_order_past_a_thousand():
     """Ids are numbered in order of addition; the number orders them, not the id's text."""
-    from arena.core.types import Experience, Provenance
+    from arena.core.contract.types import Experience, Provenance
     from arena.plugins.skillrl.retrieval import bank_order
 
     ids = ["skillrl:gen_1000", "skillrl:gen_999", "skillrl:dyn_002", "skillrl:gen_010"]
@@ -481,7 +481,7 @@ def test_keyword_routing_files_and_finds_skills_by_the_goals_words():
 
 
 def test_sft_steps_follow_the_epochs_and_the_target_follows_the_solver(plugins):
-    from arena.core.method_config import typed_config
+    from arena.core.contract.method_config import typed_config
     from arena.plugins.skillrl.settings import SkillRLSettings
 
     default = typed_config(compose(plugins, "skillrl").method, SkillRLSettings)

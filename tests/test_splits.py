@@ -1,6 +1,6 @@
 """No valid or test game is a train game, in any world that defines its games, at any level.
 
-A split keeps only games of its family (``arena.core.env.draw_games``): the family follows from
+A split keeps only games of its family (``arena.core.contract.env.draw_games``): the family follows from
 the game's identity alone, so the rule holds whatever the sizes, the seeds or a test salt.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from arena.core.env import POOL_SPLIT, TEST_SPLITS, TRAIN_SPLIT, VALID_SPLIT, draw_games, game_family
+from arena.core.contract.env import POOL_SPLIT, TEST_SPLITS, TRAIN_SPLIT, VALID_SPLIT, draw_games, game_family
 from arena.envs.babyai.environment import BabyAIEnvironment
 from arena.envs.household.environment import HouseholdEnvironment
 from arena.envs.household.levels import LEVELS

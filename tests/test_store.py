@@ -13,14 +13,14 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from arena.core.embedder import (
+from arena.core.contract.types import Experience, Provenance
+from arena.core.services.embedder import (
     HashingEmbedder,
     MeanPoolingEncoder,
     MiniLMEmbedder,
     make_embedder,
 )
-from arena.core.store import ExperienceStore, FrozenStoreError, WriteViolation
-from arena.core.types import Experience, Provenance
+from arena.core.services.store import ExperienceStore, FrozenStoreError, WriteViolation
 
 
 def experience(
@@ -261,8 +261,8 @@ def test_another_process_sees_the_same_store(tmp_path: Path) -> None:
     store.update_metadata(store.all()[0].experience_id, {"q": -1})
     script = (
         "import sys\n"
-        "from arena.core.embedder import HashingEmbedder\n"
-        "from arena.core.store import ExperienceStore\n"
+        "from arena.core.services.embedder import HashingEmbedder\n"
+        "from arena.core.services.store import ExperienceStore\n"
         "store = ExperienceStore(sys.argv[1], HashingEmbedder())\n"
         "print(store.count(), store.digest())\n"
     )
@@ -444,8 +444,8 @@ def test_restore_refuses_foreign_or_truncated_snapshots(tmp_path: Path, filled: 
 def test_a_methods_snapshot_stays_in_its_folder(tmp_path: Path, filled: ExperienceStore) -> None:
     """``run.store.snapshot`` writes with the harness's rights: a path out of the method's folder
     (``..``, absolute elsewhere, through a link) would replace the run's salt; it is refused."""
-    from arena.core.method_state import OutsideFolder
-    from arena.core.services import GuardedStore
+    from arena.core.services.run_services import GuardedStore
+    from arena.core.storage.method_state import OutsideFolder
 
     run_path = tmp_path / "run"
     folder = run_path / "method"
@@ -532,7 +532,7 @@ def test_filtered_query_matches_exact_search_whether_the_filter_is_broad_or_rare
 def test_python_filter_agrees_with_chromadb_on_stored_metadata() -> None:
     """The fast path of filtered queries evaluates ``where`` in Python: it must select exactly
     what chromadb selects, or hand the clause to chromadb."""
-    from arena.core.store import _matches, _UnsupportedFilter
+    from arena.core.services.store import _matches, _UnsupportedFilter
 
     store = ExperienceStore(None, HashingEmbedder())
     values = [1, 1.0, 2.5, -3, True, False, "1", "pick", "heat", None, [1, 2]]

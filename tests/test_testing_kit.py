@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import arena
-from arena.core.llm import SamplingParams
-from arena.core.types import Experience, Provenance
+from arena.core.contract.llm import SamplingParams
+from arena.core.contract.types import Experience, Provenance
 from arena.testing import FakeLLM, MethodRun, assert_frozen_protocol, expert_trajectory
 
 

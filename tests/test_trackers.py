@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from arena.core import protocol
-from arena.core.metrics import read_metrics
-from arena.core.trackers import INSTALL_HINT, PACKAGES
+from arena.core.storage.metrics import read_metrics
+from arena.core.storage.trackers import INSTALL_HINT, PACKAGES
 
 FAKE = ["llm.backend=fake", "embedder.name=hashing", "env.n_train=20", "env.n_valid=4", "env.n_test=4",
         "eval.max_steps=6", "eval.limit=1", "learn.budget.episodes=3"]

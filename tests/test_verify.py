@@ -17,7 +17,7 @@ from click.testing import CliRunner
 import arena
 from arena import Run
 from arena.cli import cli
-from arena.core.results import Results
+from arena.core.contract.results import Results
 from arena.report import ReportError, build_tables, load_run, load_runs
 from arena.report.evaluate_state import evaluate_state
 from arena.report.render import board_json, markdown

@@ -25,7 +25,7 @@ import torch
 from arena.backends import embedded, vllm_backend
 from arena.backends.transformers_backend import TransformersBackend
 from arena.backends.vllm_backend import VLLMBackend, effective_weights
-from arena.core.llm import Chat, SamplingParams
+from arena.core.contract.llm import Chat, SamplingParams
 from arena.core.rl.data import sample_from_choice
 from arena.core.rl.trainer import PolicyTrainer
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from arena.backends.embedded import tiny_model_dir
-from arena.core.config import ConfigError
+from arena.core.config.compose import ConfigError
 from arena.report.aggregate import build_tables
 from arena.report.runs import ReportError, load_run
 from arena.testing import run_method
@@ -142,7 +142,7 @@ def test_a_run_serves_the_merged_weights_and_records_the_base(built: tuple[Path,
 @pytest.mark.slow
 def test_a_continued_run_serves_the_warm_start_its_source_learned_on(built: tuple[Path, Path, build.WarmStart],
                                                                     tmp_path: Path) -> None:
-    from arena.core.rundir import RunDirError
+    from arena.core.storage.rundir import RunDirError
 
     _, _, warm = built
     source = run_method("base", [*TINY, f"llm.warmstart={warm.folder}"], out=tmp_path / "source", fast=False)

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from arena.core.cache import SOURCE_FILE, build_once, cache_root, file_sha256
+from arena.core.host.cache import SOURCE_FILE, build_once, cache_root, file_sha256
 
 EMBEDDED_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 TINY_MODEL_ID = "arena/tiny-llama-random"

@@ -36,7 +36,7 @@ What a server cannot give, and what is done instead:
 * ``llm.choose_by: option_scores`` (vLLM servers) scores every option instead, as the local
   backends do: the chat and each option are tokenized by the server (``/tokenize``), and one
   completions request per prompt returns the prompt log-probs (``prompt_logprobs``) of every
-  ``chat + option + end-of-turn`` row; the pick is :func:`arena.core.llm.sample_option` over the
+  ``chat + option + end-of-turn`` row; the pick is :func:`arena.core.contract.llm.sample_option` over the
   summed option log-probs, so a seed picks what it would pick locally, and ``Choice`` carries the
   token ids that were scored.
 * No token ids from ``generate``: ``Generation`` has empty ``token_ids``, so methods that train
@@ -61,7 +61,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-from arena.core.llm import (
+from arena.core.contract.llm import (
     Chat,
     Choice,
     Generation,
@@ -70,7 +70,7 @@ from arena.core.llm import (
     per_prompt,
     sample_option,
 )
-from arena.core.method_config import typed_config
+from arena.core.contract.method_config import typed_config
 
 INSTALL_HINT = "pip install 'arena[openai]'"
 #: Sent as the key when ``api_key_env`` names an unset variable: local servers accept anything.
@@ -643,6 +643,6 @@ def _version(package: str) -> str:
 
 def make_openai_backend(cfg: Mapping[str, Any]) -> OpenAIBackend:
     """Factory for the registry: ``cfg`` is the resolved ``llm`` section (DictConfig or dict)."""
-    from arena.core.config import to_plain
+    from arena.core.config.compose import to_plain
 
     return OpenAIBackend(to_plain(cfg))

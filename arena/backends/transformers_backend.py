@@ -45,9 +45,7 @@ from arena.backends.embedded import (
     embedded_model_dir,
     tiny_model_dir,
 )
-from arena.core.allocator import return_freed_memory
-from arena.core.cache import read_source
-from arena.core.llm import (
+from arena.core.contract.llm import (
     Chat,
     Choice,
     Generation,
@@ -56,8 +54,10 @@ from arena.core.llm import (
     per_prompt,
     sample_option,
 )
-from arena.core.method_config import typed_config
-from arena.core.torch_utils import eval_mode, transformers_without_sklearn
+from arena.core.contract.method_config import typed_config
+from arena.core.host.allocator import return_freed_memory
+from arena.core.host.cache import read_source
+from arena.core.host.torch_utils import eval_mode, transformers_without_sklearn
 from arena.warmstart.build import WarmStart
 from arena.warmstart.build import apply as apply_warmstart
 from arena.warmstart.build import resolve as resolve_warmstart
@@ -377,7 +377,7 @@ class TransformersBackend(LLMBackend):
     ) -> list[Choice]:
         """Score every option as the assistant's reply and pick one per chat.
 
-        The pick is :func:`arena.core.llm.sample_option` with each prompt's own params (greedy:
+        The pick is :func:`arena.core.contract.llm.sample_option` with each prompt's own params (greedy:
         the highest summed log-prob, first on ties). ``token_ids``/``logprobs`` are the chosen
         option's tokens followed by the end-of-turn token, exactly what was scored.
         """
@@ -901,6 +901,6 @@ def _sample(
 
 def make_transformers_backend(cfg: Mapping[str, Any]) -> TransformersBackend:
     """Factory for the registry: ``cfg`` is the resolved ``llm`` section (DictConfig or dict)."""
-    from arena.core.config import to_plain
+    from arena.core.config.compose import to_plain
 
     return TransformersBackend(to_plain(cfg))

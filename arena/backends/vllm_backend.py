@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 import torch
 
 from arena.backends.transformers_backend import TransformersBackend
-from arena.core.llm import (
+from arena.core.contract.llm import (
     Chat,
     Choice,
     Generation,
@@ -206,7 +206,7 @@ class VLLMBackend(LLMBackend):
     ) -> list[Choice]:
         """Score every option as the assistant's reply and pick one per chat.
 
-        The pick is :func:`arena.core.llm.sample_option` with each prompt's own params (greedy:
+        The pick is :func:`arena.core.contract.llm.sample_option` with each prompt's own params (greedy:
         the highest summed log-prob, first on ties). ``token_ids``/``logprobs`` are the chosen
         option's tokens followed by the end-of-turn token, exactly what was scored.
         """
@@ -507,6 +507,6 @@ def _process_state_kept(threads: int | None) -> Iterator[None]:
 
 def make_vllm_backend(cfg: Mapping[str, Any]) -> VLLMBackend:
     """Factory for the registry: ``cfg`` is the resolved ``llm`` section (DictConfig or dict)."""
-    from arena.core.config import to_plain
+    from arena.core.config.compose import to_plain
 
     return VLLMBackend(to_plain(cfg))

@@ -5,7 +5,7 @@ them: the real ALFWorld games (``arena.envs.alfworld``) and their embedded twin
 
 from __future__ import annotations
 
-from arena.core.env import Instructions
+from arena.core.contract.env import Instructions
 
 PICK_AND_PLACE = "pick_and_place_simple"
 LOOK_AT_IN_LIGHT = "look_at_obj_in_light"

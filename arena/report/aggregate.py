@@ -1,7 +1,7 @@
 """Leaderboard rows from runs: compatibility checks, seed pooling, cost, flags, provenance.
 
 One row is one method configuration (method, preset, model); several runs of it with different
-seeds pool into that row. The success interval is the harness's own (``arena.core.stats``): tasks
+seeds pool into that row. The success interval is the harness's own (``arena.core.storage.stats``): tasks
 are the unit of sampling, each task's success averaged over its seeds, a Wilson interval over the
 tasks. Pooled seeds thus narrow the per-task noise without passing for extra tasks, and a row of
 one run shows exactly the numbers of that run's results.json.
@@ -14,10 +14,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from arena.core import stats
-from arena.core.experience_controls import ExperienceSettings
-from arena.core.results import PhaseCost, Summary
-from arena.core.settings import Settings
+from arena.core.contract.results import PhaseCost, Summary
+from arena.core.contract.settings import Settings
+from arena.core.execution.experience_controls import ExperienceSettings
+from arena.core.storage import stats
 from arena.report.runs import PRIMARY_VARIANT, ReportError, Run
 
 #: Config keys that may differ between the runs pooled into one row (everything else must match):
@@ -100,7 +100,7 @@ def protocol_of(run: Run) -> dict[str, Any]:
     # The step limit actually used (eval.max_steps may be null: the environment's own limit).
     max_steps = results.protocol.max_steps
     # Not the results schema's version: it names a file format, and version 2 changed no figure
-    # a version 1 file holds (arena/core/results.py), so runs of Arena 0.1 and 0.2 rank together.
+    # a version 1 file holds (arena/core/contract/results.py), so runs of Arena 0.1 and 0.2 rank together.
     fields: dict[str, Any] = {
         "env_version": provenance.env_version,
         SPLITS_FIELD: list(results.splits),

@@ -18,11 +18,12 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 import arena
-from arena.core import integrity, provenance
-from arena.core.continuation import AN_ARM, is_experiment_arm
-from arena.core.ledger import ExperimentMark, Ledger, ModelChange
-from arena.core.results import Results
-from arena.core.rundir import CONFIG, RESULTS, RunDirError
+from arena.core.contract.results import Results
+from arena.core.host import provenance
+from arena.core.protocol.continuation import AN_ARM, is_experiment_arm
+from arena.core.storage import integrity
+from arena.core.storage.ledger import ExperimentMark, Ledger, ModelChange
+from arena.core.storage.rundir import CONFIG, RESULTS, RunDirError
 from arena.report.runs import ReportError, load_run
 from arena.report.verify import VerifyError, prepare_replay, trajectories_by_key
 

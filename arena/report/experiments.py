@@ -41,13 +41,13 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from arena.core import salt as eval_salt
-from arena.core.continuation import AN_ARM, is_experiment_arm
-from arena.core.experience_controls import OTHER_TYPE, ExperienceControl, poison_count
-from arena.core.ledger import ExperimentMark, Ledger
-from arena.core.registry import did_you_mean
-from arena.core.rundir import CONFIG, RESULTS, RunDirError, read_json, read_results, write_json_atomic
-from arena.core.settings import ExperienceSettings, Settings
+from arena.core.config.registry import did_you_mean
+from arena.core.contract.settings import ExperienceSettings, Settings
+from arena.core.execution import salt as eval_salt
+from arena.core.execution.experience_controls import OTHER_TYPE, ExperienceControl, poison_count
+from arena.core.protocol.continuation import AN_ARM, is_experiment_arm
+from arena.core.storage.ledger import ExperimentMark, Ledger
+from arena.core.storage.rundir import CONFIG, RESULTS, RunDirError, read_json, read_results, write_json_atomic
 from arena.report.aggregate import CONTINUED_FIELD as CONTINUED
 from arena.report.compare import compare_runs, compare_split, paired_outcomes
 from arena.report.evaluate_state import (
@@ -196,7 +196,7 @@ def _check_known_keys(source: Path, settings: dict[str, Any], section: str, name
     be its control)."""
     if not (source / CONFIG).is_file():
         return  # refused with its reason when the arm is made
-    from arena.core.plugins import get_plugins
+    from arena.core.config.plugins import get_plugins
 
     config = OmegaConf.to_container(OmegaConf.select(OmegaConf.load(source / CONFIG), section) or {})
     assert isinstance(config, dict)
@@ -285,8 +285,8 @@ def _check_controls(plan: Plan, source: Path, plugins: Any) -> None:
     arm = next((a for a in plan.arms if a.settings.get(f"{EXPERIENCE}source") == OTHER_TYPE), None)
     if arm is None:
         return
-    from arena.core.executors import build_environment
-    from arena.core.plugins import get_plugins
+    from arena.core.config.plugins import get_plugins
+    from arena.core.execution.executors import build_environment
 
     config = OmegaConf.load(source / CONFIG)
     assert isinstance(config, DictConfig)

@@ -17,10 +17,10 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from arena.core.metrics import read_metrics
-from arena.core.rundir import TRAJECTORIES
-from arena.core.settings import Settings
-from arena.core.store import stored_experiences
+from arena.core.contract.settings import Settings
+from arena.core.services.store import stored_experiences
+from arena.core.storage.metrics import read_metrics
+from arena.core.storage.rundir import TRAJECTORIES
 from arena.report.runs import ReportError, Run, load_run
 
 SCHEMA = """

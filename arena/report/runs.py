@@ -14,12 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from arena.core import integrity
-from arena.core.ledger import STATE, Ledger, RunState
-from arena.core.metrics import read_metrics
-from arena.core.results import Record, Results, ResultsError
-from arena.core.results import validate as validate_results
-from arena.core.rundir import (
+from arena.core.contract.results import Record, Results, ResultsError
+from arena.core.contract.results import validate as validate_results
+from arena.core.contract.types import EpisodeResult
+from arena.core.storage import integrity
+from arena.core.storage.ledger import STATE, Ledger, RunState
+from arena.core.storage.metrics import read_metrics
+from arena.core.storage.rundir import (
     CONFIG,
     EPISODES,
     RESULTS,
@@ -31,7 +32,6 @@ from arena.core.rundir import (
     record_disagreement,
     unfinished_message,
 )
-from arena.core.types import EpisodeResult
 from arena.report.verification import VerifyError, read_verification
 
 PRIMARY_VARIANT = "default"  # the protocol's primary variant (arena.core.protocol.PRIMARY_VARIANT)

@@ -9,8 +9,8 @@ import hmac
 from pathlib import Path
 from typing import Any
 
-from arena.core import integrity
-from arena.core.files import RunDirError, read_json, write_json_atomic
+from arena.core.storage import integrity
+from arena.core.storage.files import RunDirError, read_json, write_json_atomic
 
 VERIFICATION = "verification.json"
 VERIFIED, UNVERIFIED, UNVERIFIABLE = "verified", "unverified", "unverifiable"

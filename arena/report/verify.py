@@ -38,11 +38,14 @@ from typing import Any
 from omegaconf import OmegaConf
 
 import arena
-from arena.core import provenance
-from arena.core.continuation import LEARNED_STATE, links_in_learned_state
-from arena.core.ledger import Ledger
-from arena.core.results import Results
-from arena.core.rundir import (
+from arena.core.contract.results import Results
+from arena.core.contract.settings import Settings
+from arena.core.contract.types import EpisodeResult, Task, Termination, Trajectory
+from arena.core.execution.salt import SALT_FILE
+from arena.core.host import provenance
+from arena.core.protocol.continuation import LEARNED_STATE, links_in_learned_state
+from arena.core.storage.ledger import Ledger
+from arena.core.storage.rundir import (
     CONFIG,
     EPISODES,
     RESULTS,
@@ -53,9 +56,6 @@ from arena.core.rundir import (
     read_jsonl,
     read_results,
 )
-from arena.core.salt import SALT_FILE
-from arena.core.settings import Settings
-from arena.core.types import EpisodeResult, Task, Termination, Trajectory
 from arena.report.runs import ReportError, load_run
 from arena.report.verification import (
     EXIT_CODES,

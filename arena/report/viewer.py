@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from arena.core.metrics import read_metrics
-from arena.core.rundir import TRAJECTORIES
-from arena.core.settings import Settings
-from arena.core.store import stored_experiences
+from arena.core.contract.settings import Settings
+from arena.core.services.store import stored_experiences
+from arena.core.storage.metrics import read_metrics
+from arena.core.storage.rundir import TRAJECTORIES
 from arena.report.runs import ReportError, Run, load_run
 
 #: The page (HTML, CSS and script in one file, no network): ``viewer.html`` beside this module.

@@ -26,11 +26,11 @@ from typing import Any, cast
 
 from omegaconf import OmegaConf
 
-from arena.core.config import DEFAULTS_PATH, ConfigError, load_yaml, to_plain
-from arena.core.env import TRAIN_SPLIT, Environment, tasks_hash
-from arena.core.solver import Action, StandardSolver, play
-from arena.core.tasks import select_tasks
-from arena.core.types import Observation, Termination, Trajectory
+from arena.core.config.compose import DEFAULTS_PATH, ConfigError, load_yaml, to_plain
+from arena.core.contract.env import TRAIN_SPLIT, Environment, tasks_hash
+from arena.core.contract.types import Observation, Termination, Trajectory
+from arena.core.execution.solver import Action, StandardSolver, play
+from arena.core.execution.tasks import select_tasks
 from arena.warmstart.recipe import Recipe, load_recipe
 
 #: Bump when what a build trains on or writes changes (a new cache key for every recipe).
@@ -48,7 +48,7 @@ def _stderr(message: str) -> None:
 
 
 def default_cache_dir() -> Path:
-    from arena.core.cache import cache_root
+    from arena.core.host.cache import cache_root
 
     return cache_root() / "warmstart"
 
@@ -94,7 +94,7 @@ def base_weights_digest(model_folder: Path) -> str:
     """The base model's identity, whatever dtype a run serves it in: for the embedded model the
     SHA-256 of the GGUF it was converted from (the same file on every machine), else the SHA-256
     of the folder's weight files as stored."""
-    from arena.core.cache import file_sha256, read_source
+    from arena.core.host.cache import file_sha256, read_source
 
     gguf = read_source(model_folder).get("gguf_sha256")
     if gguf:
@@ -116,7 +116,7 @@ def cache_key(recipe: Recipe, base_sha256: str) -> str:
 
 def make_environment(recipe: Recipe) -> Environment:
     """The recipe's environment, its section merged over the environment's YAML defaults."""
-    from arena.core.plugins import get_plugins
+    from arena.core.config.plugins import get_plugins
 
     entry = get_plugins().envs.get(str(recipe.env["name"]))
     settings = {key: value for key, value in recipe.env.items() if key != "name"}
@@ -244,7 +244,7 @@ def load(folder: Path) -> WarmStart:
 def resolve(spec: str, model_folder: Path, cache_dir: Path | None = None, say: Say = _stderr) -> WarmStart:
     """``llm.warmstart``: a built folder (checked), or a recipe (name or YAML file) built on
     first use into the cache and reused after. Either way the base must be the run's model."""
-    from arena.core.cache import build_once
+    from arena.core.host.cache import build_once
 
     base = base_weights_digest(model_folder)
     folder = Path(spec).expanduser()

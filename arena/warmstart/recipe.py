@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from arena.core.config import ConfigError, load_yaml, to_plain
-from arena.core.registry import did_you_mean
+from arena.core.config.compose import ConfigError, load_yaml, to_plain
+from arena.core.config.registry import did_you_mean
 
 RECIPES_DIR = Path(__file__).with_name("recipes")
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import yaml
 
-from arena.core.settings import Settings
-from arena.core.solver import EndOnRepeat, play
-from arena.core.types import Observation, Task, Termination, Trajectory
+from arena.core.contract.settings import Settings
+from arena.core.contract.types import Observation, Task, Termination, Trajectory
+from arena.core.execution.solver import EndOnRepeat, play
 from arena.testing import FakeLLM
 from tests.helpers.worlds import RepeatWinEpisode, scripted_policy
 
@@ -32,8 +32,8 @@ def action_played(solver: Any) -> str:
 
 def paper_config(method: str) -> Any:
     """The method's config under its paper preset (the authors' settings the cases run with)."""
-    from arena.core.config import compose
-    from arena.core.plugins import get_plugins
+    from arena.core.config.compose import compose
+    from arena.core.config.plugins import get_plugins
 
     return compose(get_plugins(), method, preset="paper")
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from arena.core.types import RolloutTokens, Step, Task, Termination, Trajectory
+from arena.core.contract.types import RolloutTokens, Step, Task, Termination, Trajectory
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import arena
-from arena.core.solver import Action
+from arena.core.execution.solver import Action
 
 
 class Hostile:

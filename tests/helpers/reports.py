@@ -8,8 +8,8 @@ from typing import Any
 
 import arena
 from arena.core import protocol
-from arena.core.plugins import Plugins
-from arena.core.solver import Action, play
+from arena.core.config.plugins import Plugins
+from arena.core.execution.solver import Action, play
 from tests.helpers.overrides import FAST
 from tests.helpers.runs import harness_of, oracle_episode
 

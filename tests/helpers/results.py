@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from arena.core.results import Results, validate
+from arena.core.contract.results import Results, validate
 
 _PHASE = {"episodes": 0, "env_steps": 0, "llm_calls": 0, "tokens_in": 0, "tokens_out": 0, "wall_s": 0.0}
 _SUMMARY = {"n_tasks": 0, "n_episodes": 0, "success_rate": 0.0, "ci95": [0.0, 0.0], "progress_rate": 0.0,

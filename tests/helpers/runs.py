@@ -42,7 +42,7 @@ def harness_of(run):
 
 def learned_metrics(path: Path) -> list[dict]:
     """The figures the run logged per learning step (metrics.jsonl)."""
-    from arena.core.metrics import read_metrics
+    from arena.core.storage.metrics import read_metrics
 
     return [entry["metrics"] for entry in read_metrics(path) if entry["phase"] == "learn"]
 

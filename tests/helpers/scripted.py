@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from arena.core.env import Episode
-from arena.core.llm import Generation, SamplingParams
-from arena.core.solver import StandardSolver, play
-from arena.core.types import Observation, Task, Trajectory
+from arena.core.contract.env import Episode
+from arena.core.contract.llm import Generation, SamplingParams
+from arena.core.contract.types import Observation, Task, Trajectory
+from arena.core.execution.solver import StandardSolver, play
 from arena.testing import FakeLLM
 
 #: Scripted turns by name: (reply, tokens out or None for the call's whole limit, prompt cut).

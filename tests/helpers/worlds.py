@@ -7,8 +7,8 @@ import os
 import random
 import time
 
-from arena.core.env import Environment, Episode
-from arena.core.types import Observation, Task
+from arena.core.contract.env import Environment, Episode
+from arena.core.contract.types import Observation, Task
 from arena.envs.household import HouseholdEnvironment
 
 HOUSEHOLD = functools.partial(HouseholdEnvironment, seed=0, n_train=8, n_valid=2, n_test=6)
@@ -110,6 +110,6 @@ class RepeatWinEpisode(Episode):
 
 def scripted_policy(actions: list[str]):
     """A policy that plays ``actions`` in order, one per step."""
-    from arena.core.types import Action
+    from arena.core.contract.types import Action
 
     return lambda observation, trajectory: Action(actions[len(trajectory.steps)])

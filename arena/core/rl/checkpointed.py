@@ -16,11 +16,11 @@ from typing import Any
 
 import torch
 
-from arena.core.llm import TrainableBackend
-from arena.core.method_state import Checkpoints
+from arena.core.contract.llm import TrainableBackend
 from arena.core.rl.data import Sample, mini_batches
 from arena.core.rl.ranks import LeadTrainer
 from arena.core.rl.trainer import PolicyTrainer, TrainerConfig
+from arena.core.storage.method_state import Checkpoints
 
 #: ``progress(label)``: a context showing one update while it runs (``run.progress``).
 Progress = Callable[[str], AbstractContextManager[Any]]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
-    from arena.core.types import Trajectory
+    from arena.core.contract.types import Trajectory
 
 
 @dataclass
@@ -78,7 +78,7 @@ def sample_from_choice(
     reward: float,
 ) -> Sample:
     """A single-turn sample: the prompt as context, then the chosen reply (e.g. a
-    :class:`arena.core.llm.Choice` or :class:`~arena.core.llm.Generation`) as trained tokens."""
+    :class:`arena.core.contract.llm.Choice` or :class:`~arena.core.contract.llm.Generation`) as trained tokens."""
     return concat_turns(
         [Turn(prompt_ids, False), Turn(choice_token_ids, True, choice_logprobs)],
         role=role,

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from arena.core.errors import RanksLost
+from arena.core.contract.errors import RanksLost
 from arena.core.rl import sharding
 from arena.core.rl.data import Sample
 from arena.core.rl.sharding import World

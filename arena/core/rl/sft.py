@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from arena.core.llm import Chat
+from arena.core.contract.llm import Chat
 
 if TYPE_CHECKING:
     import torch

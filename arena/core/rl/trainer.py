@@ -42,12 +42,12 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from arena.core.allocator import return_freed_memory
+from arena.core.host.allocator import return_freed_memory
+from arena.core.host.torch_utils import eval_mode
 from arena.core.rl import sharding
 from arena.core.rl.data import Sample
 from arena.core.rl.loss import RoleStats, policy_loss, token_entropy, token_logprobs
 from arena.core.rl.sharding import World
-from arena.core.torch_utils import eval_mode
 
 #: 1: safetensors weights and a torch optimizer state (read, no longer written); 2: a
 #: torch.distributed.checkpoint folder, resharded on load to any world size.

@@ -17,8 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from arena.core.env import POOL_SPLIT, TEST_SPLITS, TRAIN_SPLIT, VALID_SPLIT, Environment, Episode, Instructions
-from arena.core.types import Observation, Task
+from arena.core.contract.env import (
+    POOL_SPLIT,
+    TEST_SPLITS,
+    TRAIN_SPLIT,
+    VALID_SPLIT,
+    Environment,
+    Episode,
+    Instructions,
+)
+from arena.core.contract.types import Observation, Task
 from arena.envs import alfworld_tasks as tasks
 from arena.envs.alfworld import data
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import arena
-from arena.core.env import Environment
+from arena.core.contract.env import Environment
 from arena.envs.alfworld import data
 from arena.envs.alfworld.environment import AlfworldEnvironment, engine, require_engine
 
@@ -59,7 +59,7 @@ def make_alfworld(cfg: Mapping[str, Any]) -> Environment:
         raise ValueError(f"env.workers must be 0 (in-process) or more, got {typed.workers}")
     if typed.workers == 0:
         return local
-    from arena.core.env_workers import ProcessEnvironment
+    from arena.core.execution.env_workers import ProcessEnvironment
 
     return ProcessEnvironment(
         local, functools.partial(build_worker, **settings), workers=typed.workers,

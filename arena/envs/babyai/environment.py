@@ -21,7 +21,7 @@ from minigrid.envs.babyai.core.roomgrid_level import RejectSampling
 from minigrid.envs.babyai.core.verifier import SeqInstr
 from minigrid.utils.baby_ai_bot import BabyAIBot
 
-from arena.core.env import (
+from arena.core.contract.env import (
     POOL_SPLIT,
     TEST_SPLITS,
     TRAIN_SPLIT,
@@ -33,7 +33,7 @@ from arena.core.env import (
     draw_games,
     drawn_seed,
 )
-from arena.core.types import Observation, Task
+from arena.core.contract.types import Observation, Task
 from arena.envs.babyai import text
 from arena.envs.babyai.levels import DEFAULT_SEEN, DEFAULT_UNSEEN, check_held_out, get_level
 from arena.envs.babyai.view import egocentric_view
@@ -44,7 +44,7 @@ from arena.envs.babyai.view import egocentric_view
 #: direction).
 VERSION = f"2.0-minigrid{importlib.metadata.version('minigrid')}"
 #: Minigrid seeds of split ``s`` are drawn from ``world seed * WORLD_STRIDE + SPLIT_SEED_BASE[s] +
-#: draw``; a split keeps the draws whose game is of its family (:func:`~arena.core.env.draw_games`).
+#: draw``; a split keeps the draws whose game is of its family (:func:`~arena.core.contract.env.draw_games`).
 SPLIT_SEED_BASE = {
     TRAIN_SPLIT: 0,
     VALID_SPLIT: 1_000_000,

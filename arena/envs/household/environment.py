@@ -1,9 +1,9 @@
 """The household environment: four splits of generated tasks, none of whose valid or test games
-is a train game (each split keeps only games of its family: :func:`arena.core.env.draw_games`)."""
+is a train game (each split keeps only games of its family: :func:`arena.core.contract.env.draw_games`)."""
 
 from __future__ import annotations
 
-from arena.core.env import (
+from arena.core.contract.env import (
     POOL_SPLIT,
     TEST_SPLITS,
     TRAIN_SPLIT,
@@ -14,7 +14,7 @@ from arena.core.env import (
     draw_games,
     drawn_seed,
 )
-from arena.core.types import Task
+from arena.core.contract.types import Task
 from arena.envs.alfworld_tasks import HOUSEHOLD_INSTRUCTIONS
 from arena.envs.household import catalog as cat
 from arena.envs.household.layout import generate
@@ -55,7 +55,7 @@ def make_task(world_seed: int, split: str, index: int, level: str = HARD, salt: 
     (by default ``index``-th: :meth:`HouseholdEnvironment.tasks` passes the draw its game was
     kept at). The levels other than ``hard`` name themselves in ids and payloads. Under an
     evaluation ``salt`` a test task's room comes from the salt
-    (:func:`~arena.core.env.salted_seed`); its id and type do not change."""
+    (:func:`~arena.core.contract.env.salted_seed`); its id and type do not change."""
     types = SPLIT_TASK_TYPES[split]
     task_type = types[index % len(types)]
     draw = index if draw is None else draw

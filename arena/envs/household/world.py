@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from arena.core.env import Episode
-from arena.core.types import Observation, Task
+from arena.core.contract.env import Episode
+from arena.core.contract.types import Observation, Task
 from arena.envs.household import catalog as cat
 from arena.envs.household.layout import Goal, Layout, generate
 from arena.envs.household.levels import HARD, get_level

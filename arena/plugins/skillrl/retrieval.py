@@ -159,7 +159,7 @@ def skills_visible(step_number: int, inject_from_step: int) -> bool:
 
 
 def make_prompt_builder(inject_from_step: int, max_chars: int, style: str = STYLE_ARENA) -> Any:
-    """A :func:`arena.core.solver.build_prompt`-compatible builder that puts the skill section
+    """A :func:`arena.core.execution.solver.build_prompt`-compatible builder that puts the skill section
     after the task description, only once the episode has reached ``inject_from_step``."""
 
     def builder(task: Task, observation: Observation, trajectory: Trajectory, experiences: list[Experience],

@@ -1,8 +1,0 @@
-"""``python -m arena.core.isolation_worker FD``: a method's worker process (run.isolation=process)."""
-
-import sys
-
-from arena.core.isolation import worker_main
-
-if __name__ == "__main__":
-    worker_main(int(sys.argv[1]))
