@@ -30,9 +30,9 @@ from rich.progress import (
 )
 from rich.text import Text
 
+from arena.core.contract.results import PRIMARY_VARIANT
 from arena.core.contract.types import EpisodeResult
-from arena.core.execution.context import EVALUATE
-from arena.core.protocol import PRIMARY_VARIANT
+from arena.core.execution.phase import EVALUATE
 from arena.core.services.progress import PhaseTally, format_duration
 
 

@@ -30,6 +30,7 @@ from arena.core.execution.solver import Action
 from arena.core.isolation import rpc
 from arena.core.isolation.isolated import isolated as isolation
 from arena.core.isolation.rpc import RemoteError
+from arena.core.protocol import evaluation
 from arena.core.storage import integrity
 from arena.core.storage.method_state import Checkpoints, OutsideFolder
 from arena.core.storage.rundir import VIOLATIONS, RunDir, RunDirError
@@ -237,7 +238,7 @@ def test_weights_changed_within_each_episode_are_caught_by_random_checks(plugins
     register(plugins, episode_swapper=EpisodeSwapper)
     # every check made (12 per 12 steps): a test that could only pass by luck would test nothing
     monkey = pytest.MonkeyPatch()
-    monkey.setattr(protocol, "SPOT_CHECKS", 10_000)
+    monkey.setattr(evaluation, "SPOT_CHECKS", 10_000)
     try:
         _, results = run(plugins, fast, tmp_path, "episode_swapper")
     finally:

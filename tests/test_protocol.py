@@ -13,7 +13,7 @@ from arena.core import protocol
 from arena.core.contract.env import TEST_SPLITS
 from arena.core.contract.types import Experience, Provenance
 from arena.core.execution.context import ProtocolViolation
-from arena.core.protocol import select_tasks
+from arena.core.execution.tasks import select_tasks
 from arena.core.storage.rundir import RunDirError
 from tests.helpers.runs import register
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from arena.core.contract.results import Record, Results, ResultsError
+from arena.core.contract.results import PRIMARY_VARIANT, Record, Results, ResultsError
 from arena.core.contract.results import validate as validate_results
 from arena.core.contract.types import EpisodeResult
 from arena.core.storage import integrity
@@ -34,7 +34,6 @@ from arena.core.storage.rundir import (
 )
 from arena.report.verification import VerifyError, read_verification
 
-PRIMARY_VARIANT = "default"  # the protocol's primary variant (arena.core.protocol.PRIMARY_VARIANT)
 EVALUATE = "evaluate"
 LEARN = "learn"
 

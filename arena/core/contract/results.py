@@ -23,6 +23,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 SCHEMA_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 #: The committed JSON Schema (regenerate with ``python -m arena.core.contract.results``).
+#: The protocol's primary variant of a test episode; the others (e.g. ``without_skill``) are
+#: summarised apart, under their split's ``variants``.
+PRIMARY_VARIANT = "default"
 SCHEMA_FILE = Path(__file__).resolve().parents[3] / "docs" / "results.schema.json"
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from arena.core.contract.env import TRAIN_SPLIT
 from arena.core.contract.results import (
+    PRIMARY_VARIANT,
     SCHEMA_VERSION,
     Cost,
     Learning,
@@ -31,10 +32,6 @@ from arena.core.contract.types import EpisodeResult
 from arena.core.execution.phase import EVALUATE, LEARN
 from arena.core.storage import stats
 from arena.core.storage.ledger import RunState
-
-#: The protocol's primary variant of a test episode; the others (e.g. ``without_skill``) are
-#: summarised apart, under their split's ``variants``.
-PRIMARY_VARIANT = "default"
 
 
 @dataclass(frozen=True)
