@@ -11,6 +11,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "arena.envs.alfworld.plugin",
     "arena.envs.babyai.plugin",
     "arena.backends.plugin",
+    "arena.backends.warm_bases",
     "arena.plugins.base",
     "arena.plugins.evolving_rl",
     "arena.plugins.expel",

@@ -87,8 +87,8 @@ def run(method: str | None, env_name: str | None, preset: str | None, config_fil
         with bars(console) if console.is_terminal else nullcontext() as progress:
             reporter = (RichReporter(progress) if progress is not None else
                         LineReporter(interval_s=float(os.environ.get("ARENA_PROGRESS_INTERVAL_S", 10))))
-            path, results = protocol.run(method, env_name, config_file, list(overrides), out, resume,
-                                         reporter=reporter, preset=preset,
+            path, results = protocol.run(method, env_name, config_file=config_file, overrides=list(overrides),
+                                         out=out, resume=resume, reporter=reporter, preset=preset,
                                          allow_version_change=allow_version_change, repair=repair)
     except USER_ERRORS as exc:
         raise click.ClickException(str(exc)) from exc

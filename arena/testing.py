@@ -350,7 +350,7 @@ def run_method(
     from arena.core import protocol
 
     settings = [*(FAST_OVERRIDES if fast else ()), *overrides]
-    path, results = protocol.run(method_name, env, None, settings, out, plugins=loaded, preset=preset)
+    path, results = protocol.run(method_name, env, overrides=settings, out=out, plugins=loaded, preset=preset)
     return MethodRun(Path(path), results)
 
 
@@ -372,7 +372,7 @@ def learning_context(
 
     loaded = plugins if plugins is not None else fresh_plugins()
     settings = [*(FAST_OVERRIDES if fast else ()), *overrides]
-    prepared = protocol.prepare(method, None, None, settings, out, None, loaded)
+    prepared = protocol.prepare(method, overrides=settings, out=out, plugins=loaded)
     session = protocol.Session(prepared, loaded)
     session.ctx.budget.start_metering()
     return session.ctx

@@ -43,7 +43,7 @@ def plugins() -> Plugins:
 
 def timed_run(plugins: Plugins, out, overrides: list[str]) -> tuple[float, dict]:
     started = time.perf_counter()
-    _, results = protocol.run("memrl", "household", None, overrides, out, plugins=plugins)
+    _, results = protocol.run("memrl", "household", overrides=overrides, out=out, plugins=plugins)
     return time.perf_counter() - started, results
 
 

@@ -27,8 +27,8 @@ from arena.core.contract.run_api import EpisodeRequest
 from arena.core.contract.types import Experience, Provenance, Step, Task, Termination, Trajectory
 from arena.core.execution.context import ProtocolViolation
 from arena.core.execution.solver import Action
+from arena.core.isolation import isolated as isolation
 from arena.core.isolation import rpc
-from arena.core.isolation.isolated import isolated as isolation
 from arena.core.isolation.rpc import RemoteError
 from arena.core.protocol import evaluation
 from arena.core.storage import integrity

@@ -554,7 +554,7 @@ def test_plugin_registers_household_with_its_config() -> None:
     assert config.is_file() and kwargs["description"]
     defaults = OmegaConf.load(config)
     assert dict(defaults) == {
-        "seed": 0, "n_train": 1200, "n_valid": 120, "n_test": 120, "level": "hard", "dialect": "move"
+        "seed": 0, "n_train": 1200, "n_valid": 120, "n_test": 120, "level": "medium", "dialect": "move"
     }
     env = factory(OmegaConf.merge(defaults, {"seed": 2, "n_test": 5}))
     assert isinstance(env, HouseholdEnvironment)

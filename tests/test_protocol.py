@@ -250,7 +250,7 @@ def test_results_schema(plugins, fast, tmp_path):
     assert results["limited"] is True
     assert results["protocol"] == {"max_steps": 12, "max_invalid_actions": 10, "limit": 2,
                                    "splits": ["test_seen", "test_unseen"],
-                                   "env": {"level": "hard"}, "source_pool": "train", "eval_salt": "public"}
+                                   "env": {"level": "medium"}, "source_pool": "train", "eval_salt": "public"}
     assert "continued_from" not in results["learn"]
     assert results["record"]["episodes"] == 4 and len(results["record"]["head"]) == 64
 

@@ -24,6 +24,9 @@ PROTECTED_KEYS = ("eval", "run", "env")
 #: Keys inside sections a method may otherwise set: the warm-start base is the board's, shared by
 #: every method on it, so only the user names it.
 PROTECTED_DOTTED_KEYS = ("llm.warmstart",)
+#: ``llm.warmstart: auto``: the base a plugin knows for the run's world and model
+#: (the ``warm_start_for`` hook), resolved here so that config.yaml names it.
+AUTO = "auto"
 
 
 class ConfigError(ValueError):
@@ -113,6 +116,8 @@ def compose(
     problems = schema.bad_values(cfg) + _repeated(cfg) + _embedder_problems(cfg)
     if problems:
         raise ConfigError("\n".join(problems))
+    if OmegaConf.select(cfg, "llm.warmstart") == AUTO:
+        cfg.llm.warmstart = plugins.pm.hook.warm_start_for(env=to_plain(cfg.env), llm=to_plain(cfg.llm))
     return cfg
 
 

@@ -33,7 +33,7 @@ the experience store is read-only, and the method's ``state_digest`` must not ch
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import pluggy
@@ -80,6 +80,16 @@ def register_backends(register: Callable[..., None]) -> None:
 
     Call ``register(name, factory, *, config=None, description="")``; ``factory(cfg)`` receives
     the ``llm`` section of the resolved config and returns an :class:`~arena.core.contract.llm.LLMBackend`.
+    """
+
+
+@hookspec(firstresult=True)
+def warm_start_for(env: Mapping[str, Any], llm: Mapping[str, Any]) -> str | None:
+    """``llm.warmstart: auto``: the folder of a built warm-start base for this world (the run's
+    ``env`` section) and model (its ``llm`` section), or None where the plugin knows none.
+
+    Answered when the config is composed, so the run's config.yaml names the base it used (or
+    null); the backend that serves the model checks the base against the model's weights.
     """
 
 

@@ -32,6 +32,11 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
 
 
+#: Sampling for a batch of prompts: one setting for all, or one per prompt (episodes with seeds
+#: of their own share a batch).
+ParamsPerPrompt = SamplingParams | list[SamplingParams]
+
+
 @dataclass
 class Generation:
     """Free text generated for one prompt."""
@@ -107,12 +112,7 @@ class LLMBackend(ABC):
         """Free-text completion of each chat (used for extraction, reflection, reasoning)."""
 
     @abstractmethod
-    def choose(
-        self,
-        prompts: list[Chat],
-        options: list[list[str]],
-        params: SamplingParams | list[SamplingParams],
-    ) -> list[Choice]:
+    def choose(self, prompts: list[Chat], options: list[list[str]], params: ParamsPerPrompt) -> list[Choice]:
         """For each chat, pick one of its options (an admissible action).
 
         ``params`` is one setting for all prompts or one per prompt (so episodes with their own
@@ -169,12 +169,7 @@ class WrappingBackend(LLMBackend):
     def generate(self, prompts: list[Chat], params: SamplingParams) -> list[Generation]:
         return self.inner.generate(prompts, params)
 
-    def choose(
-        self,
-        prompts: list[Chat],
-        options: list[list[str]],
-        params: SamplingParams | list[SamplingParams],
-    ) -> list[Choice]:
+    def choose(self, prompts: list[Chat], options: list[list[str]], params: ParamsPerPrompt) -> list[Choice]:
         return self.inner.choose(prompts, options, params)
 
     def count_tokens(self, text: str) -> int:
@@ -190,7 +185,7 @@ class WrappingBackend(LLMBackend):
         self.inner.close()
 
 
-def per_prompt(params: SamplingParams | list[SamplingParams], n: int) -> list[SamplingParams]:
+def per_prompt(params: ParamsPerPrompt, n: int) -> list[SamplingParams]:
     """One :class:`SamplingParams` per prompt."""
     if isinstance(params, SamplingParams):
         return [params] * n

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from omegaconf import DictConfig
 
@@ -44,6 +44,20 @@ class PreparedRun:
     def release(self) -> None:
         if self.lock is not None:
             self.lock.release()
+
+
+class PrepareOptions(TypedDict, total=False):
+    """What :func:`prepare` takes besides the method and the environment (for :func:`~arena.core.
+    protocol.session.run`, which hands them on)."""
+
+    config_file: Path | str | None
+    overrides: list[str] | None
+    out: Path | str | None
+    resume: Path | str | None
+    plugins: Plugins | None
+    preset: str | None
+    allow_version_change: bool
+    repair: bool
 
 
 def prepare(

@@ -20,7 +20,7 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Unpack, cast
 
 from omegaconf import OmegaConf
 
@@ -43,7 +43,7 @@ from arena.core.protocol.clock import PhaseClock
 from arena.core.protocol.digests import StateDigests
 from arena.core.protocol.evaluation import Evaluation
 from arena.core.protocol.factors import Factor, NewModel, PoisonedStore
-from arena.core.protocol.prepare import PreparedRun, prepare
+from arena.core.protocol.prepare import PreparedRun, PrepareOptions, prepare
 from arena.core.protocol.results_builder import SessionFacts, build_results
 from arena.core.services.batching import BatchingBackend
 from arena.core.services.embedder import make_embedder
@@ -249,23 +249,11 @@ class Session:
         return build_results(state, self.run_dir.episodes(), facts)
 
 
-def run(
-    method: str | None,
-    env: str | None = None,
-    config_file: Path | str | None = None,
-    overrides: list[str] | None = None,
-    out: Path | str | None = None,
-    resume: Path | str | None = None,
-    reporter: Reporter | None = None,
-    plugins: Plugins | None = None,
-    preset: str | None = None,
-    allow_version_change: bool = False,
-    repair: bool = False,
-) -> tuple[Path, Results]:
+def run(method: str | None, env: str | None = None, reporter: Reporter | None = None,
+        **options: Unpack[PrepareOptions]) -> tuple[Path, Results]:
     """Prepare and run; returns the run directory and its results."""
-    plugins = plugins or get_plugins()
-    prepared = prepare(method, env, config_file, overrides, out, resume, plugins, preset,
-                       allow_version_change, repair)
+    plugins = options["plugins"] = options.get("plugins") or get_plugins()
+    prepared = prepare(method, env, **options)
     try:
         try:
             session = Session(prepared, plugins, reporter)

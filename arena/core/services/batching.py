@@ -19,6 +19,7 @@ from arena.core.contract.llm import (
     Choice,
     Generation,
     LLMBackend,
+    ParamsPerPrompt,
     SamplingParams,
     WrappingBackend,
     per_prompt,
@@ -30,7 +31,7 @@ class _Request:
     kind: str  # "choose" or "generate"
     prompts: list[Chat]
     options: list[list[str]] | None
-    params: SamplingParams | list[SamplingParams]
+    params: ParamsPerPrompt
     future: Future = field(default_factory=Future)
     since: float = field(default_factory=time.monotonic)
 
@@ -68,12 +69,7 @@ class BatchingBackend(WrappingBackend):
     def generate(self, prompts: list[Chat], params: SamplingParams) -> list[Generation]:
         return self._submit(_Request("generate", prompts, None, params))
 
-    def choose(
-        self,
-        prompts: list[Chat],
-        options: list[list[str]],
-        params: SamplingParams | list[SamplingParams],
-    ) -> list[Choice]:
+    def choose(self, prompts: list[Chat], options: list[list[str]], params: ParamsPerPrompt) -> list[Choice]:
         return self._submit(_Request("choose", prompts, options, params))
 
     # -- the batching itself ------------------------------------------------------------------

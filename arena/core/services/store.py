@@ -794,22 +794,9 @@ class ReadOnlyExperienceStore:
     def all(self, kind: str | None = None, where: dict[str, Any] | None = None) -> list[Experience]:
         return self._store.all(kind=kind, where=where)
 
-    def query(
-        self,
-        text: str,
-        k: int,
-        *,
-        kind: str | None = None,
-        task_type: str | None = None,
-        source_split: str | None = None,
-        where: dict[str, Any] | None = None,
-        min_similarity: float | None = None,
-        exclude_source_tasks: Iterable[str] | None = None,
-    ) -> list[tuple[Experience, float]]:
-        return self._store.query(
-            text, k, kind=kind, task_type=task_type, source_split=source_split, where=where,
-            min_similarity=min_similarity, exclude_source_tasks=exclude_source_tasks,
-        )
+    def query(self, text: str, k: int, **filters: Any) -> list[tuple[Experience, float]]:
+        """:meth:`ExperienceStore.query`, which checks the filters' names."""
+        return self._store.query(text, k, **filters)
 
     def query_vector(self, vector: np.ndarray | Sequence[float], k: int, **filters: Any
                      ) -> list[tuple[Experience, float]]:
