@@ -396,19 +396,31 @@ def verify(run_dir: str, keep: str | None, as_json: bool) -> None:
 
 @cli.command()
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
-@click.option("--sqlite", "sqlite_file", required=True, type=click.Path(dir_okay=False),
+@click.option("--sqlite", "sqlite_file", type=click.Path(dir_okay=False),
               help="The database file to write (tables runs, splits, episodes, steps, experiences, metrics).")
-@click.option("--force", is_flag=True, help="Replace the file if it exists.")
-def export(run_dirs: tuple[str, ...], sqlite_file: str, force: bool) -> None:
-    """Write finished runs into one SQLite database, to query them with SQL or pandas."""
+@click.option("--dataset", "dataset_dir", type=click.Path(file_okay=False),
+              help="The folder of a Hugging Face dataset to write: parquet files of the episodes (and the "
+                   "learned items) with a dataset card stating the protocol.")
+@click.option("--force", is_flag=True, help="Replace the file or folder if it exists.")
+def export(run_dirs: tuple[str, ...], sqlite_file: str | None, dataset_dir: str | None, force: bool) -> None:
+    """Write finished runs into one SQLite database (to query them with SQL or pandas) or a Hugging
+    Face dataset (to share and reload their episodes with `datasets`)."""
     from arena.report import ReportError
-    from arena.report.export import export_sqlite
 
+    if (sqlite_file is None) == (dataset_dir is None):
+        raise click.UsageError("Choose one export: --sqlite FILE or --dataset DIR.")
     try:
-        counts = export_sqlite(list(run_dirs), sqlite_file, force=force)
+        if sqlite_file is not None:
+            from arena.report.export import export_sqlite
+
+            target, counts = sqlite_file, export_sqlite(list(run_dirs), sqlite_file, force=force)
+        else:
+            from arena.report.dataset import export_dataset
+
+            target, counts = str(dataset_dir), export_dataset(list(run_dirs), str(dataset_dir), force=force)
     except ReportError as exc:
         raise click.ClickException(str(exc)) from exc
-    console.print(escape(f"Wrote {sqlite_file}: " + ", ".join(f"{n} {table}" for table, n in counts.items())))
+    console.print(escape(f"Wrote {target}: " + ", ".join(f"{n} {table}" for table, n in counts.items())))
 
 
 @cli.command()

@@ -307,7 +307,8 @@ def figures() -> dict[str, dict[str, Any]]:
 @pytest.mark.parametrize("tool", ["arena", "lm_eval", "vllm"])
 def test_scoring_side_by_side(benchmark: Any, figures: dict[str, dict[str, Any]], tool: str) -> None:
     if tool == "lm_eval":
-        pytest.importorskip("lm_eval", reason="pip install lm-eval==0.4.13 to compare with it")
+        pytest.importorskip("lm_eval", reason="lm-eval is in the dev extras: bash scripts/install.sh --dev "
+                            "(or pip install lm-eval==0.4.13)")
     server = None
     if tool == "vllm":
         python = vllm_python()

@@ -66,3 +66,59 @@ def test_an_unfinished_or_foreign_folder_is_refused_and_nothing_written(tmp_path
     result = CliRunner().invoke(cli, ["export", str(tmp_path / "notarun"), "--sqlite", str(out)])
     assert result.exit_code != 0 and "has no results.json" in result.output and "Traceback" not in result.output
     assert not out.exists()
+
+
+# -- --dataset: a Hugging Face dataset of the episodes and learned items ----------------------------
+
+
+def test_the_dataset_loads_offline_with_every_episode_its_steps_and_the_learned_items(two_runs, tmp_path,
+                                                                                       monkeypatch) -> None:
+    import datasets
+    import yaml
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)  # nothing may be fetched
+    out = tmp_path / "dataset"
+    result = CliRunner().invoke(cli, ["export", *map(str, two_runs), "--dataset", str(out)])
+    assert result.exit_code == 0, result.output
+    loaded = datasets.load_dataset("parquet", data_files=str(out / "data" / "episodes.parquet"),
+                                   cache_dir=str(tmp_path / "cache"))["train"]
+    recorded = {(p.name, *(e[k] for k in ("phase", "split", "task_id", "seed", "variant"))): e
+                for p in two_runs for e in lines(p / "episodes.jsonl")}
+    assert len(loaded) == len(recorded) > 0
+    played = {(p.name, *t["key"]): len(t["steps"]) for p in two_runs for t in lines(p / "trajectories.jsonl")}
+    for row in loaded:
+        key = (row["run"], row["phase"], row["split"], row["task_id"], row["seed"], row["variant"])
+        episode = recorded.pop(key)
+        assert (row["success"], row["progress"], row["steps"]) == (episode["success"], episode["progress"], episode["steps"])
+        assert len(row["trajectory"]) == played[key] and row["method"] == key[0]
+        assert all(isinstance(step["action"], str) for step in row["trajectory"])
+    assert recorded == {}  # every episode, once
+    items = datasets.load_dataset("parquet", data_files=str(out / "data" / "learned_items.parquet"),
+                                  cache_dir=str(tmp_path / "cache"))["train"]
+    memrl = two_runs[0]
+    assert sorted(items["experience_id"]) == sorted(e.experience_id for e in stored_experiences(memrl / "store"))
+    assert len(items) > 0 and set(items["run"]) == {memrl.name}
+    # The card: its YAML header names both configurations; its body states each run's protocol.
+    card = (out / "README.md").read_text()
+    header = yaml.safe_load(card.split("---")[1])
+    assert [c["config_name"] for c in header["configs"]] == ["episodes", "learned_items"]
+    for path in two_runs:
+        results = json.loads((path / "results.json").read_text())
+        row = next(line for line in card.splitlines() if line.startswith(f"| {path.name} |"))
+        assert f"eval.max_steps {results['protocol']['max_steps']}" in row
+        assert all(digest in row for digest in results["provenance"]["split_hashes"].values())
+    assert f"{len(loaded)} episodes" in result.output.replace("\n", "")
+
+
+def test_a_dataset_folder_is_kept_unless_forced_and_one_export_is_chosen(two_runs, tmp_path) -> None:
+    out = tmp_path / "dataset"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    result = CliRunner().invoke(cli, ["export", str(two_runs[1]), "--dataset", str(out)])
+    assert result.exit_code != 0 and "exists; choose another --dataset folder, or pass --force" in result.output
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+    result = CliRunner().invoke(cli, ["export", str(two_runs[1]), "--dataset", str(out), "--force"])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in out.rglob("*") if p.is_file()) == ["README.md", "episodes.parquet"]  # base learns nothing
+    both = CliRunner().invoke(cli, ["export", str(two_runs[1]), "--dataset", str(out), "--sqlite", str(tmp_path / "x")])
+    assert both.exit_code != 0 and "Choose one export: --sqlite FILE or --dataset DIR" in both.output

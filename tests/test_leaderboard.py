@@ -18,7 +18,7 @@ from arena.cli import cli
 from arena.core.contract.types import EpisodeResult
 from arena.report import ReportError, Run, build_tables, load_run, load_runs, write_board
 from arena.report.aggregate import pooled_splits, row_cost
-from arena.report.render import protocol_line
+from arena.report.render import main_columns, protocol_line, run_isolation
 from tests.helpers.browser import find_chromium, headless_page
 from tests.helpers.reports import make_run, report_plugins, scripted_success
 from tests.helpers.results import made_up_results
@@ -282,7 +282,7 @@ def test_html_page_renders_in_headless_chromium(runs, tmp_path):
     assert errors == [], errors
     requests = [e["params"]["request"]["url"] for e in events if e.get("method") == "Network.requestWillBeSent"]
     assert [url for url in requests if not url.startswith(("file:", "data:"))] == []
-    assert facts["tables"] == 1 + 2  # the main table and one per-task-type table per split
+    assert facts["tables"] == 1 + 1 + 2  # the main table, its breakdown, one per-task-type table per split
     assert facts["mainRows"] == 2 and facts["firstCells"] == ["scripted", "base"]
     assert facts["headers"][5] == "test_seen success [95 % CI]"
     assert facts["details"] >= 3
@@ -291,6 +291,104 @@ def test_html_page_renders_in_headless_chromium(runs, tmp_path):
     assert facts["framed"] and facts["width"] <= 1400, facts["width"]
     assert screenshot.read_bytes()[:4] == b"\x89PNG" and screenshot.stat().st_size > 10_000
     print(f"screenshot: {screenshot}")
+
+
+#: What the filter test reads of the page: each table's shown rows (every cell's text).
+SHOWN_ROWS = """JSON.stringify({
+  main: Array.from(document.querySelector('table').tBodies[0].rows).filter(r => !r.hidden)
+    .map(r => Array.from(r.cells).map(c => c.textContent)),
+  lines: Array.from(document.querySelector('table.breakdown').tBodies[0].rows).filter(r => !r.hidden)
+    .map(r => Array.from(r.cells).map(c => c.textContent)),
+  hiddenHeaders: Array.from(document.querySelector('table').tHead.rows[0].cells).filter(c => c.hidden)
+    .map(c => c.textContent),
+  counted: document.querySelector('form.filters output').textContent,
+  options: Object.fromEntries(Array.from(document.querySelectorAll('form.filters select'))
+    .map(s => [s.name, Array.from(s.options).map(o => o.value)]))
+})"""
+
+
+def _choose(devtools, session, filters: dict[str, str]) -> dict:
+    """Set the page's filters as a reader would (select, then a change event) and read it."""
+    script = "".join(f"document.querySelector('form.filters select[name={name}]').value = {json.dumps(value)};"
+                     for name, value in filters.items())
+    script += "document.querySelector('form.filters').dispatchEvent(new Event('change'));"
+    devtools.call("Runtime.evaluate", {"expression": script}, session=session)
+    return json.loads(devtools.call("Runtime.evaluate", {"expression": SHOWN_ROWS, "returnByValue": True},
+                                    session=session)["result"]["value"])
+
+
+def _click_header(devtools, session, table: str, column: str) -> None:
+    devtools.call("Runtime.evaluate", {"expression": (
+        f"Array.from(document.querySelector({json.dumps(table)}).tHead.rows[0].cells)"
+        f".find(c => c.textContent.startsWith({json.dumps(column)})).click()")}, session=session)
+
+
+def test_the_board_page_filters_and_sorts_in_headless_chromium(runs, tmp_path):
+    """A reader filters the static page by split, task type, level, seed and isolation and sorts
+    by a column; what shows is what the runs' episodes say."""
+    browser = find_chromium()
+    if browser is None:
+        pytest.skip("Debian's chromium is not installed (CI set-up: apt-get install -y chromium)")
+    isolated_run = make_run(report_plugins(), tmp_path, "base-isolated", method="base", seeds=(1,),
+                            extra=("run.isolation=process",))
+    chosen = [load_run(path) for path in (runs["base"], runs["s01"], runs["easy"], isolated_run)]
+    out = tmp_path / "board"
+    [table] = build_tables(chosen, allow_mixed=True)
+    write_board([table], out)
+    # The expected lines, from the episodes themselves: (method, split, task type, level, seed).
+    expected: dict[tuple[str, str, str, str, int], list] = {}
+    for run in chosen:
+        level = str(run.results.protocol.env.get("level", "-"))
+        for episode in run.evaluated():
+            for task_type in ("(all types)", episode.task_type):
+                expected.setdefault((run.method, episode.split, task_type, level, episode.seed), []).append(episode)
+    levels = sorted({key[3] for key in expected})
+    assert len(levels) == 2, levels  # the easy run and the others: two levels to filter by
+    with headless_page(browser, tmp_path / "profile") as (devtools, session):
+        devtools.call("Page.navigate", {"url": (out / "index.html").resolve().as_uri()}, session=session)
+        devtools.wait_for("Page.loadEventFired")
+        every = _choose(devtools, session, {"type": ""})
+        assert len(every["lines"]) == len(expected) and every["counted"].startswith(f"{len(expected)} of ")
+        assert set(every["options"]["level"]) == {"", *levels}
+        assert set(every["options"]["isolation"]) == {"", *(run_isolation(run) for run in chosen)}
+        assert every["options"]["seed"] == ["", "0", "1"]
+        # One split, one task type, one level, seed 1: exactly the episodes that match, each line's
+        # success their share solved; the rows above keep only a row with that level and seed.
+        _, split, task_type, level, _ = max(key for key in expected if key[4] == 1 and key[2] != "(all types)")
+        narrowed = _choose(devtools, session, {"split": split, "type": task_type, "level": level, "seed": "1"})
+        want = {key: episodes for key, episodes in expected.items() if key[1:] == (split, task_type, level, 1)}
+        assert want and narrowed["main"], (want, narrowed)
+        assert sorted((line[0], line[8]) for line in narrowed["lines"]) == sorted(
+            (key[0], f"{100 * sum(e.success for e in episodes) / len(episodes):.1f} %") for key, episodes in want.items())
+        assert sorted(row[1] for row in narrowed["main"]) == sorted(
+            row.name for row in table.rows if 1 in row.seeds
+            and level in {str(run.results.protocol.env.get("level", "-")) for run in row.runs})
+        assert narrowed["hiddenHeaders"] == [f"{other} success [95 % CI]" for other in table.splits if other != split]
+        # Isolation: only the lines of the run made with run.isolation=process, and its row.
+        isolated = _choose(devtools, session, {"split": "", "type": "", "level": "", "seed": "", "isolation": "process"})
+        assert len(isolated["lines"]) == sum(1 for key in expected if key[0] == "base" and key[4] == 1
+                                             and key[3] == str(chosen[3].results.protocol.env.get("level", "-")))
+        assert [row[1] for row in isolated["main"]] == [row.name for row in table.rows if chosen[3] in row.runs]
+        # Sorting: by success, up then down; the lines stay filtered while they move.
+        shown = _choose(devtools, session, {"isolation": "", "type": "(all types)"})
+        for order in ("up", "down"):
+            _click_header(devtools, session, "table.breakdown", "Success")
+            shown = _choose(devtools, session, {})
+            values = [float(line[8].rstrip(" %")) for line in shown["lines"]]
+            assert values == sorted(values, reverse=order == "down") and len(set(values)) > 1, values
+        assert all(line[3] == "(all types)" for line in shown["lines"])
+        _click_header(devtools, session, "table", "Learn tokens")
+        column = main_columns(table).index("Learn tokens")
+        tokens = [row[column] for row in _choose(devtools, session, {})["main"]]
+        assert [_tokens(t) for t in tokens] == sorted(_tokens(t) for t in tokens), tokens
+    errors = [e["params"] for e in devtools.events if e.get("method") == "Runtime.exceptionThrown"]
+    assert errors == [], errors
+
+
+def _tokens(cell: str) -> float:
+    """A count as the board writes it (1.5k, 2.0M) back to a number."""
+    scale = {"k": 1e3, "M": 1e6, "G": 1e9}.get(cell[-1:], 1)
+    return float(cell.rstrip("kMG")) * scale
 
 
 def test_plot_labels_of_equal_points_do_not_overlap():

@@ -1,7 +1,7 @@
 """Reports over finished runs: leaderboards (Markdown, HTML, JSON, plots), paired comparisons,
-the viewer (``viewer``), the SQLite export (``export``) and ``arena verify`` (``verify``: replays a
-run's frozen evaluation in a fresh process and writes the run's verification.json, the one file a
-report writes into a run).
+the viewer (``viewer``), the SQLite and Hugging Face dataset exports (``export``, ``dataset``)
+and ``arena verify`` (``verify``: replays a run's frozen evaluation in a fresh process and writes
+the run's verification.json, the one file a report writes into a run).
 
 Reads only what runs wrote (results.json, episodes.jsonl, state.json, metrics.jsonl, and for the
 viewer and the export trajectories.jsonl and the store); arena.core never imports this package.

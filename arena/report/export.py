@@ -51,7 +51,7 @@ STEP_COLUMNS = ("action", "observation", "valid", "reward", "progress", "thought
                 "tokens_in", "tokens_out")
 
 
-def _trajectories(path: Path) -> list[tuple[list[Any], dict[str, Any]]]:
+def trajectories(path: Path) -> list[tuple[list[Any], dict[str, Any]]]:
     """(key, trajectory) of every line of trajectories.jsonl (absent on committed boards)."""
     file = path / TRAJECTORIES
     if not file.is_file():
@@ -64,7 +64,8 @@ def _trajectories(path: Path) -> list[tuple[list[Any], dict[str, Any]]]:
     return found
 
 
-def _collection(run: Run) -> str:
+def store_collection(run: Run) -> str:
+    """The store collection the run's method wrote its learned items to."""
     return Settings.of(run.config).store.collection
 
 
@@ -86,13 +87,13 @@ def _insert_run(db: sqlite3.Connection, run_id: int, run: Run) -> dict[str, int]
         (run_id, *(e.get(c) for c in EPISODE_COLUMNS), json.dumps(e.get("experience_ids", [])),
          json.dumps(e.get("derived_experience_ids", []))) for e in episodes])
     steps = []
-    for key, trajectory in _trajectories(run.path):
+    for key, trajectory in trajectories(run.path):
         phase, split, task_id, seed, variant = key
         for number, step in enumerate(trajectory.get("steps", []), start=1):
             steps.append((run_id, phase, split, task_id, seed, variant, number,
                           *(step.get(c) for c in STEP_COLUMNS)))
     db.executemany(f"INSERT INTO steps VALUES ({','.join('?' * (7 + len(STEP_COLUMNS)))})", steps)
-    experiences = stored_experiences(run.path / "store", _collection(run))
+    experiences = stored_experiences(run.path / "store", store_collection(run))
     db.executemany("INSERT INTO experiences VALUES (?,?,?,?,?,?,?)", [
         (run_id, e.experience_id, e.kind, e.text, e.provenance.source_split,
          json.dumps(list(e.provenance.source_task_ids)), json.dumps(e.metadata, sort_keys=True, default=str))

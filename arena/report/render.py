@@ -9,13 +9,16 @@ import base64
 import html
 import json
 import os
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import arena
+from arena.core.contract.types import EpisodeResult
 from arena.report.aggregate import WARMSTART_FIELD, Row, Table
 from arena.report.experiments import ExperimentReport
 from arena.report.plots import Plot, table_plots
+from arena.report.runs import Run
 
 BOARD_SCHEMA_VERSION = 1
 
@@ -143,10 +146,13 @@ ISOLATION_NOTE = ("Isolation: process when the method's hooks ran in a worker pr
                   "leaderboard --require-isolation` refuses a board with a row that was not isolated.")
 
 
+#: How each isolation mode of a run reads on a page.
+ISOLATION_NAMES = {"process": "process", "in_process": "in process", "unknown": "unknown (in process)"}
+
+
 def isolation_cell(row: Row) -> str:
     """How the row's methods ran; a mixed row counts its runs of each kind."""
-    isolation = row.isolation
-    named = {"process": "process", "in_process": "in process", "unknown": "unknown (in process)"}
+    isolation, named = row.isolation, ISOLATION_NAMES
     if isolation["mode"] != "mixed":
         return named.get(str(isolation["mode"]), str(isolation["mode"]))
     counts: dict[str, int] = {}
@@ -326,26 +332,62 @@ td.num{text-align:right;white-space:nowrap}
 details{margin:.4rem 0}summary{cursor:pointer;font-weight:600}
 figure{margin:1rem 0}figure img{max-width:100%;border:1px solid #e0e0e0}
 ul.provenance{font-size:.8rem;color:#333}
+th[aria-sort=ascending]::after{content:" \\25B2"}th[aria-sort=descending]::after{content:" \\25BC"}
+form.filters{display:flex;flex-wrap:wrap;gap:.4rem 1rem;align-items:center;font-size:.85rem;margin:.5rem 0}
+form.filters label{display:flex;gap:.3rem;align-items:center}
+[hidden]{display:none!important}
 """
 
-# Click a header to sort its table (numbers by their leading value, text alphabetically).
+# Click a header to sort its table by that column: cells by their leading number (1.5k, 2M and
+# 3G as such; "-" last either way), text alphabetically. The filters of a section hide the rows
+# (and the other splits' success columns) that do not match every chosen value.
 JS = """
+function sortKey(text) {
+  var m = /^([-+]?\\d+(?:\\.\\d+)?)\\s*([kMG](?![A-Za-z]))?/.exec(text);
+  return m ? parseFloat(m[1]) * ({k: 1e3, M: 1e6, G: 1e9}[m[2]] || 1) : null;
+}
 document.querySelectorAll('table.sortable').forEach(function (table) {
-  table.querySelectorAll('th').forEach(function (header, column) {
+  var headers = table.querySelectorAll('th');
+  headers.forEach(function (header, column) {
     header.addEventListener('click', function () {
       var body = table.tBodies[0];
       var rows = Array.prototype.slice.call(body.rows);
-      var ascending = header.getAttribute('data-order') !== 'asc';
-      header.setAttribute('data-order', ascending ? 'asc' : 'desc');
+      var ascending = header.getAttribute('aria-sort') !== 'ascending';
+      headers.forEach(function (other) { other.removeAttribute('aria-sort'); });
+      header.setAttribute('aria-sort', ascending ? 'ascending' : 'descending');
       rows.sort(function (a, b) {
         var x = a.cells[column].textContent.trim(), y = b.cells[column].textContent.trim();
-        var nx = parseFloat(x), ny = parseFloat(y);
-        var order = (!isNaN(nx) && !isNaN(ny)) ? nx - ny : x.localeCompare(y);
+        var nx = sortKey(x), ny = sortKey(y);
+        if (nx === null && ny !== null) return 1;
+        if (ny === null && nx !== null) return -1;
+        var order = (nx !== null && nx !== ny) ? nx - ny : x.localeCompare(y);
         return ascending ? order : -order;
       });
       rows.forEach(function (row) { body.appendChild(row); });
     });
   });
+});
+document.querySelectorAll('form.filters').forEach(function (form) {
+  var section = form.closest('section');
+  function apply() {
+    var chosen = {};
+    form.querySelectorAll('select').forEach(function (select) { chosen[select.name] = select.value; });
+    var lines = section.querySelectorAll('tr[data-filtered]'), shown = 0;
+    lines.forEach(function (row) {
+      row.hidden = !Object.keys(chosen).every(function (name) {
+        var value = row.getAttribute('data-' + name);
+        return !chosen[name] || value === null || value.split('|').indexOf(chosen[name]) >= 0;
+      });
+      if (!row.hidden && row.closest('table.breakdown')) shown += 1;
+    });
+    section.querySelectorAll('[data-column-split]').forEach(function (cell) {
+      cell.hidden = !!chosen.split && cell.getAttribute('data-column-split') !== chosen.split;
+    });
+    form.querySelector('output').textContent = shown + ' of ' +
+      section.querySelectorAll('table.breakdown tbody tr').length + ' breakdown lines shown';
+  }
+  form.addEventListener('change', apply);
+  apply();
 });
 """
 
@@ -357,18 +399,105 @@ def _h(text: Any) -> str:
     return html.escape(str(text), quote=True)
 
 
-def _html_table(columns: list[str], rows: list[list[str]], classes: list[str] | None = None) -> str:
-    """A sortable table; cells that start with a number are right-aligned."""
-    head = "".join(f"<th>{_h(c)}</th>" for c in columns)
+def _attributes(values: dict[str, str]) -> str:
+    """A row's filter values as data attributes, which the page's script reads."""
+    return "".join(f' data-{name}="{_h(value)}"' for name, value in values.items())
+
+
+def _html_table(columns: list[str], rows: list[list[str]], classes: list[str] | None = None,
+                row_data: list[dict[str, str]] | None = None, column_splits: list[str | None] | None = None,
+                kind: str = "") -> str:
+    """A sortable table; cells that start with a number are right-aligned. ``row_data``: each
+    row's values for the section's filters; ``column_splits``: the split a column shows, for the
+    split filter to hide it."""
+    def split_of(column: int) -> str:
+        split = column_splits[column] if column_splits else None
+        return "" if split is None else f' data-column-split="{_h(split)}"'
+
+    head = "".join(f"<th{split_of(i)}>{_h(c)}</th>" for i, c in enumerate(columns))
     body = []
     for index, cells in enumerate(rows):
         row_class = f' class="{classes[index]}"' if classes and classes[index] else ""
-        tds = "".join(f'<td class="num">{_h(c)}</td>' if c[:1].isdigit() else f"<td>{_h(c)}</td>"
-                      for c in cells)
-        body.append(f"<tr{row_class}>{tds}</tr>")
+        filtered = " data-filtered" + _attributes(row_data[index]) if row_data else ""
+        tds = "".join(f'<td class="num"{split_of(i)}>{_h(c)}</td>' if c[:1].isdigit()
+                      else f"<td{split_of(i)}>{_h(c)}</td>" for i, c in enumerate(cells))
+        body.append(f"<tr{row_class}{filtered}>{tds}</tr>")
     # In its own scrolling frame: a wide table scrolls instead of running off the page.
-    return (f'<div class="scroll"><table class="sortable"><thead><tr>{head}</tr></thead>'
-            f'<tbody>{"".join(body)}</tbody></table></div>')
+    return (f'<div class="scroll"><table class="{" ".join(filter(None, ["sortable", kind]))}"><thead><tr>{head}'
+            f'</tr></thead><tbody>{"".join(body)}</tbody></table></div>')
+
+
+# -- the page's filters and breakdown (index.html alone: README.md and leaderboard.json keep theirs)
+
+#: The task type of a breakdown line over every task type of its split.
+ALL_TYPES = "(all types)"
+#: What a reader filters a board's section by: (the rows' data attribute, the control's label).
+FILTERS = (("split", "Split"), ("type", "Task type"), ("level", "Level"), ("seed", "Seed"),
+           ("isolation", "Isolation"))
+BREAKDOWN_COLUMNS = ["Method", "Model", "Split", "Task type", "Level", "Seed", "Isolation", "Episodes",
+                     "Success", "Progress", "Steps"]
+FILTER_NOTE = ("Filters: the breakdown shows the test episodes of each row by split, task type, level, "
+               "seed and isolation (each line's success is its episodes' share solved, without an "
+               "interval); level, seed and isolation also filter the rows above, and split hides the "
+               "other splits' success columns. Click any header to sort by it.")
+
+
+def run_level(run: Run) -> str:
+    """The environment's level the run played (``env.level``); "-" for an environment without
+    one (BabyAI's levels are its task types)."""
+    level = run.results.protocol.env.get("level")
+    return "-" if level is None else str(level)
+
+
+def run_isolation(run: Run) -> str:
+    """How the run's method ran, worded as the Isolation column words it."""
+    return ISOLATION_NAMES.get(run.isolation, run.isolation)
+
+
+def row_filter_values(row: Row) -> dict[str, str]:
+    """A main row's levels, seeds and isolation modes ("|" between several), for the filters."""
+    return {"level": "|".join(sorted({run_level(run) for run in row.runs})),
+            "seed": "|".join(str(seed) for seed in row.seeds),
+            "isolation": "|".join(sorted({run_isolation(run) for run in row.runs}))}
+
+
+def breakdown(table: Table) -> list[tuple[dict[str, str], list[str], bool]]:
+    """(filter values, cells, valid) of one line per row, split, task type (and all types),
+    level, seed and isolation: the row's primary test episodes of that seed, pooled over its
+    runs. Runs kept without episodes.jsonl have no line."""
+    lines = []
+    order = {split: index for index, split in enumerate(table.splits)}
+    for row in table.rows:
+        groups: dict[tuple[str, str, str, int, str], list[EpisodeResult]] = defaultdict(list)
+        for run in row.runs:
+            for episode in run.evaluated() if run.episodes is not None else []:
+                for task_type in (ALL_TYPES, episode.task_type):
+                    groups[(episode.split, task_type, run_level(run), episode.seed, run_isolation(run))].append(episode)
+        for key in sorted(groups, key=lambda k: (order.get(k[0], len(order)), k[1] != ALL_TYPES, k[1:])):
+            split, task_type, level, seed, isolation = key
+            episodes = groups[key]
+            n = len(episodes)
+            cells = [row.name, row.model, split, task_type, level, str(seed), isolation, str(n),
+                     pct(sum(e.success for e in episodes) / n), pct(sum(e.progress for e in episodes) / n),
+                     f"{sum(e.steps for e in episodes) / n:.1f}"]
+            values = {"split": split, "type": task_type, "level": level, "seed": str(seed), "isolation": isolation}
+            lines.append((values, cells, row.valid))
+    return lines
+
+
+def filter_form(table: Table, values: list[dict[str, str]]) -> str:
+    """One select per filter, its options the values the section's rows hold; task type starts on
+    all types (one breakdown line per row, split and seed)."""
+    controls = []
+    for name, label in FILTERS:
+        found = {value for entry in values for value in entry.get(name, "").split("|") if value}
+        choices = ([split for split in table.splits if split in found] if name == "split" else
+                   sorted(found, key=lambda v: (len(v), v)) if name == "seed" else sorted(found))
+        options = ['<option value="">any</option>'] + [
+            f'<option value="{_h(v)}"{" selected" if name == "type" and v == ALL_TYPES else ""}>{_h(v)}</option>'
+            for v in choices]
+        controls.append(f'<label>{_h(label)} <select name="{name}">{"".join(options)}</select></label>')
+    return f'<form class="filters">{"".join(controls)}<output></output></form>'
 
 
 def html_page(tables: list[Table], plots: dict[str, list[Plot]],
@@ -384,8 +513,21 @@ def html_page(tables: list[Table], plots: dict[str, list[Plot]],
         parts.append(f'<section class="board" id="{_h(table.env)}"><h2>{_h(table.env)}</h2>')
         parts.append(f'<p class="protocol">Protocol: {_h(protocol_line(table))}. Sorted by {_h(table.sort)}.</p>')
         rows = [main_cells(table, rank, row) for rank, row in enumerate(table.rows, 1)]
+        row_values = [row_filter_values(row) for row in table.rows]
+        lines = breakdown(table)
+        parts.append(filter_form(table, row_values + [values for values, _, _ in lines]))
+        parts.append(f'<p class="note">{_h(FILTER_NOTE)}</p>')
+        success_columns = [f"{s} success [95 % CI]" for s in table.splits]
         parts.append(_html_table(main_columns(table), rows,
-                                 ["" if row.valid else "invalid" for row in table.rows]))
+                                 ["" if row.valid else "invalid" for row in table.rows], row_values,
+                                 [table.splits[success_columns.index(c)] if c in success_columns else None
+                                  for c in main_columns(table)]))
+        parts.append('<details class="breakdown" open><summary>Breakdown by split, task type, level, seed '
+                     'and isolation</summary>')
+        parts.append(_html_table(BREAKDOWN_COLUMNS, [cells for _, cells, _ in lines],
+                                 ["" if valid else "invalid" for _, _, valid in lines],
+                                 [values for values, _, _ in lines], kind="breakdown"))
+        parts.append("</details>")
         for split in table.splits:
             parts.append(f'<details class="task-types"><summary>{_h(split)}: success per task type</summary>')
             parts.append(_html_table(type_columns(table, split),
