@@ -309,9 +309,11 @@ class TransformersBackend(LLMBackend):
         transformers_logging.disable_progress_bar()  # Arena draws its own progress bars
         self.tokenizer: Any = AutoTokenizer.from_pretrained(self.folder, local_files_only=True)
         model: Any = AutoModelForCausalLM.from_pretrained(self.folder, dtype=self.dtype, local_files_only=True)
-        #: The shared warm-start base merged into the weights (``llm.warmstart``), or None.
+        #: The shared warm-start base merged into the weights (``llm.warmstart``), or None. A run's
+        #: ``auto`` is resolved when its config is composed; a backend built from its YAML alone (a
+        #: method's auxiliary model) has no world to resolve it for and serves the model as shipped.
         self.warmstart: WarmStart | None = None
-        if self.config.warmstart:
+        if self.config.warmstart and self.config.warmstart != "auto":
             self.warmstart = resolve_warmstart(self.config.warmstart, self.folder)
             model = apply_warmstart(model, self.warmstart)
         self.model: Any = model.to(self.device).eval()
