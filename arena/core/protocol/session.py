@@ -142,10 +142,6 @@ class Session:
         self.ctx.services.close()
         self.ctx.metrics.close()
 
-    def state_digest(self) -> str:
-        """Digest of everything the method could have learned: store, method state, weights."""
-        return self.digests.state()
-
     # -- the protocol -------------------------------------------------------------------------
 
     def run(self) -> Results:
