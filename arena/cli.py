@@ -401,23 +401,32 @@ def verify(run_dir: str, keep: str | None, as_json: bool) -> None:
 @click.option("--dataset", "dataset_dir", type=click.Path(file_okay=False),
               help="The folder of a Hugging Face dataset to write: parquet files of the episodes (and the "
                    "learned items) with a dataset card stating the protocol.")
+@click.option("--inspect", "inspect_dir", type=click.Path(file_okay=False),
+              help="The folder of Inspect evaluation logs to write (a run's episodes as samples, step by "
+                   "step), to read in `inspect view --log-dir DIR`.")
 @click.option("--force", is_flag=True, help="Replace the file or folder if it exists.")
-def export(run_dirs: tuple[str, ...], sqlite_file: str | None, dataset_dir: str | None, force: bool) -> None:
-    """Write finished runs into one SQLite database (to query them with SQL or pandas) or a Hugging
-    Face dataset (to share and reload their episodes with `datasets`)."""
+def export(run_dirs: tuple[str, ...], sqlite_file: str | None, dataset_dir: str | None, inspect_dir: str | None,
+           force: bool) -> None:
+    """Write finished runs into one SQLite database (to query them with SQL or pandas), a Hugging
+    Face dataset (to share and reload their episodes with `datasets`) or Inspect logs (to read
+    them step by step in `inspect view`)."""
     from arena.report import ReportError
 
-    if (sqlite_file is None) == (dataset_dir is None):
-        raise click.UsageError("Choose one export: --sqlite FILE or --dataset DIR.")
+    if sum(target is not None for target in (sqlite_file, dataset_dir, inspect_dir)) != 1:
+        raise click.UsageError("Choose one export: --sqlite FILE, --dataset DIR or --inspect DIR.")
     try:
         if sqlite_file is not None:
             from arena.report.export import export_sqlite
 
             target, counts = sqlite_file, export_sqlite(list(run_dirs), sqlite_file, force=force)
-        else:
+        elif dataset_dir is not None:
             from arena.report.dataset import export_dataset
 
             target, counts = str(dataset_dir), export_dataset(list(run_dirs), str(dataset_dir), force=force)
+        else:
+            from arena.report.inspect_log import export_inspect
+
+            target, counts = str(inspect_dir), export_inspect(list(run_dirs), str(inspect_dir), force=force)
     except ReportError as exc:
         raise click.ClickException(str(exc)) from exc
     console.print(escape(f"Wrote {target}: " + ", ".join(f"{n} {table}" for table, n in counts.items())))

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 extras=""
 # --dev: the test tools, and what the tests of the optional parts need: alfworld (compiles two
 # packages: 3 minutes on an idle 2-core machine, over 20 when the cores are busy), the openai
-# client, Ray, the experiment trackers and the dataset export.
+# client, Ray, the experiment trackers and the dataset and Inspect exports.
 if [[ "${1:-}" == "--dev" ]]; then extras="[dev,alfworld,openai,ray,trackers,export]"; fi
 step() { echo "[install] $*" >&2; }
 took() { echo "[install]   done in $(( SECONDS - $1 )) s" >&2; }

@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import threading
-import time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ import pytest
 
 from arena.core import protocol
 from arena.report.viewer import Viewer, make_server
-from tests.helpers.browser import DevTools, find_chromium, headless_page
+from tests.helpers.browser import evaluate, find_chromium, headless_page, until
 
 FAKE = ["llm.backend=fake", "embedder.name=hashing", "env.n_train=20", "env.n_valid=4", "env.n_test=4",
         "eval.max_steps=6", "eval.limit=2", "learn.budget.episodes=3", "run.seeds=[0,1]"]
@@ -61,22 +60,6 @@ def test_the_viewer_serves_episodes_trajectories_pairs_and_metrics(two_runs) -> 
     assert [m["step"] for m in metrics if m["phase"] == "learn"] == [1, 2, 3]
     status, error = answer(viewer, "/api/trajectory?run=5&episode=0")
     assert status == 404 and "run 5 is not being viewed (0 to 1)" in error["error"]
-
-
-def evaluate(devtools: DevTools, session: str, expression: str) -> Any:
-    result = devtools.call("Runtime.evaluate", {"expression": expression, "returnByValue": True,
-                                                "awaitPromise": True}, session=session)["result"]
-    return result.get("value")
-
-
-def until(devtools: DevTools, session: str, expression: str, timeout: float = 30) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = evaluate(devtools, session, expression)
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"the page never showed: {expression}"
-        time.sleep(0.1)
 
 
 @pytest.mark.slow

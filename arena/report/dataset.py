@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +122,26 @@ def card(runs: list[Run], counts: dict[str, int]) -> str:
     return str(DatasetCard(f"---\n{header.to_yaml()}\n---\n\n" + "\n".join(lines)))
 
 
+@contextmanager
+def folder_export(out: Path | str, option: str, *, force: bool) -> Iterator[Path]:
+    """An empty folder to write an export in, moved in place of ``out`` when the block ends
+    without an error, so no half-written export is ever left; an existing, non-empty ``out`` is
+    kept unless ``force`` (``option`` names the flag in the error)."""
+    target = Path(out)
+    if target.exists() and (not target.is_dir() or any(target.iterdir())) and not force:
+        raise ReportError(f"{target} exists; choose another {option} folder, or pass --force to replace it.")
+    partial = target.with_name(f".{target.name}.partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    try:
+        yield partial
+        if target.exists():
+            shutil.rmtree(target) if target.is_dir() else target.unlink()
+        partial.replace(target)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+
+
 def export_dataset(run_dirs: list[Path | str], out: Path | str, *, force: bool = False) -> dict[str, int]:
     """Write ``out``, a dataset folder of ``run_dirs`` (each checked as ``arena leaderboard``
     checks it); the number of runs, episodes and learned items. An existing, non-empty ``out``
@@ -129,28 +151,21 @@ def export_dataset(run_dirs: list[Path | str], out: Path | str, *, force: bool =
 
     if not run_dirs:
         raise ReportError("No runs given: pass one or more run directories.")
-    target = Path(out)
-    if target.exists() and (not target.is_dir() or any(target.iterdir())) and not force:
-        raise ReportError(f"{target} exists; choose another --dataset folder, or pass --force to replace it.")
-    runs = [load_run(Path(path)) for path in run_dirs]
-    tables = {EPISODES: [row for run in runs for row in episode_rows(run)],
-              LEARNED_ITEMS: [row for run in runs for row in item_rows(run)]}
-    counts = {"runs": len(runs), **{kind: len(rows) for kind, rows in tables.items()}}
-    partial = target.with_name(f".{target.name}.partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    (partial / "data").mkdir(parents=True)
-    shown = is_progress_bar_enabled()
-    disable_progress_bars()  # a bar per file would bury the one line `arena export` prints
-    try:
-        for kind, rows in tables.items():
-            if rows or kind == EPISODES:
-                Dataset.from_list(rows, features=_features(kind)).to_parquet(str(partial / "data" / f"{kind}.parquet"))
-        (partial / "README.md").write_text(card(runs, counts))
-        if target.exists():
-            shutil.rmtree(target) if target.is_dir() else target.unlink()
-        partial.replace(target)
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
-        if shown:
-            enable_progress_bars()
+    with folder_export(out, "--dataset", force=force) as partial:
+        runs = [load_run(Path(path)) for path in run_dirs]
+        tables = {EPISODES: [row for run in runs for row in episode_rows(run)],
+                  LEARNED_ITEMS: [row for run in runs for row in item_rows(run)]}
+        counts = {"runs": len(runs), **{kind: len(rows) for kind, rows in tables.items()}}
+        (partial / "data").mkdir()
+        shown = is_progress_bar_enabled()
+        disable_progress_bars()  # a bar per file would bury the one line `arena export` prints
+        try:
+            for kind, rows in tables.items():
+                if rows or kind == EPISODES:
+                    Dataset.from_list(rows, features=_features(kind)).to_parquet(
+                        str(partial / "data" / f"{kind}.parquet"))
+            (partial / "README.md").write_text(card(runs, counts))
+        finally:
+            if shown:
+                enable_progress_bars()
     return counts

@@ -91,6 +91,24 @@ class DevTools:
             self.events.append(self._receive())
 
 
+def evaluate(devtools: DevTools, session: str, expression: str) -> Any:
+    """The value of a JavaScript ``expression`` in the page (awaited where it is a promise)."""
+    result = devtools.call("Runtime.evaluate", {"expression": expression, "returnByValue": True,
+                                                "awaitPromise": True}, session=session)["result"]
+    return result.get("value")
+
+
+def until(devtools: DevTools, session: str, expression: str, timeout: float = 30) -> Any:
+    """The first truthy value of ``expression``, polled while the page renders."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = evaluate(devtools, session, expression)
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"the page never showed: {expression}"
+        time.sleep(0.1)
+
+
 @contextmanager
 def headless_page(browser: str, profile: Path, width: int = 1400, height: int = 900) -> Iterator[tuple[DevTools, str]]:
     """A blank page of a headless ``browser`` (its profile in ``profile``), with the Runtime, Log,
