@@ -82,12 +82,8 @@ class FakeLLM(LLMBackend):
             self.usage.add(1, tokens_in, tokens_out)
         return results
 
-    def choose(
-        self,
-        prompts: list[Chat],
-        options: list[list[str]],
-        params: SamplingParams | list[SamplingParams],
-    ) -> list[Choice]:
+    def choose(self, prompts: list[Chat], options: list[list[str]],
+               params: SamplingParams | list[SamplingParams]) -> list[Choice]:
         results = []
         for prompt, opts, param in zip(prompts, options, per_prompt(params, len(prompts))):
             scores = [_score(prompt, option) for option in opts]
