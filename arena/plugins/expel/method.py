@@ -35,7 +35,6 @@ from typing import Any
 
 import arena
 from arena import (
-    BudgetExhausted,
     EndOnRepeat,
     EpisodeRequest,
     Experience,
@@ -276,33 +275,11 @@ class ExpeL:
 
     def _play_round(self, run: Run, due: list[Task], trial: int, seed: int,
                     shown: dict[str, list[str]]) -> tuple[list[Trajectory], bool]:
-        """Trial ``trial`` of each due task: recorded ones are read back, the rest played within
-        the episode budget. Returns the trajectories (task order) and whether the budget ended."""
-        variant = f"trial{trial}"
-        to_play = [task for task in due if run.finished(task, seed, variant) is None]
-        left = run.budget.left("episodes")
-        stopped = left is not None and left < len(to_play)
-        if left is not None:
-            to_play = to_play[:left]
-        requests = [
-            EpisodeRequest(task, [Experience(REFLECTION, text, Provenance((task.task_id,), task.split))
-                                  for text in shown[task.task_id]], seed, variant)
-            for task in to_play
-        ]
-        played: dict[str, Trajectory] = {}
-        try:
-            for request, trajectory in zip(requests, run.play(requests)):
-                played[request.task.task_id] = trajectory
-        except BudgetExhausted:  # another budget (env steps, tokens) ran out mid-round
-            stopped = True
-        trajectories = []
-        for task in due:  # what this round played, else what an earlier session recorded
-            found = played.get(task.task_id)
-            if found is None and run.finished(task, seed, variant) is not None:
-                found = run.recorded_trajectory(task, seed, variant)
-            if found is not None:
-                trajectories.append(found)
-        return trajectories, stopped
+        """Trial ``trial`` of each due task with its reflections shown (``arena.play_round``)."""
+        return arena.play_round(
+            run, due, seed, f"trial{trial}",
+            lambda task: [Experience(REFLECTION, text, Provenance((task.task_id,), task.split))
+                          for text in shown[task.task_id]])
 
     def _reflect(self, run: Run, failures: list[Trajectory], seed: int) -> dict[str, str]:
         """One reflection per failed trial, in one batched generate call."""
@@ -453,7 +430,7 @@ class ExpeL:
     @arena.hookimpl
     def export(self, run: Run) -> list[Experience]:
         """The insights and the successful trajectories it shows as examples."""
-        return (run.store.all(kind=INSIGHT) + run.store.all(kind=TRAJECTORY)) if run.store_exists() else []
+        return arena.stored(run, INSIGHT, TRAJECTORY)
 
     @arena.hookimpl
     def state_size(self, run: Run) -> dict[str, Any]:

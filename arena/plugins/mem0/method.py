@@ -168,7 +168,7 @@ class Mem0:
     @arena.hookimpl
     def export(self, run: Run) -> list[Experience]:
         """The memories (facts) as stored after the last ADD/UPDATE/DELETE."""
-        return run.store.all(kind=MEMORY) if run.store_exists() else []
+        return arena.stored(run, MEMORY)
 
     @arena.hookimpl
     def state_size(self, run: Run) -> dict[str, Any]:

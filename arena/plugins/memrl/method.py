@@ -270,7 +270,7 @@ class MemRL:
     @arena.hookimpl
     def export(self, run: Run) -> list[Experience]:
         """The memories with their Q-values (intents are only their keys)."""
-        return run.store.all(kind=MEMORY) if run.store_exists() else []
+        return arena.stored(run, MEMORY)
 
     @arena.hookimpl
     def state_size(self, run: Run) -> dict[str, Any]:

@@ -479,15 +479,9 @@ class SkillRL:
                 # ``rl.mini_batch_size``, one optimizer step each (null: one step).
                 metrics.update(trainer.update(samples, mini_batch_size=cfg.mini_batch_size,
                                               progress=run.progress, label=f"step{step}"))
-            # Charged once the checkpoint and the state that counts it are saved (rl.StepLedger).
-            ledger.pending(step + 1, int(metrics.get("updates", 0)), metrics)
-            self._save(run, state)
-            trainer.save(step + 1)
-            run.discard_rollouts()
-            state["steps_done"] = step + 1
-            ledger.saved()
-            self._save(run, state)
-            ledger.charge_owed()
+            # Charged once the checkpoint and the state that counts it are saved.
+            arena.checkpoint_update(run, trainer, ledger, state, "steps_done", step + 1, metrics,
+                                    save=lambda state: self._save(run, state))
             run.log_metrics(step + 1, metrics)  # step: RL steps done
             shown.update(step + 1 - phase_start, note=f"success {metrics['success']:.0%}")
 
@@ -616,7 +610,7 @@ class SkillRL:
     @arena.hookimpl
     def export(self, run: Run) -> list[Experience]:
         """The SkillBank (skills and mistakes); its fine-tuned weights stay with the model."""
-        return (run.store.all(kind=SKILL) + run.store.all(kind=MISTAKE)) if run.store_exists() else []
+        return arena.stored(run, SKILL, MISTAKE)
 
     @arena.hookimpl
     def state_size(self, run: Run) -> dict[str, Any]:
