@@ -52,10 +52,12 @@ from arena.helpers import (
     PluginFiles,
     checkpoint_update,
     clip_middle,
+    export_stored,
     play_round,
     plugin_files,
     require_at_least,
     resume_training,
+    run_stages,
     stored,
 )
 
@@ -105,6 +107,7 @@ __all__ = [
     "checkpoint_update",
     "clip_middle",
     "episode_seed",
+    "export_stored",
     "hookimpl",
     "hookspec",
     "play_round",
@@ -113,6 +116,7 @@ __all__ = [
     "resume_training",
     "rl",
     "run_in_threads",
+    "run_stages",
     "select_tasks",
     "stored",
     "typed_config",

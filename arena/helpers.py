@@ -5,7 +5,7 @@ each write again, none of it the harness's (the core neither calls nor knows the
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from fractions import Fraction
@@ -14,6 +14,7 @@ from typing import Any, TypedDict
 
 from arena.core import rl
 from arena.core.errors import BudgetExhausted
+from arena.core.hookspecs import hookimpl
 from arena.core.run_api import STANDARD, EpisodeRequest, Run
 from arena.core.types import Experience, Task, Trajectory
 
@@ -89,6 +90,32 @@ def stored(run: Run, *kinds: str) -> list[Experience]:
     if not run.store_exists():
         return []
     return [experience for kind in kinds for experience in run.store.all(kind=kind)]
+
+
+def export_stored(*kinds: str) -> Callable[[Any, Run], list[Experience]]:
+    """The ``export`` hook of a method whose export is its store's experiences of ``kinds``
+    (:func:`stored`), declared in the class body: ``export = arena.export_stored("insight")``.
+    Six built-in methods export exactly that; one hook serves them all."""
+
+    @hookimpl
+    def export(self: Any, run: Run) -> list[Experience]:
+        return stored(run, *kinds)
+
+    export.__doc__ = f"The stored experiences of kind {', '.join(kinds)} (arena.export_stored)."
+    return export
+
+
+def run_stages(state: dict[str, Any], stages: Sequence[tuple[str, Callable[[], object]]],
+               save: Callable[[dict[str, Any]], object], *, done: str = "done") -> None:
+    """A learning pipeline that a resumed run re-enters at the stage a kill interrupted: from
+    ``state["stage"]`` on, each stage runs, then the next one's name (``done`` after the last)
+    is recorded and ``state`` saved. At ``done``, or any name not listed, nothing runs."""
+    names = [name for name, _ in stages]
+    for index, (name, stage) in enumerate(stages):
+        if state["stage"] == name:
+            stage()
+            state["stage"] = names[index + 1] if index + 1 < len(names) else done
+            save(state)
 
 
 def resume_training(run: Run, trainer: Callable[[], rl.CheckpointedTrainer], state: dict[str, Any],

@@ -207,21 +207,20 @@ class ExpeL:
         self.phase = begin_learning_phase(run, state, {key: fresh[key] for key in ("stage", "jobs", "jobs_done",
                                                                                "gather")})
         self._sync_insights(run, self._book(state))  # also creates the store: digested either way
-        if state["stage"] == GATHER:
-            tasks = self.train_tasks(run)
-            self._gather(run, tasks)
-            state["gather"] = self._gather_summary(run)
-            gathered = state["gather"]
-            run.log_metrics(0, {"train_success": gathered["tasks_solved"] / max(1, gathered["tasks"]),
-                                "trials": gathered["trials"], "reflections": gathered["reflections"]})
-            state["jobs"] = self._plan_critiques(run, tasks)
-            state["stage"] = EXTRACT
-            self._save(run, state)
-        if state["stage"] == EXTRACT:
-            self._extract(run, state)
-            state["stage"] = DONE
-            self._save(run, state)
+        arena.run_stages(state, [(GATHER, lambda: self._gather_stage(run, state)),
+                                 (EXTRACT, lambda: self._extract(run, state))],
+                         lambda state: self._save(run, state), done=DONE)
         return True
+
+    def _gather_stage(self, run: Run, state: dict[str, Any]) -> None:
+        """Reflexion's trials on the train tasks, summed up; the critiques they call for planned."""
+        tasks = self.train_tasks(run)
+        self._gather(run, tasks)
+        state["gather"] = self._gather_summary(run)
+        gathered = state["gather"]
+        run.log_metrics(0, {"train_success": gathered["tasks_solved"] / max(1, gathered["tasks"]),
+                            "trials": gathered["trials"], "reflections": gathered["reflections"]})
+        state["jobs"] = self._plan_critiques(run, tasks)
 
     def train_tasks(self, run: Run) -> list[Task]:
         """``train_tasks`` tasks of the learn split, shuffled by the learn seed and balanced over
@@ -427,10 +426,8 @@ class ExpeL:
             policy = EndOnRepeat(policy)
         return run.play(EpisodeRequest(task, experiences, policy=policy))
 
-    @arena.hookimpl
-    def export(self, run: Run) -> list[Experience]:
-        """The insights and the successful trajectories it shows as examples."""
-        return arena.stored(run, INSIGHT, TRAJECTORY)
+    #: Exported: the insights and the successful trajectories it shows as examples.
+    export = arena.export_stored(INSIGHT, TRAJECTORY)
 
     @arena.hookimpl
     def state_size(self, run: Run) -> dict[str, Any]:

@@ -76,10 +76,8 @@ class Rag:
         )
         return [experience for experience, _ in found]
 
-    @arena.hookimpl
-    def export(self, run: Run) -> list[Experience]:
-        """The stored trajectories: retrieved by goal, read by any model."""
-        return arena.stored(run, TRAJECTORY)
+    #: Exported: the stored trajectories: retrieved by goal, read by any model.
+    export = arena.export_stored(TRAJECTORY)
 
     @arena.hookimpl
     def state_size(self, run: Run) -> dict[str, Any]:

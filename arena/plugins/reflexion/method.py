@@ -211,10 +211,8 @@ class Reflexion:
                                 task_type=task.task_type if self.cfg.test_same_task_type else None)
         return [experience for experience, _ in found]
 
-    @arena.hookimpl
-    def export(self, run: Run) -> list[Experience]:
-        """The reflections learned on train."""
-        return arena.stored(run, REFLECTION)
+    #: Exported: the reflections learned on train.
+    export = arena.export_stored(REFLECTION)
 
     @arena.hookimpl
     def state_size(self, run: Run) -> dict[str, Any]:
