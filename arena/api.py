@@ -5,7 +5,8 @@ from ``arena.core``: the core is the harness's and may be reorganised between re
 the names here are the contract (``tests/test_architecture.py`` holds the built-in plugins, the
 example plugin and the ``arena new-method`` template to it). As ``pytest`` re-exports
 ``_pytest``, these are re-exports: each object lives, and is documented, where the core defines
-it. Importing this module imports no torch (``arena plugins`` stays fast); ``rl``'s trainer
+it; the few helpers the built-in plugins share that are no part of the harness are in
+:mod:`arena.helpers`. Importing this module imports no torch (``arena plugins`` stays fast); ``rl``'s trainer
 classes load torch on first use.
 """
 
@@ -46,6 +47,19 @@ from arena.core.services.embedder import Embedder
 from arena.core.services.progress import ProgressTask
 from arena.core.storage.method_state import Checkpoints, MethodState
 from arena.core.storage.rundir import write_json_atomic
+from arena.helpers import (
+    HeldOutCurve,
+    PluginFiles,
+    checkpoint_update,
+    clip_middle,
+    export_stored,
+    play_round,
+    plugin_files,
+    require_at_least,
+    resume_training,
+    run_stages,
+    stored,
+)
 
 __all__ = [
     "EVALUATE",
@@ -66,12 +80,14 @@ __all__ = [
     "EpisodeResult",
     "Experience",
     "Generation",
+    "HeldOutCurve",
     "HookReturnError",
     "Instructions",
     "LLMBackend",
     "MethodState",
     "NotTrainable",
     "Observation",
+    "PluginFiles",
     "Policy",
     "PolicyChoice",
     "ProgressTask",
@@ -88,12 +104,21 @@ __all__ = [
     "Trajectory",
     "begin_learning_phase",
     "build_prompt",
+    "checkpoint_update",
+    "clip_middle",
     "episode_seed",
+    "export_stored",
     "hookimpl",
     "hookspec",
+    "play_round",
+    "plugin_files",
+    "require_at_least",
+    "resume_training",
     "rl",
     "run_in_threads",
+    "run_stages",
     "select_tasks",
+    "stored",
     "typed_config",
     "with_task_message",
     "write_json_atomic",

@@ -81,6 +81,18 @@ class _EpisodeProgress:
     def _refresh(self, phase: str) -> None:
         raise NotImplementedError
 
+    def _episode_counted(self, phase: str, tally: PhaseTally) -> None:
+        """Show a phase whose tally has just counted a finished episode."""
+        raise NotImplementedError
+
+    def episode(self, result: EpisodeResult) -> None:
+        with self._lock:
+            tally = self.phases.get(result.phase)
+            if tally is None or not counted(result):
+                return
+            tally.result(result.success)
+            self._episode_counted(result.phase, tally)
+
     def plan_task_start(self, phase: str) -> None:
         with self._lock:
             if phase in self.phases:
@@ -141,13 +153,8 @@ class RichReporter(_EpisodeProgress):
             self.tasks[name] = self.progress.add_task(f"{name:<8}", total=total, completed=done,
                                                       success="", eta="")
 
-    def episode(self, result: EpisodeResult) -> None:
-        with self._lock:
-            tally = self.phases.get(result.phase)
-            if tally is None or not counted(result):
-                return
-            tally.result(result.success)
-            self._show(result.phase)
+    def _episode_counted(self, phase: str, tally: PhaseTally) -> None:
+        self._show(phase)
 
     def phase_end(self, name: str) -> None:
         with self._lock:
@@ -280,13 +287,9 @@ class LineReporter(_EpisodeProgress):
             if self.current == name:
                 self.current = None
 
-    def episode(self, result: EpisodeResult) -> None:
-        with self._lock:
-            tally = self.phases.get(result.phase)
-            if tally is None or not counted(result):
-                return
-            tally.result(result.success)
-            self._maybe_print_phase(result.phase, force=tally.total is not None and tally.done >= tally.total)
+    def _episode_counted(self, phase: str, tally: PhaseTally) -> None:
+        # A phase's last episode is printed at once, not at the next heartbeat.
+        self._maybe_print_phase(phase, force=tally.total is not None and tally.done >= tally.total)
 
     def task_start(self, label: str, total: int | None) -> None:
         with self._lock:

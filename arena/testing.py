@@ -37,6 +37,7 @@ from arena.core.contract.llm import (
     Choice,
     Generation,
     LLMBackend,
+    ParamsPerPrompt,
     SamplingParams,
     WrappingBackend,
     per_prompt,
@@ -82,12 +83,7 @@ class FakeLLM(LLMBackend):
             self.usage.add(1, tokens_in, tokens_out)
         return results
 
-    def choose(
-        self,
-        prompts: list[Chat],
-        options: list[list[str]],
-        params: SamplingParams | list[SamplingParams],
-    ) -> list[Choice]:
+    def choose(self, prompts: list[Chat], options: list[list[str]], params: ParamsPerPrompt) -> list[Choice]:
         results = []
         for prompt, opts, param in zip(prompts, options, per_prompt(params, len(prompts))):
             scores = [_score(prompt, option) for option in opts]
@@ -138,8 +134,7 @@ class RecordingBackend(WrappingBackend):
         self.generated.extend(prompts)
         return self.inner.generate(prompts, params)
 
-    def choose(self, prompts: list[Chat], options: list[list[str]],
-               params: SamplingParams | list[SamplingParams]) -> list[Choice]:
+    def choose(self, prompts: list[Chat], options: list[list[str]], params: ParamsPerPrompt) -> list[Choice]:
         started = time.perf_counter()
         choices = self.inner.choose(prompts, options, params)
         seconds = (time.perf_counter() - started) / max(1, len(prompts))

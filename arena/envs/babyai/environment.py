@@ -25,7 +25,6 @@ from arena.core.contract.env import (
     POOL_SPLIT,
     TEST_SPLITS,
     TRAIN_SPLIT,
-    VALID_SPLIT,
     Environment,
     Episode,
     Instructions,
@@ -37,6 +36,7 @@ from arena.core.contract.types import Observation, Task
 from arena.envs.babyai import text
 from arena.envs.babyai.levels import DEFAULT_SEEN, DEFAULT_UNSEEN, check_held_out, get_level
 from arena.envs.babyai.view import egocentric_view
+from arena.envs.splits import SPLIT_SEED_BASE, split_sizes
 
 #: Bump when a change alters any task or reply. Task ids carry it with minigrid's version, whose
 #: level generators define the layouts. 2.0: splits keep only games of their family, so no valid
@@ -44,15 +44,8 @@ from arena.envs.babyai.view import egocentric_view
 #: direction).
 VERSION = f"2.0-minigrid{importlib.metadata.version('minigrid')}"
 #: Minigrid seeds of split ``s`` are drawn from ``world seed * WORLD_STRIDE + SPLIT_SEED_BASE[s] +
-#: draw``; a split keeps the draws whose game is of its family (:func:`~arena.core.contract.env.draw_games`).
-SPLIT_SEED_BASE = {
-    TRAIN_SPLIT: 0,
-    VALID_SPLIT: 1_000_000,
-    TEST_SPLITS[0]: 2_000_000,
-    TEST_SPLITS[1]: 3_000_000,
-    POOL_SPLIT: 4_000_000,
-}
-MAX_SPLIT_SIZE = 1_000_000
+#: draw`` (arena.envs.splits); a split keeps the draws whose game is of its family
+#: (:func:`~arena.core.contract.env.draw_games`).
 WORLD_STRIDE = 10_000_000
 
 INSTRUCTIONS = Instructions(
@@ -270,11 +263,7 @@ class BabyAIEnvironment(SaltedTestDraws, Environment):
         unseen_levels: tuple[str, ...] | list[str] = DEFAULT_UNSEEN,
         recolour: bool = False,
     ) -> None:
-        sizes = {TRAIN_SPLIT: n_train, VALID_SPLIT: n_valid, TEST_SPLITS[0]: n_test, TEST_SPLITS[1]: n_test}
-        for split, size in sizes.items():
-            if not 0 <= size <= MAX_SPLIT_SIZE:
-                raise ValueError(f"env.n_{'test' if split in TEST_SPLITS else split} must be in "
-                                 f"[0, {MAX_SPLIT_SIZE}], got {size}")
+        sizes = split_sizes(n_train, n_valid, n_test)
         if seed < 0:
             raise ValueError(f"env.seed must be 0 or more, got {seed}")
         self.seen_levels, self.unseen_levels = tuple(seen_levels), tuple(unseen_levels)

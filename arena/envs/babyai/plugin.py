@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import arena
@@ -39,14 +38,9 @@ def make_babyai(cfg: Mapping[str, Any]) -> Any:
 
 @arena.hookimpl
 def register_envs(register: Callable[..., None]) -> None:
-    register(
-        "babyai",
-        make_babyai,
-        config=Path(__file__).with_name("config.yaml"),
-        description=(
-            "BabyAI-Text on minigrid: the agent's view in words, six commands, minigrid's bot "
-            f"as expert. Seen levels {', '.join(DEFAULT_SEEN)}; held out to test_unseen "
-            f"{', '.join(DEFAULT_UNSEEN)}. Levels, easiest first: "
-            + ", ".join(level.name for level in LADDER) + "."
-        ),
-    )
+    register("babyai", make_babyai, config=arena.plugin_files(__file__)["config"],
+             description=(
+                 "BabyAI-Text on minigrid: the agent's view in words, six commands, minigrid's bot "
+                 f"as expert. Seen levels {', '.join(DEFAULT_SEEN)}; held out to test_unseen "
+                 f"{', '.join(DEFAULT_UNSEEN)}. Levels, easiest first: "
+                 + ", ".join(level.name for level in LADDER) + "."))

@@ -20,23 +20,16 @@ from arena.envs.household import catalog as cat
 from arena.envs.household.layout import generate
 from arena.envs.household.levels import HARD, get_level
 from arena.envs.household.world import HouseholdEpisode
+from arena.envs.splits import SPLIT_SEED_BASE, split_sizes
 
 #: Bump when a change alters any task, room or reply; task ids carry it. 2.0: splits keep only
 #: games of their family, so no valid or test game is a train game (1.0's ``easy`` level had 21
 #: test_seen games of 120 equal to train games, 39 with the same first prompt).
 VERSION = "2.0"
 
-#: Layout seeds of split ``s`` are drawn from ``SPLIT_SEED_BASE[s] + draw``: disjoint ranges of
-#: seeds. A small level has far fewer distinct games than seeds, so disjoint seeds alone do not
-#: keep a test game out of train: the game's identity decides (``game_identity``).
-SPLIT_SEED_BASE = {
-    TRAIN_SPLIT: 0,
-    VALID_SPLIT: 1_000_000,
-    TEST_SPLITS[0]: 2_000_000,
-    TEST_SPLITS[1]: 3_000_000,
-    POOL_SPLIT: 4_000_000,
-}
-MAX_SPLIT_SIZE = 1_000_000
+# Layout seeds of split ``s`` are drawn from ``SPLIT_SEED_BASE[s] + draw`` (arena.envs.splits):
+# disjoint ranges of seeds. A small level has far fewer distinct games than seeds, so disjoint
+# seeds alone do not keep a test game out of train: the game's identity decides (``game_identity``).
 
 #: Task types per split: test_unseen holds the types kept out of train and valid.
 SPLIT_TASK_TYPES = {
@@ -115,15 +108,7 @@ class HouseholdEnvironment(SaltedTestDraws, Environment):
         level: str = HARD,
         dialect: str = cat.MOVE_DIALECT,
     ) -> None:
-        sizes = {
-            TRAIN_SPLIT: n_train,
-            VALID_SPLIT: n_valid,
-            TEST_SPLITS[0]: n_test,
-            TEST_SPLITS[1]: n_test,
-        }
-        for split, size in sizes.items():
-            if not 0 <= size <= MAX_SPLIT_SIZE:
-                raise ValueError(f"{split} size must be in [0, {MAX_SPLIT_SIZE}], got {size}")
+        sizes = split_sizes(n_train, n_valid, n_test)
         if dialect not in cat.DIALECTS:
             raise ValueError(f"env.dialect={dialect!r} is not one of {', '.join(cat.DIALECTS)}: "
                              "move (`move X to Y`, the world's own) or put (`put X in/on Y`).")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import arena
@@ -33,12 +32,7 @@ def make_household(cfg: Mapping[str, Any]) -> HouseholdEnvironment:
 
 @arena.hookimpl
 def register_envs(register: Callable[..., None]) -> None:
-    register(
-        "household",
-        make_household,
-        config=Path(__file__).with_name("config.yaml"),
-        description=(
-            "Embedded ALFWorld-like household world: seeded rooms, ALFWorld's commands and "
-            "replies, six task types (pick_two and look_at held out to test_unseen), an expert."
-        ),
-    )
+    register("household", make_household, config=arena.plugin_files(__file__)["config"],
+             description=(
+                 "Embedded ALFWorld-like household world: seeded rooms, ALFWorld's commands and "
+                 "replies, six task types (pick_two and look_at held out to test_unseen), an expert."))

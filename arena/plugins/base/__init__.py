@@ -7,7 +7,6 @@ solver, nothing retrieved, nothing learned. It is registered exactly like a thir
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 import arena
 from arena import Run
@@ -22,9 +21,5 @@ class BaseMethod:
 
 @arena.hookimpl
 def register_methods(register: Callable[..., None]) -> None:
-    register(
-        "base",
-        BaseMethod,
-        config=Path(__file__).with_name("config.yaml"),
-        description="No experience: the standard solver alone (the uniform baseline).",
-    )
+    register("base", BaseMethod, **arena.plugin_files(__file__),
+             description="No experience: the standard solver alone (the uniform baseline).")

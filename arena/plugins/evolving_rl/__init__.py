@@ -12,20 +12,13 @@ import arena
 from arena.plugins.evolving_rl.method import EvolvingRL
 
 HERE = Path(__file__).parent
-#: Evolving-RL's presets; files named grpo* belong to the GRPO baseline.
-PRESETS = {path.stem: path for path in sorted((HERE / "presets").glob("*.yaml"))
-           if not path.stem.startswith("grpo")}
 
 
 @arena.hookimpl
 def register_methods(register: Callable[..., None]) -> None:
-    register(
-        "evolving_rl",
-        EvolvingRL,
-        config=HERE / "config.yaml",
-        presets=PRESETS,
-        description="Evolving-RL: extractor and solver co-evolved by GRPO on one model.",
-    )
+    # Evolving-RL's presets; files named grpo* belong to the GRPO baseline.
+    register("evolving_rl", EvolvingRL, **arena.plugin_files(__file__, exclude="grpo*"),
+             description="Evolving-RL: extractor and solver co-evolved by GRPO on one model.")
     register(
         "grpo",
         EvolvingRL,

@@ -19,6 +19,7 @@ result) and without it (variant ``without_skill``), so both are reported, paired
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import random
 import time
@@ -205,21 +206,14 @@ class EvolvingRL:
             # before anything is played, with its fix, not after the first source episodes.
             _ = run.embedder
         self._trainer: rl.CheckpointedTrainer | None = None
+        self.held_out = arena.HeldOutCurve(self.cfg.valid_tasks, self.cfg.valid_every)
         self.iterations_done = 0
         #: The iteration this learning phase ends at (one more phase on a continued run).
         self.last_iteration = self.cfg.iterations
-        state = self._state(run)
-        recorded = int(state["iterations_done"])
-        if recorded or run.method_state.checkpoints().latest():
-            # A resumed run: serve the learned weights before anything is played or digested.
-            self.iterations_done = self.trainer(run).resume(recorded, "iterations")
-            counted = rl.StepLedger(run, state).recover(self.iterations_done)
-            if counted is not None:  # killed between a checkpoint and the state that counts it
-                state["iterations_done"] = self.iterations_done
-                run.method_state.save(state)
-                run.discard_rollouts()
-                self._candidates_file(self.iterations_done - 1).unlink(missing_ok=True)
-                run.log_metrics(self.iterations_done, counted)  # its held-out point is lost
+        # A resumed run: serve the learned weights before anything is played or digested.
+        self.iterations_done = arena.resume_training(
+            run, lambda: self.trainer(run), self._state(run), "iterations_done", "iterations",
+            recovered=lambda done: self._candidates_file(done - 1).unlink(missing_ok=True))
         if run.learning_finished():
             self.trainer(run).serve()  # the very state the pre-evaluation digest covers
 
@@ -254,29 +248,9 @@ class EvolvingRL:
         trainer.serve()
         return True
 
-    def _held_out_success(self, run: Run, after: int) -> float:
-        """Success on the first ``valid_tasks`` valid tasks, decoded as evaluation decodes: the
-        learning curve's held-out points (after ``after`` iterations). Nothing is learned from
-        them; the harness still flags the run as having played valid tasks."""
-        tasks = run.tasks("valid")[: self.cfg.valid_tasks]
-        requests = [EpisodeRequest(task, [], run.learn_seed, f"valid/after{after}",
-                                   sampling=run.settings.eval.sampling.as_mapping(), policy=STANDARD)
-                    for task in tasks]
-        with run.progress(f"valid after {after} iterations", total=len(requests)) as shown:
-            episodes = run.play(requests, on_done=shown.advance)
-        return _mean([t.success for t in episodes])
-
-    def _held_out_due(self, iterations_done: int) -> bool:
-        every = self.cfg.valid_every
-        last = iterations_done == self.last_iteration
-        return every > 0 and (iterations_done % every == 0 or last)
-
     def _iterate(self, run: Run, trainer: rl.CheckpointedTrainer, state: dict[str, Any],
                  train: list[Task], iterations: Any, ledger: rl.StepLedger) -> None:
-        if self.iterations_done == 0 and self._held_out_due(0) and "valid_before" not in state:
-            state["valid_before"] = self._held_out_success(run, 0)
-            run.method_state.save(state)
-            run.log_metrics(0, {"valid_success": state["valid_before"]})
+        self.held_out.before(run, state, self.iterations_done, self.last_iteration)
         for iteration in range(self.iterations_done, self.last_iteration):
             if run.budget_exhausted():
                 break
@@ -301,19 +275,14 @@ class EvolvingRL:
             if samples:
                 metrics.update(trainer.update(samples, mini_batch_size=self.cfg.mini_batch_size,
                                               rng=rng, progress=run.progress, label=tag))
-            # Charged once the checkpoint and the state that counts it are saved (rl.StepLedger).
-            ledger.pending(iteration + 1, int(metrics.get("updates", 0)), metrics)
-            run.method_state.save(state)
-            trainer.save(iteration + 1)
-            run.discard_rollouts()
-            self._candidates_file(iteration).unlink(missing_ok=True)
-            self.iterations_done = state["iterations_done"] = iteration + 1
-            ledger.saved()
-            run.method_state.save(state)
-            ledger.charge_owed()
+            # Charged once the checkpoint and the state that counts it are saved; the iteration's
+            # cards are dropped once its update is checkpointed.
+            cards = self._candidates_file(iteration)
+            arena.checkpoint_update(run, trainer, ledger, state, "iterations_done", iteration + 1, metrics,
+                                    checkpointed=functools.partial(cards.unlink, missing_ok=True))
+            self.iterations_done = iteration + 1
             # After the charge: a budget that runs out in these episodes ends learning here.
-            if self._held_out_due(iteration + 1):
-                metrics["valid_success"] = self._held_out_success(run, iteration + 1)
+            self.held_out.after(run, iteration + 1, self.last_iteration, metrics)
             run.log_metrics(iteration + 1, metrics)  # step: iterations done
             iterations.update(iteration + 1, note=_progress_note(metrics))
 

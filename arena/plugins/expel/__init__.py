@@ -7,7 +7,6 @@ Registered like any third-party plugin.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 import arena
 from arena.plugins.expel.method import ExpeL
@@ -15,10 +14,5 @@ from arena.plugins.expel.method import ExpeL
 
 @arena.hookimpl
 def register_methods(register: Callable[..., None]) -> None:
-    register(
-        "expel",
-        ExpeL,
-        config=Path(__file__).with_name("config.yaml"),
-        presets={path.stem: path for path in sorted(Path(__file__).with_name("presets").glob("*.yaml"))},
-        description="ExpeL: Reflexion gathering, weighted insights, insights + few-shot successes.",
-    )
+    register("expel", ExpeL, **arena.plugin_files(__file__),
+             description="ExpeL: Reflexion gathering, weighted insights, insights + few-shot successes.")

@@ -35,7 +35,6 @@ from typing import Any
 
 import arena
 from arena import (
-    BudgetExhausted,
     EndOnRepeat,
     EpisodeRequest,
     Experience,
@@ -208,21 +207,20 @@ class ExpeL:
         self.phase = begin_learning_phase(run, state, {key: fresh[key] for key in ("stage", "jobs", "jobs_done",
                                                                                "gather")})
         self._sync_insights(run, self._book(state))  # also creates the store: digested either way
-        if state["stage"] == GATHER:
-            tasks = self.train_tasks(run)
-            self._gather(run, tasks)
-            state["gather"] = self._gather_summary(run)
-            gathered = state["gather"]
-            run.log_metrics(0, {"train_success": gathered["tasks_solved"] / max(1, gathered["tasks"]),
-                                "trials": gathered["trials"], "reflections": gathered["reflections"]})
-            state["jobs"] = self._plan_critiques(run, tasks)
-            state["stage"] = EXTRACT
-            self._save(run, state)
-        if state["stage"] == EXTRACT:
-            self._extract(run, state)
-            state["stage"] = DONE
-            self._save(run, state)
+        arena.run_stages(state, [(GATHER, lambda: self._gather_stage(run, state)),
+                                 (EXTRACT, lambda: self._extract(run, state))],
+                         lambda state: self._save(run, state), done=DONE)
         return True
+
+    def _gather_stage(self, run: Run, state: dict[str, Any]) -> None:
+        """Reflexion's trials on the train tasks, summed up; the critiques they call for planned."""
+        tasks = self.train_tasks(run)
+        self._gather(run, tasks)
+        state["gather"] = self._gather_summary(run)
+        gathered = state["gather"]
+        run.log_metrics(0, {"train_success": gathered["tasks_solved"] / max(1, gathered["tasks"]),
+                            "trials": gathered["trials"], "reflections": gathered["reflections"]})
+        state["jobs"] = self._plan_critiques(run, tasks)
 
     def train_tasks(self, run: Run) -> list[Task]:
         """``train_tasks`` tasks of the learn split, shuffled by the learn seed and balanced over
@@ -276,33 +274,11 @@ class ExpeL:
 
     def _play_round(self, run: Run, due: list[Task], trial: int, seed: int,
                     shown: dict[str, list[str]]) -> tuple[list[Trajectory], bool]:
-        """Trial ``trial`` of each due task: recorded ones are read back, the rest played within
-        the episode budget. Returns the trajectories (task order) and whether the budget ended."""
-        variant = f"trial{trial}"
-        to_play = [task for task in due if run.finished(task, seed, variant) is None]
-        left = run.budget.left("episodes")
-        stopped = left is not None and left < len(to_play)
-        if left is not None:
-            to_play = to_play[:left]
-        requests = [
-            EpisodeRequest(task, [Experience(REFLECTION, text, Provenance((task.task_id,), task.split))
-                                  for text in shown[task.task_id]], seed, variant)
-            for task in to_play
-        ]
-        played: dict[str, Trajectory] = {}
-        try:
-            for request, trajectory in zip(requests, run.play(requests)):
-                played[request.task.task_id] = trajectory
-        except BudgetExhausted:  # another budget (env steps, tokens) ran out mid-round
-            stopped = True
-        trajectories = []
-        for task in due:  # what this round played, else what an earlier session recorded
-            found = played.get(task.task_id)
-            if found is None and run.finished(task, seed, variant) is not None:
-                found = run.recorded_trajectory(task, seed, variant)
-            if found is not None:
-                trajectories.append(found)
-        return trajectories, stopped
+        """Trial ``trial`` of each due task with its reflections shown (``arena.play_round``)."""
+        return arena.play_round(
+            run, due, seed, f"trial{trial}",
+            lambda task: [Experience(REFLECTION, text, Provenance((task.task_id,), task.split))
+                          for text in shown[task.task_id]])
 
     def _reflect(self, run: Run, failures: list[Trajectory], seed: int) -> dict[str, str]:
         """One reflection per failed trial, in one batched generate call."""
@@ -450,10 +426,8 @@ class ExpeL:
             policy = EndOnRepeat(policy)
         return run.play(EpisodeRequest(task, experiences, policy=policy))
 
-    @arena.hookimpl
-    def export(self, run: Run) -> list[Experience]:
-        """The insights and the successful trajectories it shows as examples."""
-        return (run.store.all(kind=INSIGHT) + run.store.all(kind=TRAJECTORY)) if run.store_exists() else []
+    #: Exported: the insights and the successful trajectories it shows as examples.
+    export = arena.export_stored(INSIGHT, TRAJECTORY)
 
     @arena.hookimpl
     def state_size(self, run: Run) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from arena import (
     Task,
     Trajectory,
     build_prompt,
+    clip_middle,
     with_task_message,
 )
 
@@ -64,24 +65,13 @@ FEWSHOTS_HEADER = "Here are examples of similar tasks completed successfully:"
 REFLECTIONS_HEADER = "Your reflections on your earlier failed attempts at this task:"
 
 
-def clip(text: str, max_chars: int) -> str:
-    """At most ``max_chars`` characters, keeping the start (the task) and the end (the outcome)."""
-    text = text.strip()
-    if max_chars <= 0 or len(text) <= max_chars:
-        return text
-    marker = "\n[...]\n"
-    head = (max_chars - len(marker)) // 2
-    tail = max_chars - len(marker) - head
-    return text[:head].rstrip() + marker + text[-tail:].lstrip()
-
-
 def outcome_line(trajectory: Trajectory) -> str:
     return "RESULT: task completed." if trajectory.success else f"RESULT: failed ({trajectory.status.value})."
 
 
 def reflection_prompt(trajectory: Trajectory, max_chars: int, instructions: Instructions) -> Chat:
     """Asks for a one-line Reflexion plan after a failed trial."""
-    transcript = clip(instructions.render(trajectory), max_chars)
+    transcript = clip_middle(instructions.render(trajectory), max_chars)
     user = f"Previous trial:\n{transcript}\n{outcome_line(trajectory)}\n\n{REFLECTION_REQUEST}\nNew plan:"
     return [{"role": "system", "content": reflection_system(instructions)}, {"role": "user", "content": user}]
 
@@ -117,8 +107,8 @@ def compare_prompt(goal: str, success: str, failure: str, rules: list[str], *, f
     half = max_chars // 2
     body = (
         "Here are two trials of the same task to compare and critique.\n"
-        f"TRIAL TASK: {goal}\n\nSUCCESSFUL TRIAL:\n{clip(success, half)}\n\n"
-        f"FAILED TRIAL:\n{clip(failure, half)}"
+        f"TRIAL TASK: {goal}\n\nSUCCESSFUL TRIAL:\n{clip_middle(success, half)}\n\n"
+        f"FAILED TRIAL:\n{clip_middle(failure, half)}"
     )
     return _critique(body, rules, full, max_operations)
 
@@ -127,7 +117,7 @@ def success_prompt(successes: list[tuple[str, str]], rules: list[str], *, full: 
                    max_operations: int, max_chars: int) -> Chat:
     """A block of successful trials (goal, transcript), to distil what made them work."""
     share = max_chars // max(1, len(successes))
-    trials = "\n\n".join(f"TASK: {goal}\n{clip(transcript, share)}" for goal, transcript in successes)
+    trials = "\n\n".join(f"TASK: {goal}\n{clip_middle(transcript, share)}" for goal, transcript in successes)
     body = f"Here are successful trials:\n{trials}"
     return _critique(body, rules, full, max_operations)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import arena
 from arena.plugins.expel.insights import Weights, check_parser
 
 
@@ -27,9 +28,6 @@ class ExpeLSettings:
     end_on_repeated_action: bool
 
     def __post_init__(self) -> None:
-        for name in ("max_reflections", "fewshots", "fewshot_candidates"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"method.{name} must be >= 0, got {getattr(self, name)}")
+        arena.require_at_least(self, 0, "max_reflections", "fewshots", "fewshot_candidates")
         check_parser(self.operation_parser)
-        if self.success_chunk < 1:
-            raise ValueError(f"method.success_chunk must be >= 1, got {self.success_chunk}")
+        arena.require_at_least(self, 1, "success_chunk")

@@ -96,20 +96,13 @@ class GiGPO:
         self.cfg: GiGPOSettings = typed_config(run.cfg.method, GiGPOSettings)
         run.keep_rollouts()  # a kill mid-iteration must not lose the rollouts played
         self._trainer: rl.CheckpointedTrainer | None = None
+        self.held_out = arena.HeldOutCurve(self.cfg.valid_tasks, self.cfg.valid_every)
         self.iterations_done = 0
         #: The iteration this learning phase ends at (one more phase on a continued run).
         self.last_iteration = self.cfg.iterations
-        state = self._state(run)
-        recorded = int(state["iterations_done"])
-        if recorded or run.method_state.checkpoints().latest():
-            # A resumed run serves its learned weights before anything is played or digested.
-            self.iterations_done = self.trainer(run).resume(recorded, "iterations")
-            counted = rl.StepLedger(run, state).recover(self.iterations_done)
-            if counted is not None:  # killed between a checkpoint and the state that counts it
-                state["iterations_done"] = self.iterations_done
-                run.method_state.save(state)
-                run.discard_rollouts()
-                run.log_metrics(self.iterations_done, counted)  # its held-out point is lost
+        # A resumed run serves its learned weights before anything is played or digested.
+        self.iterations_done = arena.resume_training(
+            run, lambda: self.trainer(run), self._state(run), "iterations_done", "iterations")
         if run.learning_finished():
             self.trainer(run).serve()
 
@@ -135,26 +128,16 @@ class GiGPO:
         self.last_iteration = phase_start + self.cfg.iterations
         with run.progress("gigpo iterations", total=self.cfg.iterations) as shown:
             shown.update(self.iterations_done - phase_start)
-            if self.iterations_done == 0 and self._held_out_due(0) and "valid_before" not in state:
-                state["valid_before"] = self._held_out_success(run, 0)
-                run.method_state.save(state)
-                run.log_metrics(0, {"valid_success": state["valid_before"]})
+            self.held_out.before(run, state, self.iterations_done, self.last_iteration)
             for iteration in range(self.iterations_done, self.last_iteration):
                 if run.budget_exhausted():
                     break
                 metrics = self._iteration(run, trainer, train, iteration)
-                # Charged once the checkpoint and the state that counts it are saved (rl.StepLedger).
-                ledger.pending(iteration + 1, int(metrics.get("updates", 0)), metrics)
-                run.method_state.save(state)
-                trainer.save(iteration + 1)
-                run.discard_rollouts()
-                self.iterations_done = state["iterations_done"] = iteration + 1
-                ledger.saved()
-                run.method_state.save(state)
-                ledger.charge_owed()
+                # Charged once the checkpoint and the state that counts it are saved.
+                arena.checkpoint_update(run, trainer, ledger, state, "iterations_done", iteration + 1, metrics)
+                self.iterations_done = iteration + 1
                 # After the charge: a budget that runs out in these episodes ends learning here.
-                if self._held_out_due(iteration + 1):
-                    metrics["valid_success"] = self._held_out_success(run, iteration + 1)
+                self.held_out.after(run, iteration + 1, self.last_iteration, metrics)
                 run.log_metrics(iteration + 1, metrics)  # step: iterations done
                 shown.update(iteration + 1, note=f"train success {metrics['success']:.0%}")
         trainer.serve()
@@ -190,21 +173,6 @@ class GiGPO:
             metrics.update(trainer.update(samples, mini_batch_size=cfg.mini_batch_size, rng=rng,
                                           progress=run.progress, label=tag))
         return metrics
-
-    def _held_out_due(self, iterations_done: int) -> bool:
-        every = self.cfg.valid_every
-        return every > 0 and (iterations_done % every == 0 or iterations_done == self.last_iteration)
-
-    def _held_out_success(self, run: Run, after: int) -> float:
-        """Greedy success on the first ``valid_tasks`` valid tasks: the learning curve's held-out
-        points (nothing is learned from them)."""
-        tasks = run.tasks("valid")[: self.cfg.valid_tasks]
-        requests = [EpisodeRequest(task, [], run.learn_seed, f"valid/after{after}",
-                                   sampling=run.settings.eval.sampling.as_mapping(), policy=STANDARD)
-                    for task in tasks]
-        with run.progress(f"valid after {after} iterations", total=len(requests)) as shown:
-            episodes = run.play(requests, on_done=shown.advance)
-        return sum(t.success for t in episodes) / len(episodes) if episodes else 0.0
 
     @arena.hookimpl
     def state_size(self, run: Run) -> dict[str, Any]:

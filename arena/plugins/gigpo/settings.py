@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+import arena
 from arena import rl
 
 
@@ -27,9 +28,7 @@ class GiGPOSettings:
     trainer: dict[str, Any]
 
     def __post_init__(self) -> None:
-        for name in ("iterations", "tasks_per_iteration", "group_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"method.{name} must be >= 1, got {getattr(self, name)}")
+        arena.require_at_least(self, 1, "iterations", "tasks_per_iteration", "group_size")
         if self.group_size < 2:
             raise ValueError("method.group_size must be >= 2: a group of one rollout has no baseline "
                              "to compare against (the authors use 8)")

@@ -8,20 +8,12 @@ defaults and every deviation from mem0's code in ``config.yaml``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 import arena
 from arena.plugins.mem0.method import Mem0
 
-HERE = Path(__file__).parent
-
 
 @arena.hookimpl
 def register_methods(register: Callable[..., None]) -> None:
-    register(
-        "mem0",
-        Mem0,
-        config=HERE / "config.yaml",
-        presets={path.stem: path for path in sorted((HERE / "presets").glob("*.yaml"))},
-        description="Mem0-style memory: LLM-extracted facts, ADD/UPDATE/DELETE/NONE against the store.",
-    )
+    register("mem0", Mem0, **arena.plugin_files(__file__),
+             description="Mem0-style memory: LLM-extracted facts, ADD/UPDATE/DELETE/NONE against the store.")

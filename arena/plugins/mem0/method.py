@@ -165,10 +165,8 @@ class Mem0:
                                 min_similarity=self.cfg.search_threshold)
         return [memory for memory, _ in found]
 
-    @arena.hookimpl
-    def export(self, run: Run) -> list[Experience]:
-        """The memories (facts) as stored after the last ADD/UPDATE/DELETE."""
-        return run.store.all(kind=MEMORY) if run.store_exists() else []
+    #: Exported: the memories (facts) as stored after the last ADD/UPDATE/DELETE.
+    export = arena.export_stored(MEMORY)
 
     @arena.hookimpl
     def state_size(self, run: Run) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import arena
 from arena.plugins.mem0.prompts import check_parser
 
 
@@ -23,6 +24,4 @@ class Mem0Settings:
 
     def __post_init__(self) -> None:
         check_parser(self.parser)
-        for name in ("similar_per_fact", "search_limit", "max_facts"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"method.{name} must be >= 1, got {getattr(self, name)}")
+        arena.require_at_least(self, 1, "similar_per_fact", "search_limit", "max_facts")

@@ -7,7 +7,6 @@ defaults and every deviation from the authors' ALFWorld config are in ``config.y
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 import arena
 from arena.plugins.memrl.method import MemRL
@@ -15,10 +14,5 @@ from arena.plugins.memrl.method import MemRL
 
 @arena.hookimpl
 def register_methods(register: Callable[..., None]) -> None:
-    register(
-        "memrl",
-        MemRL,
-        config=Path(__file__).with_name("config.yaml"),
-        presets={path.stem: path for path in sorted(Path(__file__).with_name("presets").glob("*.yaml"))},
-        description="MemRL: two-phase retrieval over an episodic memory with Q-values from reward.",
-    )
+    register("memrl", MemRL, **arena.plugin_files(__file__),
+             description="MemRL: two-phase retrieval over an episodic memory with Q-values from reward.")

@@ -267,10 +267,8 @@ class MemRL:
 
     # -- reporting --------------------------------------------------------------------------
 
-    @arena.hookimpl
-    def export(self, run: Run) -> list[Experience]:
-        """The memories with their Q-values (intents are only their keys)."""
-        return run.store.all(kind=MEMORY) if run.store_exists() else []
+    #: Exported: the memories with their Q-values (intents are only their keys).
+    export = arena.export_stored(MEMORY)
 
     @arena.hookimpl
     def state_size(self, run: Run) -> dict[str, Any]:

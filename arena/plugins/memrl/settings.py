@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import arena
+
 
 @dataclass
 class MemRLSettings:
@@ -29,9 +31,7 @@ class MemRLSettings:
     snapshot: bool
 
     def __post_init__(self) -> None:
-        for name in ("k1", "k2"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"method.{name} must be >= 1, got {getattr(self, name)}")
+        arena.require_at_least(self, 1, "k1", "k2")
         for name in ("epsilon", "alpha"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"method.{name} must be in [0, 1], got {getattr(self, name)}")

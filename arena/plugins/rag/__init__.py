@@ -8,7 +8,6 @@ harness's loop (retrieve -> solve -> extract -> update) on train; evaluation onl
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import arena
@@ -77,23 +76,15 @@ class Rag:
         )
         return [experience for experience, _ in found]
 
-    @arena.hookimpl
-    def export(self, run: Run) -> list[Experience]:
-        """The stored trajectories: retrieved by goal, read by any model."""
-        return run.store.all(kind=TRAJECTORY) if run.store_exists() else []
+    #: Exported: the stored trajectories: retrieved by goal, read by any model.
+    export = arena.export_stored(TRAJECTORY)
 
     @arena.hookimpl
     def state_size(self, run: Run) -> dict[str, Any]:
-        if not run.store_exists():
-            return {"trajectories": 0}
-        return {"trajectories": run.store.count(kind=TRAJECTORY)}
+        return {"trajectories": run.store.count(kind=TRAJECTORY) if run.store_exists() else 0}
 
 
 @arena.hookimpl
 def register_methods(register: Callable[..., None]) -> None:
-    register(
-        "rag",
-        Rag,
-        config=Path(__file__).with_name("config.yaml"),
-        description="Retrieval of successful train trajectories by task similarity (baseline).",
-    )
+    register("rag", Rag, **arena.plugin_files(__file__),
+             description="Retrieval of successful train trajectories by task similarity (baseline).")

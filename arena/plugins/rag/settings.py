@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import arena
+
 
 @dataclass
 class RAGSettings:
@@ -12,5 +14,4 @@ class RAGSettings:
     max_action_chars: int
 
     def __post_init__(self) -> None:
-        if self.k < 1:
-            raise ValueError(f"method.k must be >= 1, got {self.k}")
+        arena.require_at_least(self, 1, "k")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from pathlib import Path
 
 import arena
 from arena import Action, Experience, Observation, Run, Task, Trajectory
@@ -35,9 +34,5 @@ class RandomMethod:
 
 @arena.hookimpl
 def register_methods(register: Callable[..., None]) -> None:
-    register(
-        "random",
-        RandomMethod,
-        config=Path(__file__).with_name("config.yaml"),
-        description="A uniformly random admissible action each step, no model (the floor).",
-    )
+    register("random", RandomMethod, **arena.plugin_files(__file__),
+             description="A uniformly random admissible action each step, no model (the floor).")

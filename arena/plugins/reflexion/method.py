@@ -31,7 +31,6 @@ import arena
 from arena import (
     LEARN,
     STANDARD,
-    BudgetExhausted,
     EndOnRepeat,
     EpisodeRequest,
     Experience,
@@ -141,29 +140,9 @@ class Reflexion:
 
     def _play_round(self, run: Run, due: list[Task], trial: int, seed: int, phase: int
                     ) -> tuple[list[Trajectory], bool]:
-        """Trial ``trial`` of each due task within the episode budget: recorded ones are read
-        back. Returns the trajectories (task order) and whether a budget ended the round."""
-        variant = f"trial{trial}"
-        to_play = [task for task in due if run.finished(task, seed, variant) is None]
-        left = run.budget.left("episodes")
-        stopped = left is not None and left < len(to_play)
-        if left is not None:
-            to_play = to_play[:left]
-        requests = [EpisodeRequest(task, self._memory(run, task, trial, phase), seed, variant) for task in to_play]
-        played: dict[str, Trajectory] = {}
-        try:
-            for request, trajectory in zip(requests, run.play(requests)):
-                played[request.task.task_id] = trajectory
-        except BudgetExhausted:  # another budget (env steps, tokens) ran out mid-round
-            stopped = True
-        result = []
-        for task in due:
-            found = played.get(task.task_id)
-            if found is None and run.finished(task, seed, variant) is not None:
-                found = run.recorded_trajectory(task, seed, variant)
-            if found is not None:
-                result.append(found)
-        return result, stopped
+        """Trial ``trial`` of each due task with its memory (``arena.play_round``)."""
+        return arena.play_round(run, due, seed, f"trial{trial}",
+                                lambda task: self._memory(run, task, trial, phase))
 
     def _reflect(self, run: Run, failures: list[Trajectory], trial: int, seed: int, phase: int) -> list[Experience]:
         """One reflection per failure (one batched generate call), stored unless already there."""
@@ -232,10 +211,8 @@ class Reflexion:
                                 task_type=task.task_type if self.cfg.test_same_task_type else None)
         return [experience for experience, _ in found]
 
-    @arena.hookimpl
-    def export(self, run: Run) -> list[Experience]:
-        """The reflections learned on train."""
-        return run.store.all(kind=REFLECTION) if run.store_exists() else []
+    #: Exported: the reflections learned on train.
+    export = arena.export_stored(REFLECTION)
 
     @arena.hookimpl
     def state_size(self, run: Run) -> dict[str, Any]:

@@ -3,7 +3,7 @@ trial in (with the plans already written after the task's earlier failures), a n
 
 from __future__ import annotations
 
-from arena import Chat, Experience, Instructions, Trajectory
+from arena import Chat, Experience, Instructions, Trajectory, clip_middle
 
 
 def reflection_system(instructions: Instructions) -> str:
@@ -17,22 +17,12 @@ REQUEST = (
 )
 
 
-def clip(text: str, max_chars: int) -> str:
-    """At most ``max_chars`` characters, keeping the start (the task) and the end (how it ended)."""
-    text = text.strip()
-    if max_chars <= 0 or len(text) <= max_chars:
-        return text
-    marker = "\n[...]\n"
-    head = (max_chars - len(marker)) // 2
-    return text[:head].rstrip() + marker + text[-(max_chars - len(marker) - head):].lstrip()
-
-
 def reflection_prompt(trajectory: Trajectory, earlier: list[Experience], max_chars: int,
                       instructions: Instructions) -> Chat:
     """The failed trial (its start, steps and status), the plans written after earlier failed
     trials of the task, the request, and the reply's opening ``New plan:`` (the authors' query
     ends there)."""
-    parts = [f"Task: {trajectory.task.goal}", clip(instructions.render(trajectory), max_chars),
+    parts = [f"Task: {trajectory.task.goal}", clip_middle(instructions.render(trajectory), max_chars),
              f"STATUS: FAIL ({trajectory.status.value})"]
     if earlier:
         parts.append("Plans from past attempts:\n" + "\n".join(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import arena
+
 
 @dataclass
 class ReflexionSettings:
@@ -18,8 +20,5 @@ class ReflexionSettings:
     end_on_repeated_action: bool
 
     def __post_init__(self) -> None:
-        if self.trials < 1:
-            raise ValueError(f"method.trials must be >= 1, got {self.trials}")
-        for name in ("memory_size", "test_memory"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"method.{name} must be >= 0, got {getattr(self, name)}")
+        arena.require_at_least(self, 1, "trials")
+        arena.require_at_least(self, 0, "memory_size", "test_memory")

@@ -7,21 +7,12 @@ Registered like any third-party plugin.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 import arena
 from arena.plugins.skillrl.method import SkillRL
 
-HERE = Path(__file__).parent
-PRESETS = {path.stem: path for path in sorted((HERE / "presets").glob("*.yaml"))}
-
 
 @arena.hookimpl
 def register_methods(register: Callable[..., None]) -> None:
-    register(
-        "skillrl",
-        SkillRL,
-        config=HERE / "config.yaml",
-        presets=PRESETS,
-        description="SkillRL: teacher-distilled SkillBank, cold-start SFT, GRPO with skills, evolution on valid.",
-    )
+    register("skillrl", SkillRL, **arena.plugin_files(__file__),
+             description="SkillRL: teacher-distilled SkillBank, cold-start SFT, GRPO with skills, evolution on valid.")

@@ -22,9 +22,10 @@ from __future__ import annotations
 import json
 import threading
 from dataclasses import asdict, dataclass
+from fractions import Fraction
 from typing import Any
 
-from arena import Chat, Instructions, LLMBackend, SamplingParams, Trajectory
+from arena import Chat, Instructions, LLMBackend, SamplingParams, Trajectory, clip_middle
 from arena.plugins.skillrl.settings import TeacherSettings
 from arena.plugins.skillrl.skillbank import Skill
 
@@ -141,15 +142,8 @@ def build_teacher(run: Any, section: TeacherSettings, cost: dict[str, int] | Non
 
 # -- prompts ---------------------------------------------------------------------------------
 
-
-def clip(text: str, max_chars: int) -> str:
-    """Keep the start (the task) and the end (the outcome) of a long transcript."""
-    text = text.strip()
-    if max_chars <= 0 or len(text) <= max_chars:
-        return text
-    marker = "\n[...]\n"
-    head = (max_chars - len(marker)) // 3
-    return text[:head].rstrip() + marker + text[-(max_chars - len(marker) - head):].lstrip()
+#: A clipped transcript keeps a third of its room for the start (the task), the rest for the end.
+HEAD_SHARE = Fraction(1, 3)
 
 
 def _chat(user: str, instructions: Instructions) -> Chat:
@@ -158,7 +152,7 @@ def _chat(user: str, instructions: Instructions) -> Chat:
 
 def trajectory_prompt(trajectory: Trajectory, max_chars: int, instructions: Instructions) -> tuple[str, Chat]:
     """Success and failure are asked different questions (key decisions vs. what went wrong)."""
-    transcript = clip(instructions.render(trajectory), max_chars)
+    transcript = clip_middle(instructions.render(trajectory), max_chars, head_share=HEAD_SHARE)
     task = trajectory.task
     if trajectory.success:
         request = SUCCESS_REQUEST.format(task_type=task.task_type)
@@ -171,7 +165,7 @@ def trajectory_prompt(trajectory: Trajectory, max_chars: int, instructions: Inst
 
 def consolidate_prompt(lines: list[str], n_general: int, max_chars: int,
                        instructions: Instructions) -> tuple[str, Chat]:
-    body = clip("\n".join(f"- {line}" for line in lines), max_chars)
+    body = clip_middle("\n".join(f"- {line}" for line in lines), max_chars, head_share=HEAD_SHARE)
     request = CONSOLIDATE_REQUEST.format(n=n_general, domain=instructions.domain)
     return "consolidate", _chat(f"{body}\n\n{request}", instructions)
 
@@ -182,7 +176,8 @@ def _failed_attempts(failures: list[Trajectory], last_steps: int, max_chars: int
     attempts = []
     for number, trajectory in enumerate(failures, start=1):
         label = f" ({trajectory.task.task_type})" if with_type else ""
-        shown = clip(instructions.render(trajectory, max_steps=last_steps), max_chars // max(1, len(failures)))
+        shown = clip_middle(instructions.render(trajectory, max_steps=last_steps),
+                            max_chars // max(1, len(failures)), head_share=HEAD_SHARE)
         attempts.append(f"Attempt {number}{label}: {trajectory.task.goal}\n"
                         f"{shown}\n"
                         f"RESULT: failed ({trajectory.status.value}).")

@@ -285,26 +285,11 @@ class SkillRL:
         # A continued run (run.continue_from) plays cfg.rl.steps more RL steps, evolving its
         # copied bank, from its copied weights; collection, distillation and SFT are not redone.
         arena.begin_learning_phase(run, state, {"stage": RL, "phase_start": int(state["steps_done"])})
-        if state["stage"] == COLLECT:
-            self._collect(run)
-            state["stage"] = DISTILL
-            self._save(run, state)
-        if state["stage"] == DISTILL:
-            self._distill(run, state)
-            state["stage"] = SFT
-            self._save(run, state)
-        if state["stage"] == SFT:
-            state["sft"] = self._sft(run, state) if self.cfg.sft.enabled else {"skipped": "disabled"}
-            state["sft"]["done"] = True
-            state["stage"] = RL
-            ledger.count(int(state["sft"].get("sft/steps", 0)))
-            run.discard_rollouts()
-            self._save(run, state)
-            ledger.charge_owed()
-        if state["stage"] == RL:
-            self._rl(run, state, ledger)
-            state["stage"] = DONE
-            self._save(run, state)
+        arena.run_stages(state, [(COLLECT, lambda: self._collect(run)),
+                                 (DISTILL, lambda: self._distill(run, state)),
+                                 (SFT, lambda: self._sft_stage(run, state, ledger)),
+                                 (RL, lambda: self._rl(run, state, ledger))],
+                         lambda state: self._save(run, state), done=DONE)
         if self._trainer is not None:
             self._trainer.serve()  # unmerged adapters slow every evaluation forward
         return True
@@ -430,7 +415,16 @@ class SkillRL:
 
     # -- GRPO and evolution ----------------------------------------------------------------------
 
+    def _sft_stage(self, run: Run, state: dict[str, Any], ledger: rl.StepLedger) -> None:
+        """Cold-start SFT (or its skip); its optimizer steps are counted, charged by the RL stage
+        once the state that counts them is saved."""
+        state["sft"] = self._sft(run, state) if self.cfg.sft.enabled else {"skipped": "disabled"}
+        state["sft"]["done"] = True
+        ledger.count(int(state["sft"].get("sft/steps", 0)))
+        run.discard_rollouts()
+
     def _rl(self, run: Run, state: dict[str, Any], ledger: rl.StepLedger) -> None:
+        ledger.charge_owed()  # the SFT steps the saved state counts (repeatable: a no-op if none)
         cfg = self.cfg.rl
         steps = cfg.steps
         every = self.cfg.evolution.every
@@ -479,15 +473,9 @@ class SkillRL:
                 # ``rl.mini_batch_size``, one optimizer step each (null: one step).
                 metrics.update(trainer.update(samples, mini_batch_size=cfg.mini_batch_size,
                                               progress=run.progress, label=f"step{step}"))
-            # Charged once the checkpoint and the state that counts it are saved (rl.StepLedger).
-            ledger.pending(step + 1, int(metrics.get("updates", 0)), metrics)
-            self._save(run, state)
-            trainer.save(step + 1)
-            run.discard_rollouts()
-            state["steps_done"] = step + 1
-            ledger.saved()
-            self._save(run, state)
-            ledger.charge_owed()
+            # Charged once the checkpoint and the state that counts it are saved.
+            arena.checkpoint_update(run, trainer, ledger, state, "steps_done", step + 1, metrics,
+                                    save=lambda state: self._save(run, state))
             run.log_metrics(step + 1, metrics)  # step: RL steps done
             shown.update(step + 1 - phase_start, note=f"success {metrics['success']:.0%}")
 
@@ -613,10 +601,8 @@ class SkillRL:
         policy = self._policy(run, run.llm, task, experiences, seed)
         return run.play(EpisodeRequest(task, experiences, policy=policy))
 
-    @arena.hookimpl
-    def export(self, run: Run) -> list[Experience]:
-        """The SkillBank (skills and mistakes); its fine-tuned weights stay with the model."""
-        return (run.store.all(kind=SKILL) + run.store.all(kind=MISTAKE)) if run.store_exists() else []
+    #: Exported: the SkillBank (skills and mistakes); its fine-tuned weights stay with the model.
+    export = arena.export_stored(SKILL, MISTAKE)
 
     @arena.hookimpl
     def state_size(self, run: Run) -> dict[str, Any]:

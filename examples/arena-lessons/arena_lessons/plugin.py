@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import arena
@@ -94,5 +93,5 @@ class Lessons:
 
 @arena.hookimpl
 def register_methods(register: Callable[..., None]) -> None:
-    register("lessons", Lessons, config=Path(__file__).with_name("config.yaml"),
+    register("lessons", Lessons, **arena.plugin_files(__file__),
              description="One LLM-written lesson per learning episode, recalled by goal similarity.")
