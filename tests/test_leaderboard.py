@@ -493,7 +493,7 @@ def test_protocol_line_names_the_level_and_the_source_pool(runs):
     easy, = build_tables(load_runs([runs["easy"]]))
     pool, = build_tables(load_runs([runs["pool"]]))
     assert "env.level easy" in protocol_line(easy) and "eval.source_pool train" in protocol_line(easy)
-    assert "eval.source_pool all_types" in protocol_line(pool) and "env.level hard" in protocol_line(pool)
+    assert "eval.source_pool all_types" in protocol_line(pool) and "env.level medium" in protocol_line(pool)
     assert "pool " in protocol_line(pool).split("split hashes", 1)[1]  # the pool's hash is shown
 
 

@@ -39,6 +39,7 @@ def test_refuses_a_folder_with_files(tmp_path: Path) -> None:
 
 def test_plugin_module_stubs_every_method_hook(tmp_path: Path) -> None:
     from arena.core.config.plugins import hook_names, implemented_hooks
+    from arena.core.contract.hookspecs import PLUGIN_HOOKS
 
     files = create_method_package("demo", tmp_path / "pkg")
     plugin_file = next(f for f in files if f.name == "plugin.py")
@@ -50,7 +51,7 @@ def test_plugin_module_stubs_every_method_hook(tmp_path: Path) -> None:
         spec.loader.exec_module(module)
     finally:
         del sys.modules["demo_plugin"]
-    method_hooks = set(hook_names()) - {"register_methods", "register_envs", "register_backends"}
+    method_hooks = set(hook_names()) - set(PLUGIN_HOOKS)
     assert set(implemented_hooks(module.Demo)) == method_hooks
     for hook in method_hooks:  # each stub says what it is for
         assert (getattr(module.Demo, hook).__doc__ or "").strip(), hook

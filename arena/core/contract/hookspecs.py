@@ -47,7 +47,7 @@ hookimpl = pluggy.HookimplMarker("arena")
 
 
 # ---------------------------------------------------------------------------------------------
-# Registration hooks (global plugin manager)
+# Registration hooks and warm_start_for (global plugin manager)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -91,6 +91,10 @@ def warm_start_for(env: Mapping[str, Any], llm: Mapping[str, Any]) -> str | None
     Answered when the config is composed, so the run's config.yaml names the base it used (or
     null); the backend that serves the model checks the base against the model's weights.
     """
+
+
+#: The hooks of a plugin module, asked by the global plugin manager; every other hook is a method's.
+PLUGIN_HOOKS = ("register_methods", "register_envs", "register_backends", "warm_start_for")
 
 
 # ---------------------------------------------------------------------------------------------
