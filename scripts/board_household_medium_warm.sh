@@ -38,12 +38,27 @@ row_args() {  # row_args ROW -> METHOD ARGS...
     esac
 }
 
+# ROW-none-seedS: the memory reset of a memory method's row (item 5 of issue 55, the papers'
+# "memory reset" control): the learned state of ROW-seedS evaluated again with no experience
+# shown (eval.experience.source=none), every other setting the row's; paired with the row itself.
+run_reset() {  # run_reset ROW-none-seedS
+    local row=$1 source="$RUNS/${1/-none-/-}" out="$RUNS/$1"
+    if [[ -f "$out/results.json" ]]; then echo "[board] $row: done" >&2; return; fi
+    if [[ ! -f "$source/results.json" ]]; then echo "[board] $row: $source has not finished" >&2; return 1; fi
+    if [[ -d "$out" ]]; then arena run --resume "$out" ${RESUME_ARGS:-}; return; fi
+    local isolation=("${ISOLATED[@]}")
+    [[ $row == skillrl-* ]] && isolation=(eval.salt=public)
+    echo "[board] $row: arena evaluate --state $source eval.experience.source=none ${isolation[*]}" >&2
+    arena evaluate --state "$source" --out "$out" eval.experience.source=none "${isolation[@]}"
+}
+
 rows=("$@")
 if [[ ${#rows[@]} -eq 0 ]]; then
     rows=(base-seed0 random-seed0 random-seed1 random-seed2)
     for method in rag memrl mem0 reflexion expel grpo gigpo evolving_rl skillrl; do rows+=("$method-seed0"); done
 fi
 for row in "${rows[@]}"; do
+    if [[ $row == *-none-seed* ]]; then run_reset "$row"; continue; fi
     name=${row%-seed*} seed=${row##*-seed}
     if ! read -r -a args <<<"$(row_args "$name")" || [[ ${#args[@]} -eq 0 ]]; then echo "unknown row $row" >&2; exit 2; fi
     isolation=("${ISOLATED[@]}")

@@ -1102,6 +1102,11 @@ def test_a_payload_cannot_change_a_class_or_an_enum_member_of_the_harness():
 # -- 5. the harness's environment and /proc ------------------------------------------------------
 
 
+#: The seeker's runs play the `hard` level, where its guess at the test rooms wins nothing: on
+#: smaller levels a guessed layout can be right by chance, which would hide what the salt gives.
+HARD_TO_GUESS = ("env.level=hard",)
+
+
 class SecretSeeker(Hostile):
     """Cause 5: looks for the board's salt (``eval.salt=env:NAME``) where a child of the harness
     finds it: its own environment, then the environment and command line of its parent and of
@@ -1146,10 +1151,10 @@ def test_a_boards_salt_and_the_harness_environment_are_out_of_an_isolated_method
     monkeypatch.setenv("BOARD_SALT", "the board's own draw")
     monkeypatch.setenv("ARENA_TEST_CREDENTIAL", "sk-not-for-methods")
     register(plugins, seeker=SecretSeeker)
-    here, in_process = run(plugins, fast, tmp_path, "seeker", "eval.salt=env:BOARD_SALT", name="here")
+    here, in_process = run(plugins, fast, tmp_path, "seeker", *HARD_TO_GUESS, "eval.salt=env:BOARD_SALT", name="here")
     assert got(here)["salt"] == "the board's own draw"  # in one process nothing stops it...
     assert min(successes(in_process)) >= 0.5, successes(in_process)  # ...and it wins
-    away, isolated = run(plugins, fast, tmp_path, "seeker", "eval.salt=env:BOARD_SALT", ISOLATED, name="away")
+    away, isolated = run(plugins, fast, tmp_path, "seeker", *HARD_TO_GUESS, "eval.salt=env:BOARD_SALT", ISOLATED, name="away")
     seen = got(away)
     assert seen["salt"] is None and seen["own"] is None, seen
     assert successes(isolated) == [0.0, 0.0]
@@ -1175,7 +1180,7 @@ def test_without_namespaces_the_sandbox_still_hides_the_harnesss_proc(plugins, f
     monkeypatch.setenv("BOARD_SALT", "the board's own draw")
     monkeypatch.setattr(isolation, "namespace_command", lambda: ((), "no namespaces (switched off by the test)"))
     register(plugins, seeker=SecretSeeker)
-    away, isolated = run(plugins, fast, tmp_path, "seeker", "eval.salt=env:BOARD_SALT", ISOLATED)
+    away, isolated = run(plugins, fast, tmp_path, "seeker", *HARD_TO_GUESS, "eval.salt=env:BOARD_SALT", ISOLATED)
     sandbox = isolated.provenance.isolation["sandbox"]
     assert "no namespaces (switched off by the test)" in sandbox
     if not sandbox.startswith("landlock"):

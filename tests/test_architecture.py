@@ -433,3 +433,15 @@ def test_the_results_dict_check_finds_them() -> None:
         "def counts() -> dict[str, int]:\n    return {}\n"
         "def source(results: Results) -> dict[str, Any]:\n    return {'env': results.env}\n")
     assert [line.split(":")[0] for line in found] == ["1", "2", "2", "3", "7"]
+
+
+def test_the_session_only_sequences_and_the_protocol_s_modules_stay_small() -> None:
+    """The protocol's successor is a package of small parts: ``Session`` builds the run and calls
+    its phases (under 250 lines); no module of the package reaches 400."""
+    folder = ROOT / "arena" / "core" / "protocol"
+    sizes = {path.name: len(path.read_text().splitlines()) for path in folder.glob("*.py")}
+    assert {"session.py", "evaluation.py", "factors.py", "digests.py", "prepare.py"} <= set(sizes)
+    assert max(sizes.values()) < 400, sizes
+    session = next(node for node in ast.parse((folder / "session.py").read_text()).body
+                   if isinstance(node, ast.ClassDef) and node.name == "Session")
+    assert session.end_lineno is not None and session.end_lineno - session.lineno + 1 < 250

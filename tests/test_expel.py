@@ -289,12 +289,18 @@ def group_of(task_id: str) -> int:
     return GROUPS[task_id]
 
 
+def fast_household(plugins):
+    """The world of the runs here: household's YAML defaults (its level), with the fast sizes."""
+    entry = plugins.envs.get("household")
+    return entry.factory(OmegaConf.merge(*[OmegaConf.load(path) for path in entry.configs],
+                                         {"seed": 0, "n_train": 60, "n_valid": 12, "n_test": 12}))
+
+
 @pytest.fixture
 def oracle(plugins):
     """Registers backend ``oracle``: an :class:`OracleLLM` whose groups cycle 0, 1, 2 over the
     train tasks ExpeL gathers on (chosen exactly as the method chooses them)."""
-    env = plugins.envs.get("household").factory(
-        OmegaConf.create({"seed": 0, "n_train": 60, "n_valid": 12, "n_test": 12}))
+    env = fast_household(plugins)
     stub_run = types.SimpleNamespace(tasks=env.tasks, learn_seed=0, learn_split="train", cfg=OmegaConf.create({"learn": {"split": "train", "seed": 0}}))
     stub_method = types.SimpleNamespace(cfg=OmegaConf.create({"train_tasks": 6}))
     chosen = ExpeL.train_tasks(stub_method, stub_run)  # type: ignore[arg-type]
@@ -383,8 +389,7 @@ def test_expel_learns_on_train_and_evaluates_frozen(plugins, oracle, tmp_path):
     assert results.state.method["malformed_operations"] == critiques
 
     # Frozen evaluation: insights for every task, few-shots only of the same type.
-    train_types = {t.task_id: t.task_type for t in plugins.envs.get("household").factory(
-        OmegaConf.create({"seed": 0, "n_train": 60, "n_valid": 12, "n_test": 12})).tasks("train")}
+    train_types = {t.task_id: t.task_type for t in fast_household(plugins).tasks("train")}
     evaluated = [e for e in episodes if e["phase"] == "evaluate"]
     assert len(evaluated) == 24
     for e in evaluated:

@@ -76,7 +76,7 @@ class TransformersConfig(ModelSettings):
     prefix_cache: bool | str = "auto"
     prefix_cache_entries: int = 32
     prefix_cache_tokens: int | str = "auto"
-    warmstart: str | None = None
+    warmstart: str | None = "auto"
 
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, Any]) -> TransformersConfig:

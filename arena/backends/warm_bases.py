@@ -37,6 +37,7 @@ def model_digest(model: str) -> str | None:
     ``llm.model``; None for the tiny test model, which no base is built on, and for a model that
     is not installed (the backend says how to install it when the run builds it)."""
     from arena.backends.embedded import packaged_gguf
+    from arena.core.config.compose import ConfigError
     from arena.core.host.cache import file_sha256
     from arena.warmstart.build import base_weights_digest
 
@@ -46,7 +47,10 @@ def model_digest(model: str) -> str | None:
         except (ModuleNotFoundError, FileNotFoundError):
             return None
     folder = Path(model).expanduser()
-    return base_weights_digest(folder) if folder.is_dir() else None
+    try:
+        return base_weights_digest(folder) if folder.is_dir() else None
+    except ConfigError:  # no weights there: the backend names the fix when the run builds it
+        return None
 
 
 def matching(env: Mapping[str, Any], digest: str, folders: list[Path]) -> list[Path]:
