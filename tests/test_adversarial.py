@@ -40,7 +40,9 @@ from arena.report.verify import verify_run
 from tests.helpers.methods import Hostile, WorldRebuilder, following  # noqa: F401 (WorldRebuilder: one of HOSTILE)
 from tests.helpers.runs import harness_of, register
 
-EVAL = ["eval.limit=2"]
+#: The attacks play household's `hard` level, where the fake backend and a guessed room never win:
+#: a win is then the attack's. (On the default `medium`, chance wins a task now and then.)
+EVAL = ["eval.limit=2", "env.level=hard"]
 
 
 def run(plugins, fast, tmp_path, method, *extra, name="r"):
@@ -1102,11 +1104,6 @@ def test_a_payload_cannot_change_a_class_or_an_enum_member_of_the_harness():
 # -- 5. the harness's environment and /proc ------------------------------------------------------
 
 
-#: The seeker's runs play the `hard` level, where its guess at the test rooms wins nothing: on
-#: smaller levels a guessed layout can be right by chance, which would hide what the salt gives.
-HARD_TO_GUESS = ("env.level=hard",)
-
-
 class SecretSeeker(Hostile):
     """Cause 5: looks for the board's salt (``eval.salt=env:NAME``) where a child of the harness
     finds it: its own environment, then the environment and command line of its parent and of
@@ -1151,10 +1148,10 @@ def test_a_boards_salt_and_the_harness_environment_are_out_of_an_isolated_method
     monkeypatch.setenv("BOARD_SALT", "the board's own draw")
     monkeypatch.setenv("ARENA_TEST_CREDENTIAL", "sk-not-for-methods")
     register(plugins, seeker=SecretSeeker)
-    here, in_process = run(plugins, fast, tmp_path, "seeker", *HARD_TO_GUESS, "eval.salt=env:BOARD_SALT", name="here")
+    here, in_process = run(plugins, fast, tmp_path, "seeker", "eval.salt=env:BOARD_SALT", name="here")
     assert got(here)["salt"] == "the board's own draw"  # in one process nothing stops it...
     assert min(successes(in_process)) >= 0.5, successes(in_process)  # ...and it wins
-    away, isolated = run(plugins, fast, tmp_path, "seeker", *HARD_TO_GUESS, "eval.salt=env:BOARD_SALT", ISOLATED, name="away")
+    away, isolated = run(plugins, fast, tmp_path, "seeker", "eval.salt=env:BOARD_SALT", ISOLATED, name="away")
     seen = got(away)
     assert seen["salt"] is None and seen["own"] is None, seen
     assert successes(isolated) == [0.0, 0.0]
@@ -1180,7 +1177,7 @@ def test_without_namespaces_the_sandbox_still_hides_the_harnesss_proc(plugins, f
     monkeypatch.setenv("BOARD_SALT", "the board's own draw")
     monkeypatch.setattr(isolation, "namespace_command", lambda: ((), "no namespaces (switched off by the test)"))
     register(plugins, seeker=SecretSeeker)
-    away, isolated = run(plugins, fast, tmp_path, "seeker", *HARD_TO_GUESS, "eval.salt=env:BOARD_SALT", ISOLATED)
+    away, isolated = run(plugins, fast, tmp_path, "seeker", "eval.salt=env:BOARD_SALT", ISOLATED)
     sandbox = isolated.provenance.isolation["sandbox"]
     assert "no namespaces (switched off by the test)" in sandbox
     if not sandbox.startswith("landlock"):
