@@ -6,7 +6,7 @@
 # iterations x 3 tasks x groups of 8; its 48 greedy valid episodes only draw the learning curve).
 # docs/board_budget.md says what each row spends B on and why each override is arithmetic on B.
 # Rows already finished are skipped; an interrupted one is resumed.
-# Usage: bash scripts/board_household_medium_warm.sh [ROW ...] (default: all rows). One run at a
+# Usage: bash scripts/board_household_medium_warm.sh [ROW ...] (default: all rows) | --commit. One run at a
 # time: two share 2 cores badly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,6 +33,9 @@ row_args() {  # row_args ROW -> METHOD ARGS...
         expel) echo "expel method.train_tasks=24 learn.budget.episodes=72" ;;
         grpo|gigpo) echo "$1 --preset cpu" ;;
         evolving_rl) echo "evolving_rl --preset cpu method.n_skills=7" ;;
+        # Evolving-RL's ablation at the board's budget (item 5): the row with one role untrained.
+        evolving_rl_solver_only) echo "evolving_rl --preset cpu method.n_skills=7 method.train_extractor=false" ;;
+        evolving_rl_extractor_only) echo "evolving_rl --preset cpu method.n_skills=7 method.train_solver=false" ;;
         skillrl) echo "skillrl method.rl.steps=5" ;;
         *) return 1 ;;
     esac
@@ -51,6 +54,25 @@ run_reset() {  # run_reset ROW-none-seedS
     echo "[board] $row: arena evaluate --state $source eval.experience.source=none ${isolation[*]}" >&2
     arena evaluate --state "$source" --out "$out" eval.experience.source=none "${isolation[@]}"
 }
+
+# --commit: copy every finished row's small files beside the board (runs/, the ablation's arms
+# under ablation/) and rebuild it, each row against base and random (and a memory method against
+# its reset, which the board pairs by itself).
+commit_board() {
+    local run dest small=(results.json episodes.jsonl config.yaml state.json metrics.jsonl verification.json violations.jsonl)
+    for run in "$RUNS"/*/; do
+        run=${run%/}
+        [[ -f "$run/results.json" ]] || { echo "[board] $(basename "$run"): not finished, left out" >&2; continue; }
+        case "$(basename "$run")" in
+            evolving_rl_*) dest="$BOARD/ablation/$(basename "$run")" ;;
+            *) dest="$BOARD/runs/$(basename "$run")" ;;
+        esac
+        mkdir -p "$dest"
+        for file in "${small[@]}"; do [[ -f "$run/$file" ]] && cp "$run/$file" "$dest/"; done
+    done
+    arena leaderboard "$BOARD"/runs/*/ --control base --control random --out "$BOARD"
+}
+if [[ "${1:-}" == --commit ]]; then commit_board; exit; fi
 
 rows=("$@")
 if [[ ${#rows[@]} -eq 0 ]]; then
