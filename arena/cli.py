@@ -235,13 +235,18 @@ def show(run_dir: str, as_json: bool) -> None:
 @click.option("--require-isolation", is_flag=True,
               help="Refuse a row any of whose runs did not run its method isolated "
                    "(run.isolation=process); nothing is written then.")
+@click.option("--control", "controls", multiple=True, metavar="ROW",
+              help="A control row, named as the board prints it (base, random, grpo (cpu)); repeatable. "
+                   "Every other row is compared with each, and a memory method with its memory reset, "
+                   "paired by task (the board's section 'Learning: each row against its controls').")
 def leaderboard(run_dirs: tuple[str, ...], out: str | None, allow_mixed: bool, sort: str,
-                require_isolation: bool) -> None:
+                require_isolation: bool, controls: tuple[str, ...]) -> None:
     """Build a leaderboard (README.md, index.html, leaderboard.json, plots) from finished runs.
     A folder of `arena experiment` among them is shown in the board's section of experiments."""
     from arena.report import ReportError, build_tables, load_runs, write_board
     from arena.report.aggregate import unisolated_rows
     from arena.report.experiments import ExperimentError, is_experiment, load_experiment
+    from arena.report.learning import learning_report
 
     runs: list[Path | str] = [path for path in run_dirs if not is_experiment(path)]
     if not runs:
@@ -249,6 +254,7 @@ def leaderboard(run_dirs: tuple[str, ...], out: str | None, allow_mixed: bool, s
     try:
         tables = build_tables(load_runs(runs), allow_mixed=allow_mixed, sort=sort)
         experiments = [load_experiment(path) for path in run_dirs if is_experiment(path)]
+        learning = learning_report(tables, controls)
     except (ReportError, ExperimentError) as exc:
         raise click.ClickException(str(exc)) from exc
     refused = unisolated_rows(tables) if require_isolation else []
@@ -268,7 +274,7 @@ def leaderboard(run_dirs: tuple[str, ...], out: str | None, allow_mixed: bool, s
                                    "choose a folder with --out.")
         out = str(Path("leaderboards") / envs[0])
     try:
-        written = write_board(tables, out, experiments)
+        written = write_board(tables, out, experiments, learning)
     except OSError as exc:
         raise click.ClickException(f"Cannot write the leaderboard to {out}: {exc.strerror or exc}. "
                                    "Choose a folder you can write with --out.") from exc
@@ -276,6 +282,10 @@ def leaderboard(run_dirs: tuple[str, ...], out: str | None, allow_mixed: bool, s
         console.print(escape(f"{table.env}: {len(table.rows)} rows ({', '.join(row.name for row in table.rows)})"))
     for report in experiments:
         console.print(escape(f"experiment {report.name} over {report.source}: {len(report.arms)} arms"))
+    if learning is not None:
+        compared = sorted({(line.env, line.row, line.against) for line in learning.comparisons})
+        console.print(escape(f"learning: {len(compared)} row pairs against {', '.join(learning.controls)} "
+                             "and memory resets"))
     console.print(f"Wrote {len(written)} files to {out}: README.md, index.html, leaderboard.json, plots/")
 
 
@@ -287,7 +297,8 @@ def leaderboard(run_dirs: tuple[str, ...], out: str | None, allow_mixed: bool, s
 @click.argument("overrides", nargs=-1)
 def evaluate(state_dir: str, out: str, overrides: tuple[str, ...]) -> None:
     """Evaluate a submitted learned state with the board's own settings (e.g. eval.salt=secret
-    run.isolation=process): learning is not rerun; the state must hash to what its learning ended
+    run.isolation=process; eval.experience.source=none makes it the state's memory reset, a row of
+    its own on the board): learning is not rerun; the state must hash to what its learning ended
     with; the board plays every test episode."""
     from arena.report.evaluate_state import EvaluateError, evaluate_state
 

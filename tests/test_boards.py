@@ -4,7 +4,8 @@ A board is only worth what can be checked: this rebuilds each ``leaderboards/<na
 runs' small files (results.json, episodes.jsonl, config.yaml, state.json, and verification.json
 where ``arena verify`` checked the run before it was committed), and its experiments
 (``<board>/experiments/*/``: experiment.json and each arm's small files), exactly as
-``arena leaderboard`` does, and compares the result with the committed ``leaderboard.json``.
+``arena leaderboard`` does (with the ``--control`` rows the board names), and compares the result
+with the committed ``leaderboard.json``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pytest
 
 from arena.report import build_tables, load_runs
 from arena.report.experiments import load_experiment
+from arena.report.learning import learning_report
 from arena.report.render import board_json
 
 BOARDS = Path(__file__).resolve().parents[1] / "leaderboards"
@@ -40,7 +42,7 @@ SMALL_FILES = {"results.json", "episodes.jsonl", "config.yaml", "state.json", "m
                "violations.jsonl"}
 #: Row keys Arena added after boards were committed: compared where the committed board has them
 #: (`arena leaderboard` writes them when the board is next rebuilt).
-ROW_KEYS_ADDED = frozenset({"isolation"})
+ROW_KEYS_ADDED = frozenset({"isolation", "pass_k"})
 
 
 def without_added_keys(rebuilt: dict[str, Any], committed: dict[str, Any]) -> dict[str, Any]:
@@ -74,7 +76,9 @@ def test_committed_board_rebuilds_from_its_committed_runs(board: str) -> None:
         for arm in (p for p in experiment.iterdir() if p.is_dir()):
             assert {path.name for path in arm.iterdir()} <= SMALL_FILES, arm
     tables = build_tables(load_runs(runs))
-    rebuilt = json.loads(json.dumps(board_json(tables, [load_experiment(path) for path in experiments])))
+    # A board built with --control rebuilds with its controls (its learning section).
+    learning = learning_report(tables, committed.get("controls", []))
+    rebuilt = json.loads(json.dumps(board_json(tables, [load_experiment(path) for path in experiments], learning)))
     for row in (row for table in rebuilt["tables"] for row in table["rows"]):  # as its runs recorded it
         assert row["isolation"]["mode"] in ("process", "in_process", "unknown", "mixed"), row["isolation"]
         assert set(row["isolation"]["runs"]) == set(row["runs"])

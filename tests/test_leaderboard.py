@@ -282,7 +282,8 @@ def test_html_page_renders_in_headless_chromium(runs, tmp_path):
     assert errors == [], errors
     requests = [e["params"]["request"]["url"] for e in events if e.get("method") == "Network.requestWillBeSent"]
     assert [url for url in requests if not url.startswith(("file:", "data:"))] == []
-    assert facts["tables"] == 1 + 1 + 2  # the main table, its breakdown, one per-task-type table per split
+    # the main table, reliability over seeds (scripted pools two), its breakdown, one per-task-type table per split
+    assert facts["tables"] == 1 + 1 + 1 + 2
     assert facts["mainRows"] == 2 and facts["firstCells"] == ["scripted", "base"]
     assert facts["headers"][5] == "test_seen success [95 % CI]"
     assert facts["details"] >= 3

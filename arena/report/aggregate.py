@@ -10,8 +10,10 @@ one run shows exactly the numbers of that run's results.json.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from math import comb
+from pathlib import Path
 from typing import Any
 
 from arena.core.contract.results import PhaseCost, Summary
@@ -133,16 +135,45 @@ def protocol_of(run: Run) -> dict[str, Any]:
     return fields
 
 
+#: The protocol field of a memory reset (``arena evaluate --state RUN eval.experience.source=none``).
+RESET_FIELD = "eval.experience.source"
+
+
+def is_memory_reset(run: Run) -> bool:
+    """A learned state evaluated again with no experience shown (its experience source ``none``,
+    nothing else of ``eval.experience`` changed) by ``arena evaluate``: the papers' control for a
+    memory method, a row of its own beside the row whose state it reset."""
+    experience = {name: value for name, value in (run.results.protocol.experience or {}).items()
+                  if name in EXPERIENCE_FIELDS and value != EXPERIENCE_FIELDS[name]}
+    return experience == {"source": "none"} and evaluated_from(run) is not None
+
+
+def evaluated_from(run: Run) -> dict[str, Any] | None:
+    """Where ``arena evaluate`` took the run's learned state from (``provenance.evaluated_from``)."""
+    made_from = (run.results.provenance.model_extra or {}).get("evaluated_from")
+    return made_from if isinstance(made_from, dict) else None
+
+
+def table_protocol(run: Run) -> dict[str, Any]:
+    """:func:`protocol_of` as a table compares it: a memory reset's empty experience is what makes
+    it a reset row, not a protocol of its own."""
+    fields = protocol_of(run)
+    if is_memory_reset(run):
+        fields.pop(RESET_FIELD, None)
+    return fields
+
+
 def _show(value: Any) -> str:
     if isinstance(value, str) and len(value) == 64:
         return value[:12]  # a digest
     return str(value)
 
 
-def differing_fields(runs: list[Run], ignore: Sequence[str] = ()) -> dict[str, dict[str, list[str]]]:
+def differing_fields(runs: list[Run], ignore: Sequence[str] = (),
+                     protocol: Callable[[Run], dict[str, Any]] = protocol_of) -> dict[str, dict[str, list[str]]]:
     """Protocol fields (but those in ``ignore``) on which the runs disagree: field -> shown
-    value -> run labels."""
-    protocols = [(run.label, protocol_of(run)) for run in runs]
+    value -> run labels. ``protocol``: a run's fields (a table's: :func:`table_protocol`)."""
+    protocols = [(run.label, protocol(run)) for run in runs]
     names = sorted({name for _, fields in protocols for name in fields} - set(ignore))
     differing: dict[str, dict[str, list[str]]] = {}
     for name in names:
@@ -163,9 +194,10 @@ def describe_differences(differing: dict[str, dict[str, list[str]]]) -> str:
 
 
 def check_compatible(runs: list[Run], allow_mixed: bool, what: str = "one table",
-                     ignore: Sequence[str] = ()) -> list[str]:
+                     ignore: Sequence[str] = (),
+                     protocol: Callable[[Run], dict[str, Any]] = protocol_of) -> list[str]:
     """Names of the differing protocol fields (but those in ``ignore``); raises unless ``allow_mixed``."""
-    differing = differing_fields(runs, ignore)
+    differing = differing_fields(runs, ignore, protocol)
     if differing and not allow_mixed:
         raise ReportError(
             f"These runs were not evaluated under the same protocol, so they cannot share {what}:\n"
@@ -200,6 +232,11 @@ class Row:
     #: ``arena verify``'s state of the row (:func:`row_verification`); None on a table none of
     #: whose runs was verified, so boards made before verification keep their files.
     verification: dict[str, Any] | None = None
+    #: A memory reset row (:func:`is_memory_reset`): the digests of the learned states its runs
+    #: evaluated with no experience shown; None for every other row.
+    reset_of: list[str] | None = None
+    #: split -> k -> pass^k over the row's seeds (:func:`pass_k`); empty for a row of one seed.
+    pass_k: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def isolation(self) -> dict[str, Any]:
@@ -208,7 +245,13 @@ class Row:
 
     @property
     def name(self) -> str:
-        return self.method + (f" ({self.preset})" if self.preset else "")
+        return (self.method + (f" ({self.preset})" if self.preset else "")
+                + (" [memory reset]" if self.reset_of is not None else ""))
+
+    @property
+    def learned_digests(self) -> set[str]:
+        """The learned-state digests of the row's runs (what a memory reset names)."""
+        return {digest for run in self.runs if (digest := run.results.state.digest_before_eval)}
 
     @property
     def seeds(self) -> list[int]:
@@ -231,6 +274,9 @@ class Row:
             "provenance": self.provenance, "protocol": self.protocol,
             "learning_curves": self.learning_curves, "isolation": self.isolation,
             **({} if self.verification is None else {"verification": self.verification}),
+            # Only where they hold something, so boards made before keep their files.
+            **({} if self.reset_of is None else {"reset_of": self.reset_of}),
+            **({"pass_k": self.pass_k} if self.pass_k else {}),
         }
 
 
@@ -498,20 +544,74 @@ def learning_curves(run: Run) -> dict[str, list[list[float]]]:
     return {f"learn success (rolling mean of {window})": rolling}
 
 
+def pass_k(runs: list[Run]) -> tuple[dict[str, dict[str, float]], list[str]]:
+    """tau-bench's reliability over the runs' seeds, per split: a task of n seeds with c successes
+    gives pass^k = C(c, k) / C(n, k) (k seeds drawn without replacement all succeed), averaged over
+    tasks, for k = 1..n; pass^1 is the success rate, pass^n the share of tasks won on every seed.
+    Empty below two seeds or without episodes; a split where a task lacks one primary episode per
+    seed has none, and a flag (the second value) says so."""
+    n = sum(len(run.seeds) for run in runs)
+    if n < 2 or any(run.episodes is None for run in runs):
+        return {}, []
+    by_task: dict[str, dict[str, list[bool]]] = defaultdict(lambda: defaultdict(list))
+    for run in runs:
+        for record in run.evaluated():
+            by_task[record.split][record.task_id].append(bool(record.success))
+    reliability, flags = {}, []
+    for split, tasks in by_task.items():
+        uneven = sorted({len(outcomes) for outcomes in tasks.values()} - {n})
+        if uneven:
+            counts = ", ".join(map(str, uneven))
+            flags.append(f"no pass^k on {split}: tasks with {counts} episodes, not one per seed ({n})")
+            continue
+        wins = [sum(outcomes) for outcomes in tasks.values()]
+        reliability[split] = {str(k): round(sum(comb(c, k) for c in wins) / comb(n, k) / len(wins), 4)
+                              for k in range(1, n + 1)}
+    return reliability, flags
+
+
 def build_row(runs: list[Run], mixed: dict[str, Any]) -> Row:
     first = runs[0]
-    name = first.method + (f" ({first.preset})" if first.preset else "") + f" / {first.model_id}"
+    reset = is_memory_reset(first)
+    name = (first.method + (f" ({first.preset})" if first.preset else "") + (" [memory reset]" if reset else "")
+            + f" / {first.model_id}")
     _check_poolable(runs, name)
     runs = sorted(runs, key=lambda r: (min(r.seeds, default=0), r.label))
     protocol = protocol_of(first)
+    reliability, unreliable = pass_k(runs)
     return Row(
         method=first.method, preset=first.preset, model=first.model_id, env=first.env,
         track=first.results.track, runs=runs,
         splits=pooled_splits(runs), variants=_pooled_variants(runs),
-        cost=row_cost(runs), flags=row_flags(runs, mixed), provenance=row_provenance(runs),
+        cost=row_cost(runs), flags=row_flags(runs, mixed) + unreliable, provenance=row_provenance(runs),
         valid=all(r.results.valid for r in runs), protocol=protocol,
         learning_curves={r.label: c for r in runs if (c := learning_curves(r))},
+        reset_of=sorted({str(digest) for r in runs if (digest := (evaluated_from(r) or {}).get("digest_before_eval"))})
+        if reset else None,
+        pass_k=reliability,
     )
+
+
+def reset_source(rows: list[Row], reset: Row) -> Row | None:
+    """The row whose learned states the memory reset row ``reset`` evaluated: one of the same
+    method, preset and model holding every state it names; None where no row of the table does."""
+    if not reset.reset_of:
+        return None
+    for row in rows:
+        if (row.reset_of is None and (row.method, row.preset, row.model) == (reset.method, reset.preset, reset.model)
+                and set(reset.reset_of) <= row.learned_digests):
+            return row
+    return None
+
+
+def flag_unmatched_resets(rows: list[Row]) -> None:
+    """A memory reset whose learned states no row of the table holds is still shown, but it is
+    paired with nothing: its row says so."""
+    for row in rows:
+        if row.reset_of is not None and reset_source(rows, row) is None:
+            sources = sorted({Path(str((evaluated_from(run) or {}).get("run"))).name for run in row.runs})
+            row.flags.append(f"memory reset of {', '.join(sources)}, whose learned state no row of this "
+                             "table holds: compared with no row")
 
 
 VERIFIED, UNVERIFIED, NOT_VERIFIED = "verified", "unverified", "not verified"
@@ -615,19 +715,21 @@ def build_tables(runs: list[Run], allow_mixed: bool = False, sort: str = "succes
         by_env[run.env].append(run)
     tables = []
     for env, env_runs in sorted(by_env.items()):
-        mixed_fields = check_compatible(env_runs, allow_mixed, what=f"the {env} table")
+        mixed_fields = check_compatible(env_runs, allow_mixed, what=f"the {env} table", protocol=table_protocol)
         groups: dict[tuple, list[Run]] = defaultdict(list)
         for run in env_runs:
-            protocol = protocol_of(run)
+            protocol = table_protocol(run)
             mixed_key = tuple((name, _show(protocol.get(name))) for name in mixed_fields)
-            groups[(run.method, run.preset or "", run.model_id, mixed_key)].append(run)
-        rows = [build_row(group, {name: protocol_of(group[0]).get(name) for name in mixed_fields})
+            # A memory reset never pools with the runs it reset: a row of its own.
+            groups[(run.method, run.preset or "", run.model_id, mixed_key, is_memory_reset(run))].append(run)
+        rows = [build_row(group, {name: table_protocol(group[0]).get(name) for name in mixed_fields})
                 for group in groups.values()]
         flag_mixed_dtypes(rows)
+        flag_unmatched_resets(rows)
         if any(run.verification is not None for run in env_runs):
             for row in rows:
                 row.verification = row_verification(row.runs)
-        shared = {k: v for k, v in protocol_of(env_runs[0]).items() if k not in mixed_fields}
+        shared = {k: v for k, v in table_protocol(env_runs[0]).items() if k not in mixed_fields}
         tables.append(Table(env=env, rows=sort_rows(rows, sort), mixed_fields=mixed_fields,
                             protocol=shared, sort=sort))
     return tables

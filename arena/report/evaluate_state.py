@@ -30,6 +30,10 @@ from arena.report.verify import VerifyError, prepare_replay, trajectories_by_key
 #: What a board may set for its evaluation (a key, or a section ending in a dot).
 BOARD_SETTINGS = ("eval.salt", "eval.concurrency", "eval.splits", "run.seeds", "run.isolation",
                   "run.isolation_limits.")
+#: The one ``eval.experience`` setting a board may add: the memory reset (the papers' control for
+#: a memory method, the learned state evaluated with no experience shown). Its run is a row of its
+#: own on the board, paired with the row it was made from (arena/report/aggregate.py).
+MEMORY_RESET = "eval.experience.source=none"
 
 
 #: State keys the harness writes for an experiment's arm only (what it poisoned, the model it
@@ -62,8 +66,12 @@ def evaluate_state(run_dir: Path | str, out: Path | str, overrides: list[str], *
                    plugins: Any = None) -> tuple[Path, Results]:
     """Evaluate the learned state of ``run_dir`` into the new run directory ``out``."""
     run_path, out = Path(run_dir), Path(out)
-    settings = board_overrides(overrides)
-    prepare_evaluation(run_path, out, settings, record_as="evaluated_from")
+    settings = board_overrides([item for item in overrides if item != MEMORY_RESET])
+    if MEMORY_RESET in overrides:
+        key, _, value = MEMORY_RESET.partition("=")
+        settings[key] = value
+    # eval.experience may be absent from the config of a run made before it existed.
+    prepare_evaluation(run_path, out, settings, record_as="evaluated_from", new_keys=("eval.experience.",))
     return finish_evaluation(out, plugins)
 
 

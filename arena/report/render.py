@@ -17,6 +17,8 @@ import arena
 from arena.core.contract.types import EpisodeResult
 from arena.report.aggregate import WARMSTART_FIELD, Row, Table
 from arena.report.experiments import ExperimentReport
+from arena.report.learning import ALL_TYPES as ALL_TASK_TYPES
+from arena.report.learning import Learning, RowComparison
 from arena.report.plots import Plot, table_plots
 from arena.report.runs import Run
 
@@ -222,6 +224,59 @@ def variant_lines(row: Row) -> list[str]:
     return lines
 
 
+# -- reliability over seeds (pass^k) and the learning section ---------------------------------
+
+PASS_K_NOTE = ("Reliability over seeds (tau-bench's pass^k), for rows of several seeds: a task won on c "
+               "of its n seeds counts C(c, k) / C(n, k), the chance that k of its seeds drawn at random "
+               "all win it, averaged over tasks; pass^1 is the success rate, pass^n the share of tasks "
+               "won on every seed. Rows of one seed have none.")
+
+
+def reliable_rows(table: Table) -> list[Row]:
+    return [row for row in table.rows if row.pass_k]
+
+
+def pass_k_columns(table: Table) -> list[str]:
+    return ["Method", "Model", "Seeds"] + [f"{split} pass^k, k = 1..n" for split in table.splits]
+
+
+def pass_k_cells(table: Table, row: Row) -> list[str]:
+    def cell(split: str) -> str:
+        values = row.pass_k.get(split)
+        return "-" if not values else " / ".join(pct(values[k]) for k in sorted(values, key=int))
+
+    return [row.name, row.model, str(len(row.seeds))] + [cell(split) for split in table.splits]
+
+
+LEARNING_TITLE = "Learning: each row against its controls"
+LEARNING_NOTE = (
+    "Learning measured as the papers measure it: each row against the control rows the board names "
+    "(--control: the base model for the RL methods, the random policy for every method) and a memory "
+    "method against its own memory reset (its learned state evaluated again with no experience shown: "
+    "arena evaluate --state RUN eval.experience.source=none). Paired by task, seeds pooled: the "
+    "difference is the mean over tasks of A's success rate minus B's, in points, with its paired "
+    "bootstrap 95 % interval over tasks; tasks better / worse count the tasks A won more / less often "
+    "than B; p is the exact sign-flip test over tasks of n_B * wins_A - n_A * wins_B (exact McNemar "
+    "with one seed each). Invalid rows are marked: their difference is no claim.")
+LEARNING_COLUMNS = ["Method", "Against", "Split", "Success A / B", "Difference [95 % CI]",
+                    "Tasks better / worse", "p (exact paired)", "Seeds A / B"]
+
+
+def learning_cells(line: RowComparison, with_type: bool = False) -> list[str]:
+    result = line.result
+    low, high = result.ci95
+    method = line.row + (" (INVALID: " + ", ".join(line.invalid) + ")" if line.invalid else "")
+    return ([line.task_type] if with_type else []) + [
+        method, line.against, line.split, f"{pct(result.success_a)} / {pct(result.success_b)}",
+        f"{result.difference * 100:+.1f} [{low * 100:+.1f}, {high * 100:+.1f}]",
+        f"{result.a_better} / {result.b_better}", f"{result.p_value:.3g}", f"{line.seeds_a} / {line.seeds_b}"]
+
+
+def learning_rows(learning: Learning | None, table: Table, overall: bool) -> list[list[str]]:
+    return [learning_cells(line, with_type=not overall) for line in (learning.comparisons if learning else [])
+            if line.env == table.env and (line.task_type == ALL_TASK_TYPES) == overall]
+
+
 # -- Markdown ---------------------------------------------------------------------------------
 
 
@@ -284,13 +339,23 @@ def experiment_rows(report: ExperimentReport, overall: bool) -> list[list[str]]:
 
 
 def markdown(tables: list[Table], plots: dict[str, list[Plot]],
-             experiments: list[ExperimentReport] | None = None) -> str:
+             experiments: list[ExperimentReport] | None = None, learning: Learning | None = None) -> str:
     lines = ["# Arena leaderboard", ""]
     for table in tables:
         lines += [f"## {table.env}", "", f"Protocol: {protocol_line(table)}. Sorted by {table.sort}.", ""]
         lines += _md_table(main_columns(table),
                            [main_cells(table, rank, row) for rank, row in enumerate(table.rows, 1)])
         lines.append("")
+        if reliable_rows(table):
+            lines += ["Reliability over seeds:", ""]
+            lines += _md_table(pass_k_columns(table), [pass_k_cells(table, row) for row in reliable_rows(table)])
+            lines += ["", PASS_K_NOTE, ""]
+        if learning_rows(learning, table, overall=True):
+            lines += [f"### {LEARNING_TITLE}", "", LEARNING_NOTE, ""]
+            lines += _md_table(LEARNING_COLUMNS, learning_rows(learning, table, overall=True))
+            lines += ["", "<details>", "<summary>per task type</summary>", ""]
+            lines += _md_table(["Task type", *LEARNING_COLUMNS], learning_rows(learning, table, overall=False))
+            lines += ["", "</details>", ""]
         for split in table.splits:
             lines += ["<details>", f"<summary>{split}: success per task type</summary>", ""]
             lines += _md_table(type_columns(table, split), [type_cells(table, split, row) for row in table.rows])
@@ -501,7 +566,7 @@ def filter_form(table: Table, values: list[dict[str, str]]) -> str:
 
 
 def html_page(tables: list[Table], plots: dict[str, list[Plot]],
-              experiments: list[ExperimentReport] | None = None) -> str:
+              experiments: list[ExperimentReport] | None = None, learning: Learning | None = None) -> str:
     parts = [
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
         f'<meta http-equiv="Content-Security-Policy" content="{_h(CSP)}">',
@@ -522,6 +587,18 @@ def html_page(tables: list[Table], plots: dict[str, list[Plot]],
                                  ["" if row.valid else "invalid" for row in table.rows], row_values,
                                  [table.splits[success_columns.index(c)] if c in success_columns else None
                                   for c in main_columns(table)]))
+        if reliable_rows(table):
+            parts.append('<h3>Reliability over seeds</h3>')
+            parts.append(_html_table(pass_k_columns(table), [pass_k_cells(table, row) for row in reliable_rows(table)],
+                                     kind="reliability"))
+            parts.append(f'<p class="note">{_h(PASS_K_NOTE)}</p>')
+        if learning_rows(learning, table, overall=True):
+            parts.append(f'<h3>{_h(LEARNING_TITLE)}</h3><p class="note">{_h(LEARNING_NOTE)}</p>')
+            parts.append(_html_table(LEARNING_COLUMNS, learning_rows(learning, table, overall=True), kind="learning"))
+            parts.append('<details class="task-types"><summary>per task type</summary>')
+            parts.append(_html_table(["Task type", *LEARNING_COLUMNS], learning_rows(learning, table, overall=False),
+                                     kind="learning"))
+            parts.append("</details>")
         parts.append('<details class="breakdown" open><summary>Breakdown by split, task type, level, seed '
                      'and isolation</summary>')
         parts.append(_html_table(BREAKDOWN_COLUMNS, [cells for _, cells, _ in lines],
@@ -566,16 +643,19 @@ def html_page(tables: list[Table], plots: dict[str, list[Plot]],
 # -- leaderboard.json and writing -------------------------------------------------------------
 
 
-def board_json(tables: list[Table], experiments: list[ExperimentReport] | None = None) -> dict[str, Any]:
+def board_json(tables: list[Table], experiments: list[ExperimentReport] | None = None,
+               learning: Learning | None = None) -> dict[str, Any]:
     board = {"schema_version": BOARD_SCHEMA_VERSION, "arena_version": arena.__version__,
              "notes": notes(tables), "tables": [table.to_json() for table in tables]}
     if experiments:  # absent otherwise, so boards made before keep their files
         board["experiments"] = [report.to_json() for report in experiments]
+    if learning is not None:  # only on a board built with --control, for the same reason
+        board.update(learning.to_json())
     return board
 
 
 def write_board(tables: list[Table], out: Path | str,
-                experiments: list[ExperimentReport] | None = None) -> list[Path]:
+                experiments: list[ExperimentReport] | None = None, learning: Learning | None = None) -> list[Path]:
     """Write README.md, index.html, leaderboard.json and plots/*.png into ``out``.
 
     Everything is rendered before anything is written, and each file is replaced whole (written
@@ -585,9 +665,9 @@ def write_board(tables: list[Table], out: Path | str,
     plots = {table.env: table_plots(table) for table in tables}
     files: list[tuple[Path, bytes]] = [
         (out / "plots" / f"{plot.name}.png", plot.png) for env_plots in plots.values() for plot in env_plots]
-    for name, text in (("README.md", markdown(tables, plots, experiments)),
-                       ("index.html", html_page(tables, plots, experiments)),
-                       ("leaderboard.json", json.dumps(board_json(tables, experiments), indent=2) + "\n")):
+    for name, text in (("README.md", markdown(tables, plots, experiments, learning)),
+                       ("index.html", html_page(tables, plots, experiments, learning)),
+                       ("leaderboard.json", json.dumps(board_json(tables, experiments, learning), indent=2) + "\n")):
         files.append((out / name, text.encode()))
     (out / "plots").mkdir(parents=True, exist_ok=True)
     for path, data in files:
