@@ -226,7 +226,7 @@ def variant_lines(row: Row) -> list[str]:
 
 # -- reliability over seeds (pass^k) and the learning section ---------------------------------
 
-PASS_K_NOTE = ("Reliability over seeds (tau-bench's pass^k), for rows of several seeds: a task won on c "
+PASS_K_NOTE = ("tau-bench's pass^k, for rows of several seeds: a task won on c "
                "of its n seeds counts C(c, k) / C(n, k), the chance that k of its seeds drawn at random "
                "all win it, averaged over tasks; pass^1 is the success rate, pass^n the share of tasks "
                "won on every seed. Rows of one seed have none.")
@@ -347,9 +347,9 @@ def markdown(tables: list[Table], plots: dict[str, list[Plot]],
                            [main_cells(table, rank, row) for rank, row in enumerate(table.rows, 1)])
         lines.append("")
         if reliable_rows(table):
-            lines += ["Reliability over seeds:", ""]
+            lines += ["### Reliability over seeds", "", PASS_K_NOTE, ""]
             lines += _md_table(pass_k_columns(table), [pass_k_cells(table, row) for row in reliable_rows(table)])
-            lines += ["", PASS_K_NOTE, ""]
+            lines += [""]
         if learning_rows(learning, table, overall=True):
             lines += [f"### {LEARNING_TITLE}", "", LEARNING_NOTE, ""]
             lines += _md_table(LEARNING_COLUMNS, learning_rows(learning, table, overall=True))
