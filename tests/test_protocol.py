@@ -131,6 +131,36 @@ class UnboundedLearner:
         raise AssertionError("the budget was never enforced")
 
 
+class OffTheRecordLearner:
+    """Plays its learning episodes with record=False and never records them: they must still
+    be charged, or a method could learn without limit."""
+
+    def __init__(self, run):
+        pass
+
+    @arena.hookimpl
+    def learn(self, run):
+        task = run.tasks("train")[0]
+        for number in range(1000):
+            run.play(arena.EpisodeRequest(task, [], 0, f"v{number}", record=False))
+        raise AssertionError("the budget was never enforced")
+
+
+class RecordsLater:
+    """Plays two learning episodes off the record, then records them (as a method recording
+    after its update does): each is charged once."""
+
+    def __init__(self, run):
+        pass
+
+    @arena.hookimpl
+    def learn(self, run):
+        task = run.tasks("train")[0]
+        played = run.play([arena.EpisodeRequest(task, [], 0, f"v{number}", record=False) for number in range(2)])
+        for number, trajectory in enumerate(played):
+            run.record(trajectory, seed=0, variant=f"v{number}")
+
+
 def read_episodes(path):
     return [json.loads(line) for line in (path / "episodes.jsonl").read_text().splitlines()]
 
@@ -281,6 +311,20 @@ def test_budget_stops_a_method_that_ignores_it(plugins, fast, tmp_path):
     assert sum(e["steps"] for e in learned) >= 20
     assert sum(e["steps"] for e in learned[:-1]) < 20  # no episode started once the budget was used
     assert results.valid is True and results.splits["test_seen"].n_episodes == 1
+
+
+def test_learning_episodes_played_off_the_record_are_charged(plugins, fast, tmp_path):
+    register(plugins, off_record=OffTheRecordLearner, records_later=RecordsLater)
+    _, results = protocol.run("off_record", overrides=fast + ["learn.budget.episodes=3", "eval.limit=1"],
+                              out=tmp_path / "o", plugins=plugins)
+    assert results.learn.used["episodes"] == 3  # stopped at the budget though nothing was recorded
+    assert results.valid is True
+    path, results = protocol.run("records_later", overrides=fast + ["learn.budget.episodes=2", "eval.limit=1"],
+                                 out=tmp_path / "r", plugins=plugins)
+    learned = [e for e in read_episodes(path) if e["phase"] == "learn"]
+    assert len(learned) == 2
+    assert results.learn.used["episodes"] == 2  # charged as played, not again as recorded
+    assert results.learn.used["env_steps"] == sum(e["steps"] for e in learned)
 
 
 class WrongTrajectory:

@@ -191,6 +191,10 @@ class EpisodeRunner:
         self._pace = EpisodePace()
         self._local = threading.local()
         self._lock = threading.Lock()
+        #: Learning episodes played with ``record=False``, charged as they were played: their
+        #: record (if the method makes it) charges nothing again. Without this an episode the
+        #: method never records would be free.
+        self._charged_unrecorded: set[tuple] = set()
 
     @property
     def _method(self) -> str:
@@ -268,7 +272,7 @@ class EpisodeRunner:
             self._run_dir.save_rollouts(result.key, trajectory)
         self._run_dir.record(result, trajectory)
         crash_point("episode.recorded")  # recorded, nothing after it done yet
-        if phase == LEARN:
+        if phase == LEARN and not self._charged_when_played(result.key):
             self._budget.charge(episodes=1, env_steps=result.steps)
         elif variant == PRIMARY:
             self._pace.task_finished()
@@ -335,7 +339,24 @@ class EpisodeRunner:
         trajectory = self._played(task, experiences, seed, variant, policy, max_steps, sampling)
         if record:
             self.record(trajectory, seed=seed, variant=variant)
+        elif self._phases.is_learning():
+            self._charge_unrecorded(key, trajectory)
         return trajectory
+
+    def _charge_unrecorded(self, key: tuple, trajectory: Trajectory) -> None:
+        """A learning episode played off the record is charged now, as a recorded one is."""
+        with self._lock:
+            self._charged_unrecorded.add(key)
+        self._budget.charge(episodes=1, env_steps=len(trajectory.steps))
+
+    def _charged_when_played(self, key: tuple) -> bool:
+        """Whether ``key`` was charged as it was played (``record=False``); its record then
+        charges nothing again."""
+        with self._lock:
+            if key in self._charged_unrecorded:
+                self._charged_unrecorded.discard(key)
+                return True
+            return False
 
     def play_request(self, request: EpisodeRequest) -> Trajectory:
         """``run.play(request)``: the episode a ``solve`` is playing (inside its frame, the same
