@@ -161,6 +161,22 @@ class RecordsLater:
             run.record(trajectory, seed=0, variant=f"v{number}")
 
 
+class OwnEpisodeWithSampling:
+    """Plays the episode its solve is solving with a policy of its own and a sampling, which
+    that policy would silently ignore."""
+
+    def __init__(self, run):
+        pass
+
+    @arena.hookimpl
+    def solve(self, run, task, experiences, seed):
+        def first_action(observation, trajectory):
+            return arena.Action(observation.admissible_actions[0])
+
+        return run.play(arena.EpisodeRequest(task, experiences, policy=first_action,
+                                             sampling={"temperature": 1.0}))
+
+
 def read_episodes(path):
     return [json.loads(line) for line in (path / "episodes.jsonl").read_text().splitlines()]
 
@@ -325,6 +341,14 @@ def test_learning_episodes_played_off_the_record_are_charged(plugins, fast, tmp_
     assert len(learned) == 2
     assert results.learn.used["episodes"] == 2  # charged as played, not again as recorded
     assert results.learn.used["env_steps"] == sum(e["steps"] for e in learned)
+
+
+def test_a_sampling_that_a_policy_would_ignore_is_refused_in_the_own_episode(plugins, fast, tmp_path):
+    register(plugins, own_sampling=OwnEpisodeWithSampling)
+    path, _ = protocol.run("own_sampling", overrides=fast + ["eval.limit=1"], out=tmp_path / "s", plugins=plugins)
+    evaluated = [e for e in read_episodes(path) if e["phase"] == "evaluate"]
+    assert evaluated and all(e["status"] == "error" and "sampling applies to policy='standard'" in e["error"]
+                             for e in evaluated)
 
 
 class WrongTrajectory:

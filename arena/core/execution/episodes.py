@@ -306,7 +306,8 @@ class EpisodeRunner:
             raise ValueError(f"policy={policy!r}: pass None (the method's solve), "
                              f"{STANDARD!r} (the standard solver) or a policy callable")
         if sampling is not None and policy != STANDARD:
-            raise ValueError("sampling applies to policy='standard' episodes only")
+            raise ValueError("sampling applies to policy='standard' episodes only: a policy of "
+                             "your own decodes as it chooses (drop sampling from the request)")
         task = self._gate.own_task(task)  # split, type and payload are the harness's, not the caller's
         if not self._phases.is_learning():
             self._check_planned(task, seed, variant)
@@ -371,6 +372,9 @@ class EpisodeRunner:
                 raise ValueError(f"run.play of {request.task.task_id} inside its own solve names no policy: "
                                  "a solve plays its episode with policy='standard' or a policy of its own.")
             seed = episode_seed(frame.seed, frame.task_id, frame.variant)
+            if request.sampling is not None and request.policy != STANDARD:
+                raise ValueError("sampling applies to policy='standard' episodes only: a policy of "
+                                 "your own decodes as it chooses (drop sampling from the request)")
             if isinstance(request.policy, str):
                 return self.standard_solve(request.task, request.experiences, seed,
                                            max_steps=request.max_steps, sampling=request.sampling)
