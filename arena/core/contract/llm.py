@@ -147,7 +147,9 @@ class TrainableBackend(Protocol):
     ``model`` is the torch module that serves the agent (a trainer updates it in place, or a
     method replaces it, e.g. with an SFT result); after any change the method calls
     :meth:`mark_weights_changed`, so the backend serves the new weights and rehashes them.
-    The transformers and vLLM backends implement it.
+    The transformers and vLLM backends implement it. A backend that caches states of the
+    current weights may also offer ``drop_cached_states()``, which the harness's trainer calls
+    as a step starts (optional, so it is not part of this runtime-checked protocol).
     """
 
     model: Any

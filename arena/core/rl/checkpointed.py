@@ -47,8 +47,11 @@ class CheckpointedTrainer:
             return
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
+            # A backend that caches states of the old weights drops them as a step starts (an
+            # optional method, so the runtime protocol of a trainable backend is unchanged).
             self.trainer = PolicyTrainer(backend.model, backend.tokenizer, self.config,
-                                         on_weights_changed=backend.mark_weights_changed)
+                                         on_weights_changed=backend.mark_weights_changed,
+                                         on_weights_changing=getattr(backend, "drop_cached_states", None))
 
     def resume(self, recorded: int, what: str = "updates") -> int:
         """Load the newest checkpoint; its number. ``recorded`` is how many the method's state

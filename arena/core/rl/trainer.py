@@ -210,12 +210,18 @@ class PolicyTrainer:
         config: TrainerConfig | Mapping[str, Any] | None = None,
         *,
         on_weights_changed: Callable[[], None] | None = None,
+        on_weights_changing: Callable[[], None] | None = None,
         sharded: bool = False,
     ) -> None:
         if not isinstance(config, TrainerConfig):
             config = TrainerConfig.from_mapping(config or {})
         self.config = config
         self.on_weights_changed = on_weights_changed
+        #: Called as a step starts, before any weight changes: the serving side drops what it
+        #: cached of the old weights, so the step can use that memory (the transformers
+        #: backend's prefix cache). Not ``on_weights_changed``: a vLLM engine would be sent
+        #: weights that did not change.
+        self.on_weights_changing = on_weights_changing
         self.sharded = sharded
         #: The ranks this trainer's steps are shared by (one without ``sharded``, even under
         #: torchrun).
@@ -287,10 +293,10 @@ class PolicyTrainer:
         started = time.perf_counter()
         if self.merged:
             self.unmerge_adapters()  # tells the serving side, as any change of weights does
-        else:
+        elif self.on_weights_changing is not None:
             # What the serving side cached was computed with weights about to change: dropped
             # now (the prefix cache holds up to the weights' size), so the step can use it.
-            self._notify()
+            self.on_weights_changing()
         return_freed_memory()
         # Cut and weighed over the whole step; each rank then plays its share (see sharding).
         everyone = self._micro_batches(samples)
