@@ -496,3 +496,16 @@ def test_sft_steps_follow_the_epochs_and_the_target_follows_the_solver(plugins):
     with pytest.raises(ValueError, match="sft.epochs must be > 0"):
         compose_settings = compose(plugins, "skillrl", overrides=["method.sft.epochs=0"]).method
         typed_config(compose_settings, SkillRLSettings)
+
+
+def test_a_group_of_one_rollout_is_refused_while_rl_runs(plugins) -> None:
+    """docs/fidelity.md: a lone rollout has no baseline (the authors leave it its raw reward);
+    SkillRL refuses group_size 1 while it trains, and accepts it when RL is off."""
+    from arena.core.contract.method_config import typed_config
+    from arena.plugins.skillrl.settings import SkillRLSettings
+
+    with pytest.raises(ValueError, match="group_size must be >= 2"):
+        typed_config(compose(plugins, "skillrl", overrides=["method.rl.group_size=1"]).method, SkillRLSettings)
+    off = typed_config(compose(plugins, "skillrl", overrides=["method.rl.group_size=1", "method.rl.steps=0"]).method,
+                       SkillRLSettings)
+    assert off.rl.group_size == 1

@@ -117,6 +117,12 @@ class RL:
 
     def __post_init__(self) -> None:
         _one_of("rl.advantage_over", self.advantage_over, ADVANTAGE_OVER)
+        if self.steps > 0 and self.group_size < 2:
+            # The authors' normalisation leaves a lone rollout its raw reward; Arena's GRPO gives
+            # it no advantage (no baseline): with two or more the two never differ.
+            raise ValueError(f"method.rl.group_size must be >= 2 when method.rl.steps > 0, got "
+                             f"{self.group_size}: a group of one rollout has no baseline to compare "
+                             "against (the authors use 8)")
 
 
 @dataclass
