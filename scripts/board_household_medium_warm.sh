@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # The household `medium` board (world 2.0) on its warm-start base (docs/warmstart.md): every row
 # under one protocol (full test splits, the environment's step limit, float32, every method
-# isolated on the board's public draw, SkillRL excepted: it cannot run isolated yet) and one
-# learning budget, B = 72 train episodes learned from: what `grpo --preset cpu` plays (3
+# isolated on the board's public draw) and one learning budget, B = 72 train episodes learned from: what `grpo --preset cpu` plays (3
 # iterations x 3 tasks x groups of 8; its 48 greedy valid episodes only draw the learning curve).
 # docs/board_budget.md says what each row spends B on and why each override is arithmetic on B.
 # Rows already finished are skipped; an interrupted one is resumed.
@@ -49,10 +48,8 @@ run_reset() {  # run_reset ROW-none-seedS
     if [[ -f "$out/results.json" ]]; then echo "[board] $row: done" >&2; return; fi
     if [[ ! -f "$source/results.json" ]]; then echo "[board] $row: $source has not finished" >&2; return 1; fi
     if [[ -d "$out" ]]; then arena run --resume "$out" ${RESUME_ARGS:-}; return; fi
-    local isolation=("${ISOLATED[@]}")
-    [[ $row == skillrl-* ]] && isolation=(eval.salt=public)
-    echo "[board] $row: arena evaluate --state $source eval.experience.source=none ${isolation[*]}" >&2
-    arena evaluate --state "$source" --out "$out" eval.experience.source=none "${isolation[@]}"
+    echo "[board] $row: arena evaluate --state $source eval.experience.source=none ${ISOLATED[*]}" >&2
+    arena evaluate --state "$source" --out "$out" eval.experience.source=none "${ISOLATED[@]}"
 }
 
 # --commit: copy every finished row's small files beside the board (runs/, the ablation's arms
@@ -83,7 +80,5 @@ for row in "${rows[@]}"; do
     if [[ $row == *-none-seed* ]]; then run_reset "$row"; continue; fi
     name=${row%-seed*} seed=${row##*-seed}
     if ! read -r -a args <<<"$(row_args "$name")" || [[ ${#args[@]} -eq 0 ]]; then echo "unknown row $row" >&2; exit 2; fi
-    isolation=("${ISOLATED[@]}")
-    [[ "$name" == skillrl ]] && isolation=(eval.salt=public)
-    run_row "$row" "${args[@]}" "run.seeds=[$seed]" "learn.seed=$seed" "${isolation[@]}"
+    run_row "$row" "${args[@]}" "run.seeds=[$seed]" "learn.seed=$seed" "${ISOLATED[@]}"
 done

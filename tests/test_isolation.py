@@ -17,8 +17,9 @@ import arena
 from arena.core import protocol
 from arena.core.isolation.isolated import IsolationError, harness_export
 from arena.core.isolation.rpc import SafeUnpickler
-from tests.helpers.overrides import EVOLVING_RL_TINY
-from tests.helpers.runs import register
+from arena.testing import fresh_plugins
+from tests.helpers.overrides import EVOLVING_RL_TINY, SKILLRL_TINY
+from tests.helpers.runs import killed_run, register
 
 pytestmark = pytest.mark.slow  # each run starts a Python process for its method
 
@@ -152,6 +153,8 @@ def test_the_harness_hands_over_only_the_api_and_plain_data(plugins, fast, tmp_p
     try:
         assert "play" in harness_export(run) and "_env" not in harness_export(run)
         assert "trainable_backend" not in harness_export(run)
+        assert {"trainer", "fine_tune"} <= harness_export(run)  # the harness trains the model it keeps
+        assert {"choose", "enter", "leave"} <= harness_export(run.llm)  # a method's threads join its batches
         assert harness_export(run.env) >= {"tasks", "instructions", "open"}
         assert harness_export({"a": [1]}) is None and harness_export(run.cfg) is None
         with pytest.raises(TypeError, match="not handed to an isolated method"):
@@ -292,6 +295,86 @@ def test_a_method_that_trains_the_served_model_runs_isolated_with_the_same_weigh
     assert away_results.state.digest_before_eval == here_results.state.digest_before_eval
     assert records(Path(away)) == records(Path(here))
     assert any(Path(away, "method").rglob("*checkpoint*"))  # its checkpoints in the method's folder
+
+
+#: SkillRL's every stage on the tiny model, one step each (cold-start SFT through run.fine_tune,
+#: GRPO through run.trainer), the test draws public so two runs play the same worlds.
+SKILLRL_SETTINGS = [*SKILLRL_TINY, "eval.salt=public"]
+
+
+@pytest.fixture(scope="module")
+def skillrl_runs(tmp_path_factory):
+    """The same SkillRL run in Arena's process and isolated, made once for the tests below."""
+    out = tmp_path_factory.mktemp("skillrl")
+    here = protocol.run("skillrl", overrides=SKILLRL_SETTINGS, out=out / "here", plugins=fresh_plugins())
+    away = protocol.run("skillrl", overrides=SKILLRL_SETTINGS + ISOLATED, out=out / "away",
+                        plugins=fresh_plugins())
+    return here, away
+
+
+def test_skillrl_fine_tunes_and_trains_the_served_model_isolated_with_the_same_weights(skillrl_runs):
+    """run.fine_tune and run.trainer run in the harness: an isolated SkillRL run (its SFT on the
+    expert's demonstrations, which the harness hands the worker's recording policy, then GRPO)
+    learns the same state and plays the same episodes as one in Arena's process."""
+    (here, here_results), (away, away_results) = skillrl_runs
+    assert here_results.valid is True and away_results.valid is True, away_results.violations
+    assert away_results.provenance.isolation["mode"] == "process"
+    assert json.loads(Path(away, "method", "state.json").read_text())["sft"]["examples"] > 0
+    assert away_results.state.digest_before_eval == here_results.state.digest_before_eval
+    assert away_results.provenance.model["weights_sha256"] == here_results.provenance.model["weights_sha256"]
+    assert records(Path(away)) == records(Path(here))
+    assert away_results.learn.used["gradient_steps"] == here_results.learn.used["gradient_steps"] == 1 + 1
+    assert [p.name for p in Path(away, "method").glob("fine-tune-*")] == ["fine-tune-00001"]
+
+
+@pytest.mark.parametrize("killed_at", ["fine_tune.kept:1", "episode.recorded:5"],
+                         ids=["after-the-fine-tune-was-kept", "after-the-sft-stage"])
+def test_a_resumed_isolated_skillrl_run_serves_its_fine_tuned_weights_again(skillrl_runs, tmp_path, killed_at):
+    """Killed once the harness kept the fine-tune (the method's state not saved yet, so SkillRL
+    asks for it again) or in the first GRPO rollout after the SFT stage: the harness restores
+    the fine-tuned weights before the method is built, trains them once, and the resumed run
+    ends with the uninterrupted run's state and episodes."""
+    _, (away, away_results) = skillrl_runs
+    out = tmp_path / "killed"
+    assert killed_run(out, SKILLRL_SETTINGS + ISOLATED, killed_at, method="skillrl") == 137, \
+        "the crash point was never reached"
+    assert (out / "method" / "fine-tune-00001" / "fine-tune.json").is_file()
+    stage = json.loads((out / "method" / "state.json").read_text())["stage"]
+    assert stage == ("sft" if killed_at.startswith("fine_tune") else "rl")
+    _, resumed = protocol.run(None, resume=out, plugins=fresh_plugins())
+    assert resumed.valid is True, resumed.violations
+    assert resumed.state.digest_before_eval == away_results.state.digest_before_eval
+    assert resumed.provenance.model["weights_sha256"] == away_results.provenance.model["weights_sha256"]
+    assert records(out) == records(Path(away))
+    assert [p.name for p in (out / "method").glob("fine-tune-*")] == ["fine-tune-00001"]  # trained once
+    assert resumed.learn.used["gradient_steps"] == 1 + 1
+
+
+class BackendTaker:
+    """Asks for the served model itself while learning and keeps the answer in its folder."""
+
+    def __init__(self, run):
+        pass
+
+    @arena.hookimpl
+    def learn(self, run):
+        try:
+            run.trainable_backend()
+        except Exception as exc:
+            (run.method_state.folder / "refused").write_text(f"{type(exc).__name__}: {exc}")
+        return True
+
+
+def test_the_served_model_itself_is_refused_to_an_isolated_method_with_the_fix(plugins, fast, tmp_path):
+    register(plugins, taker=BackendTaker)
+    path, results = protocol.run("taker", overrides=fast + ["eval.limit=1"] + ISOLATED, out=tmp_path / "t",
+                                 plugins=plugins)
+    refused = Path(path, "method", "refused").read_text()
+    assert refused.startswith("Refused: RunContext.trainable_backend is not offered to the method's process")
+    assert "run.fine_tune(rows, settings)" in refused and "run.trainer(settings)" in refused
+    assert "run.isolation=in_process" in refused
+    assert results.valid is False
+    assert any("trainable_backend" in v for v in results.violations)
 
 
 def test_objects_the_other_side_no_longer_refers_to_are_let_go():

@@ -107,6 +107,76 @@ def test_the_served_model_is_trainable_through_the_batching_wrapper(tmp_path, fa
         run.env._env.close()
 
 
+#: One SFT step of LoRA on the tiny model (arena.rl.sft.train_sft's settings).
+SFT_SETTINGS = {"steps": 1, "batch_size": 2, "lr": 1e-3, "lora": {"r": 4, "alpha": 8}, "max_length": 512}
+
+
+def sft_rows() -> list[dict]:
+    from arena.core.rl import sft
+
+    prompt = [{"role": "user", "content": "Admissible actions: look, go to desk 1"}]
+    return [sft.example(prompt, "go to desk 1")] * 2
+
+
+def test_a_fine_tune_that_cannot_run_names_the_fix(tmp_path, fast) -> None:
+    run = learning_context("base", fast, out=tmp_path / "r")
+    try:
+        with pytest.raises(ValueError, match="at least one row"):
+            run.fine_tune([], SFT_SETTINGS)
+        with pytest.raises(ValueError, match="name no batch_size, lr"):
+            run.fine_tune(sft_rows(), {"steps": 1})
+        with pytest.raises(NotTrainable, match="llm.backend=transformers or llm.backend=vllm, or not"):
+            run.fine_tune(sft_rows(), SFT_SETTINGS, ", or not")  # the fake backend serves no model
+    finally:
+        run.env._env.close()
+
+
+@pytest.mark.slow
+def test_a_fine_tune_is_kept_restored_and_never_trained_twice(plugins, tmp_path) -> None:
+    """run.fine_tune's series in the method's folder: a later session restores it before
+    anything else; asked again for the newest (killed before the method's state counted it) it
+    trains nothing; a continued run's copies are restored, never taken for its own rerun."""
+    from arena.core.services.fine_tune import FineTunes, mark_inherited
+
+    make = plugins.backends.get("transformers").factory
+    backend, method, rows = make({"model": "tiny"}), tmp_path / "method", sft_rows()
+    base = backend.weights_digest(fresh=True)
+    metrics = FineTunes(method).train(backend, rows, SFT_SETTINGS, seed=0)
+    tuned = backend.weights_digest(fresh=True)
+    assert metrics["sft/steps"] == 1 and tuned != base
+    assert (method / "fine-tune-00001" / "fine-tune.json").is_file()
+
+    resumed, again = make({"model": "tiny"}), FineTunes(method)
+    assert again.restore(lambda: resumed) == 1 and resumed.weights_digest(fresh=True) == tuned
+    assert again.train(resumed, rows, SFT_SETTINGS, seed=0) == metrics  # its rerun: nothing trained
+    assert resumed.weights_digest(fresh=True) == tuned and not (method / "fine-tune-00002").exists()
+    again.train(resumed, rows, SFT_SETTINGS, seed=0)  # asked once more in the same session: a new one
+    twice = resumed.weights_digest(fresh=True)
+    assert twice != tuned and (method / "fine-tune-00002" / "fine-tune.json").is_file()
+
+    mark_inherited(method)
+    continued, copied = make({"model": "tiny"}), FineTunes(method)
+    assert copied.restore(lambda: continued) == 2 and continued.weights_digest(fresh=True) == twice
+    copied.train(continued, rows, SFT_SETTINGS, seed=0)
+    assert (method / "fine-tune-00003").is_dir() and continued.weights_digest(fresh=True) != twice
+    assert FineTunes(tmp_path / "none").restore(lambda: pytest.fail("no fine-tune: no model asked for")) == 0
+
+
+@pytest.mark.slow
+def test_run_fine_tune_serves_the_result_and_comes_before_the_trainer(tmp_path, fast) -> None:
+    run = learning_context("base", [*fast, "llm.backend=transformers", "llm.model=tiny"], out=tmp_path / "r")
+    try:
+        before = run.llm.weights_digest(fresh=True)
+        metrics = run.fine_tune(sft_rows(), SFT_SETTINGS)
+        assert metrics["sft/steps"] == 1 and run.llm.weights_digest(fresh=True) != before
+        assert (run.method_state.folder / "fine-tune-00001" / "sft-adapter").is_dir()
+        run.trainer({"lr": 1e-3, "lora": {"r": 4, "alpha": 8}})
+        with pytest.raises(RuntimeError, match="fine-tune first, then build the trainer"):
+            run.fine_tune(sft_rows(), SFT_SETTINGS)
+    finally:
+        run.env._env.close()
+
+
 class Counter:
     """Counts its updates in its own state; fails once, inside a step, after saving."""
 
@@ -155,6 +225,25 @@ def test_writing_the_method_state_during_frozen_evaluation_is_caught(plugins, fa
     _, results = protocol.run("writer", overrides=[*fast, *EVAL], out=tmp_path / "w", plugins=plugins)
     assert results.valid is False
     assert any("changed during frozen evaluation" in v for v in results.violations)
+
+
+class EvaluationTuner:
+    """Asks for a fine-tune of the served model in a frozen evaluation's episode."""
+
+    def __init__(self, run) -> None:
+        pass
+
+    @arena.hookimpl
+    def solve(self, run, task, experiences, seed):
+        with pytest.raises(arena.ProtocolViolation):
+            run.fine_tune(sft_rows(), SFT_SETTINGS)
+
+
+def test_a_fine_tune_in_a_frozen_evaluation_is_refused_on_record(plugins, fast, tmp_path) -> None:
+    register(plugins, tuner=EvaluationTuner)
+    _, results = protocol.run("tuner", overrides=[*fast, *EVAL], out=tmp_path / "t", plugins=plugins)
+    assert results.valid is False
+    assert any("run.fine_tune during a frozen evaluation" in v for v in results.violations)
 
 
 class Taught:

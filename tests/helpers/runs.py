@@ -47,11 +47,11 @@ def learned_metrics(path: Path) -> list[dict]:
     return [entry["metrics"] for entry in read_metrics(path) if entry["phase"] == "learn"]
 
 
-def killed_run(out: Path, overrides: list[str], crash_at: str) -> int:
-    """A memrl run in a fresh process killed (``os._exit``) at the fault-injection point
+def killed_run(out: Path, overrides: list[str], crash_at: str, method: str = "memrl") -> int:
+    """A run of ``method`` in a fresh process killed (``os._exit``) at the fault-injection point
     ``crash_at`` (``ARENA_CRASH_AT``: ``point:N``, its Nth passage); its exit status (137: killed)."""
     code = ("import sys; from arena.core import protocol; "
-            "protocol.run('memrl', overrides=sys.argv[2:], out=sys.argv[1])")
+            "protocol.run(sys.argv[1], overrides=sys.argv[3:], out=sys.argv[2])")
     env = {**os.environ, "ARENA_CRASH_AT": crash_at}
-    return subprocess.run([sys.executable, "-c", code, str(out), *overrides], env=env,
+    return subprocess.run([sys.executable, "-c", code, method, str(out), *overrides], env=env,
                           capture_output=True, text=True, timeout=300).returncode

@@ -238,6 +238,19 @@ class RunContext:
         """The served model, for in-process training (:class:`NotTrainable` names the fix)."""
         return self.services.trainable(hint)
 
+    def fine_tune(self, rows: Sequence[Mapping[str, Any]], settings: Mapping[str, Any],
+                  hint: str = "") -> dict[str, float]:
+        """A supervised fine-tune of the served model on ``rows`` (prompt/completion dicts;
+        ``settings``: the method's SFT section), made by the harness (:meth:`Services.fine_tune`)
+        so an isolated method fine-tunes the model the harness serves; its metrics. Kept and
+        restored by the harness on resume. Refused, on record, in a frozen evaluation."""
+        if self.is_frozen():
+            raise self.violations_log.refusal(
+                f"Method '{self.method_name}' asked for run.fine_tune during a frozen evaluation; the "
+                "served model changes only while learning.")
+        return self.services.fine_tune(rows, settings, seed=self.learn_seed, label=f"{self.method_name}: SFT steps",
+                                       hint=hint)
+
     def trainer(self, settings: Mapping[str, Any], hint: str = "") -> CheckpointedTrainer:
         """The run's checkpointed policy trainer on the served model (``settings``: the
         trainer's section of the method's config), kept by the harness

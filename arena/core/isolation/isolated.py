@@ -12,8 +12,10 @@ carry data and the run's own types, never code.
 A hook that overruns ``run.isolation_limits.hook_seconds`` or a worker that dies ends that
 episode as an error: the worker is replaced by a new one, built from the method's saved state
 as ``--resume`` builds it. A method trains the served model through ``run.trainer(...)``, whose
-trainer stays with the harness; ``run.trainable_backend()`` (the model itself, for a method's own
-training code such as SkillRL's SFT) is not offered to a worker.
+trainer stays with the harness, and fine-tunes it through ``run.fine_tune(rows, settings)``, which
+the harness runs and keeps (restored by the harness when a run resumes; a rebuilt worker finds the
+model as it was left); ``run.trainable_backend()`` (the model itself, for a method's own training
+code) is not offered to a worker (:data:`WITHHELD` says so, with the fix).
 
 Nothing secret crosses to the worker: it starts with an allow-listed environment
 (:func:`worker_environment`, never the variable of ``eval.salt=env:NAME``), in PID and mount
@@ -58,6 +60,7 @@ from arena.core.execution.budget import Budget
 from arena.core.execution.context import RunContext
 from arena.core.execution.views import EnvironmentView
 from arena.core.isolation import rpc
+from arena.core.services.batching import BatchingBackend
 from arena.core.services.embedder import Embedder
 from arena.core.services.progress import ProgressTask
 from arena.core.services.run_services import GuardedStore
@@ -74,13 +77,26 @@ WORKER_DATA_MODULES = ("arena.core.contract.types", "arena.core.contract.llm", "
 HARNESS_DATA_PACKAGES = ("builtins", "collections", "typing", "omegaconf", "numpy")
 
 
+#: Names of the ``Run`` protocol a worker is refused, with why and the fix (its message says them).
+WITHHELD = {
+    "RunContext.trainable_backend": (
+        "run.trainable_backend() is the served model itself, which stays with the harness. Train it "
+        "through run.fine_tune(rows, settings) (supervised) or run.trainer(settings) (policy updates), "
+        "or run the method in Arena's process (run.isolation=in_process)."),
+}
+
+#: What the worker may use of the run's LLM (and of an auxiliary one).
+LLM_NAMES = frozenset({"generate", "choose", "count_tokens", "describe", "name", "max_context", "usage",
+                       "model_id"})
+
 #: What the worker may use of each harness object it is handed, by the object's class.
 OFFERED: tuple[tuple[type, frozenset[str]], ...] = (
     (RunContext, protocol_names(Run) - {"trainable_backend"}),
     (GuardedStore, protocol_names(Store)),
     (Budget, protocol_names(BudgetView)),
-    (LLMBackend, frozenset({"generate", "choose", "count_tokens", "describe", "name", "max_context",
-                            "usage", "model_id"})),
+    # ``enter``/``leave``: a method's own threads (``arena.run_in_threads``) join the batches.
+    (BatchingBackend, LLM_NAMES | {"enter", "leave"}),
+    (LLMBackend, LLM_NAMES),
     (Embedder, frozenset({"embed", "similarity", "describe", "name", "dim"})),
     (EnvironmentView, frozenset({"name", "version", "max_steps", "instructions", "split_names", "tasks",
                                  "pool_tasks", "split_hash", "protocol_fields", "open", "close"})),
@@ -129,11 +145,16 @@ def harness_export(obj: Any) -> frozenset[str] | None:
                     "(run.isolation=process): only the Run protocol's objects and plain data are.")
 
 
+#: Besides ``__call__``, what the harness calls on a worker's policy that has it: ``start(episode)``,
+#: which hands a learning episode to a policy that reads it (an expert, a demonstration recorder).
+POLICY_METHODS = ("start",)
+
+
 def worker_export(obj: Any) -> frozenset[str] | None:
     """The worker's callables (policies, callbacks) go by reference; the rest by value."""
     if callable(obj) and not isinstance(obj, type) and not dataclasses.is_dataclass(obj) \
             and not isinstance(obj, BaseException):
-        return frozenset({"__call__"})
+        return frozenset({"__call__", *(name for name in POLICY_METHODS if callable(getattr(obj, name, None)))})
     return None
 
 
@@ -422,7 +443,8 @@ class Worker:
         connection.send_bytes(pickle.dumps(factory))
         self.channel = rpc.Channel(connection, "h", harness_export, trusted_modules=WORKER_DATA_MODULES,
                                    on_refused=on_refused, callable_parameters=CALLABLE_PARAMETERS,
-                                   callable_fields=CALLABLE_FIELDS, violations=(OutsideFolder,)).start()
+                                   callable_fields=CALLABLE_FIELDS, violations=(OutsideFolder,),
+                                   withheld=WITHHELD).start()
 
     def request(self, op: str, name: str, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None,
                 timeout: float | None = None) -> Any:

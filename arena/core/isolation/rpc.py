@@ -341,7 +341,9 @@ class Channel:
     field names) of an argument or of an item of one; this side's own objects come back as
     arguments only, never inside data. ``on_refused`` is told of each name refused and each
     payload refused for what it holds (the harness records it); an exception of ``violations``
-    raised by a call it served is told too (a path outside the method's folder).
+    raised by a call it served is told too (a path outside the method's folder). ``withheld``
+    (``Class.name`` -> why, and the fix) says more of a name refused on purpose than that it is
+    not offered.
     """
 
     def __init__(self, connection: Any, name: str, export: Callable[[Any], frozenset[str] | None],
@@ -350,8 +352,10 @@ class Channel:
                  portable_error: Callable[[BaseException], BaseException] = lambda exc: exc, *,
                  callable_parameters: Mapping[str, frozenset[str]] | None = None,
                  callable_fields: Mapping[type, frozenset[str]] | None = None,
-                 violations: tuple[type[BaseException], ...] = ()) -> None:
+                 violations: tuple[type[BaseException], ...] = (),
+                 withheld: Mapping[str, str] | None = None) -> None:
         self._connection = connection
+        self._withheld = dict(withheld or {})
         self._callable_parameters = dict(callable_parameters or {})
         self._callable_fields = dict(callable_fields or {})
         self._violations = violations
@@ -500,11 +504,17 @@ class Channel:
             return obj(*args, **kwargs)
         if name not in names and op != "set":
             self._on_refused(kind, name)
+            why = self._withheld.get(f"{kind}.{name}")
+            if why:
+                raise Refused(f"{kind}.{name} is not offered to the method's process: {why}")
             raise Refused(f"{kind}.{name} is not offered to the method's process; the names it "
                           f"may use are: {', '.join(sorted(n for n in names if not n.startswith('__')))}")
         if op == "get":
             value = getattr(obj, name)
-            if callable(value) and not isinstance(value, type) and self._export(value) is None:
+            # A method of the object itself is called through its proxy, never sent (the worker
+            # sends its other callables by reference, which an answer may not hold).
+            own_method = getattr(value, "__self__", None) is obj
+            if callable(value) and not isinstance(value, type) and (own_method or self._export(value) is None):
                 return MethodMarker()
             return value
         if op == "set":  # the other side's objects are read, never changed, from here
@@ -700,8 +710,10 @@ class Channel:
         return Proxy(self, int(pid[1]), str(pid[2]))
 
 
+@dataclasses.dataclass(frozen=True)
 class MethodMarker:
-    """The answer to reading an attribute that is a method: the reader then calls it by name."""
+    """The answer to reading an attribute that is a method: the reader then calls it by name
+    (a dataclass of this module, so the harness accepts it from the worker: a policy's ``start``)."""
 
 
 class _Pickler(pickle.Pickler):

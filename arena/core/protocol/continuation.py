@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig, OmegaConf
 
 from arena.core.contract.settings import Settings
+from arena.core.services.fine_tune import mark_inherited
 from arena.core.storage.ledger import Ledger
+from arena.core.storage.method_state import FOLDER
 from arena.core.storage.rundir import CONFIG, RESULTS, RunDir, RunDirError, read_results
 
 if TYPE_CHECKING:
@@ -143,6 +145,7 @@ def seed_learned_state(source: Path, target: Path) -> None:
         shutil.rmtree(target / name, ignore_errors=True)
         if (source / name).is_dir():
             shutil.copytree(source / name, target / name)
+    mark_inherited(target / FOLDER)  # the source's fine-tunes: served, never taken for a rerun of this run's
 
 
 def begin_learning_phase(run: Run, state: dict[str, Any], reset: Mapping[str, Any]) -> int:

@@ -92,7 +92,8 @@ class Session:
             raise
 
     def _build(self, prepared: PreparedRun, trackers: list[Tracker]) -> None:
-        """The run context, then (resuming) the record and the journal, then the method."""
+        """The run context, then (resuming) the record and the journal, the kept fine-tunes,
+        then the method."""
         state = self.run_dir.ledger.read()
         if state.continued_from and not state.learn_done:
             continuation.check_same_warm_start(state.continued_from, self.llm.describe())
@@ -110,6 +111,9 @@ class Session:
             # it is built from the state as the last committed step left it.
             self.run_dir.load_episodes(repair=prepared.repair)
             self.ctx.steps.recover(self.ctx.services)
+        # The fine-tunes the method's folder keeps (run.fine_tune), served before the method is
+        # built or anything digested: a resumed or continued run's method need not remember them.
+        self.ctx.services.restore_fine_tunes()
         name = self.settings.method.name
         factory = self.plugins.methods.get(name).factory
         if self.settings.run.isolation == "process":

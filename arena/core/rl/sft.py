@@ -9,7 +9,9 @@ GRPO trainer built afterwards takes that model as its reference (with LoRA: the 
 disabled; with full fine-tuning: a copy made at construction).
 
 The adapter (or, without LoRA, the full weights) is saved so a resumed run rebuilds the very
-same reference weights before anything is digested.
+same reference weights before anything is digested: a method's fine-tune goes through
+``run.fine_tune``, which keeps it in the method's folder and has the harness restore it
+(:mod:`arena.core.services.fine_tune`).
 """
 
 from __future__ import annotations

@@ -4,12 +4,13 @@ store as the phase allows it, and progress display. Built lazily, closed by the 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from arena.core.contract.errors import NotTrainable
 from arena.core.contract.llm import LLMBackend, TrainableBackend, WrappingBackend
+from arena.core.services.fine_tune import FineTunes, checked
 from arena.core.services.progress import ProgressTask, Reporter, complete
 from arena.core.storage.method_state import FOLDER, confined
 
@@ -94,6 +95,7 @@ class Services:
         self._store: GuardedStore | None = None
         self._raw_store: ExperienceStore | None = None
         self._trainer: CheckpointedTrainer | None = None
+        self._fine_tunes = FineTunes(self._method_folder)
         self._lock = threading.Lock()
 
     # -- lazily built ------------------------------------------------------------------------
@@ -177,6 +179,27 @@ class Services:
                 raise ValueError("run.trainer was asked for a second trainer with other settings; a run "
                                  "trains its served model with one trainer.")
             return self._trainer
+
+    def fine_tune(self, rows: Sequence[Mapping[str, Any]], settings: Mapping[str, Any], *, seed: int, label: str,
+                  hint: str = "") -> dict[str, float]:
+        """A supervised fine-tune of the served model on ``rows`` (prompt/completion dicts),
+        with ``settings`` (``arena.rl.sft.train_sft``'s keys), shown as ``label``; kept in the
+        method's folder and restored by every later session (:mod:`.fine_tune`). Before
+        ``policy_trainer`` only: the trainer takes the model as it is built as its reference."""
+        with self._lock:
+            if self._trainer is not None:
+                raise RuntimeError("run.fine_tune was asked for after run.trainer: fine-tune first, then "
+                                   "build the trainer, whose reference policy is the model as it is built.")
+        plain_rows, plain_settings = checked(rows, settings)
+        backend = self.trainable(hint)
+        with self.progress(label, total=int(plain_settings["steps"])) as shown:
+            return self._fine_tunes.train(backend, plain_rows, plain_settings, seed=seed, on_step=shown.update)
+
+    def restore_fine_tunes(self) -> int:
+        """Serve the fine-tunes kept in the method's folder (a resumed or continued run), before
+        the method is built; how many. A run with none never loads the model for it."""
+        return self._fine_tunes.restore(lambda: self.trainable(" (the run's method folder keeps fine-tuned "
+                                                               "weights: resume it with the backend it ran on)"))
 
     def usage(self) -> dict[str, int]:
         """Calls and tokens of the run's LLM and of every auxiliary one, in this process."""

@@ -13,11 +13,13 @@ runs these stages, each checkpointed in the method's state (``run.method_state``
    environment's expert, ``sft.demonstrations``) with the skill-augmented prompt, become
    prompt -> completion examples for trl's SFTTrainer (``sft.target``: the bare action, or the
    reasoning and the action in the react solver's tags), for ``sft.steps`` steps or
-   ``sft.epochs`` passes; the result is the RL reference (:mod:`.sft`);
-4. **rl**: ``rl.steps`` GRPO steps on the trainer core: ``rl.tasks_per_step`` train tasks x
-   ``rl.group_size`` rollouts with retrieved skills (from step ``inject_from_step`` of each
-   episode), reward ``win_reward`` x won, less ``invalid_action_penalty`` on each step whose
-   reply was malformed, groups per task; one checkpoint per step (``skillrl/checkpoint-NNNNN``);
+   ``sft.epochs`` passes, trained by the harness (``run.fine_tune``, which keeps the update and
+   restores it on resume); the result is the RL reference;
+4. **rl**: ``rl.steps`` GRPO steps on the harness's trainer (``run.trainer``):
+   ``rl.tasks_per_step`` train tasks x ``rl.group_size`` rollouts with retrieved skills (from
+   step ``inject_from_step`` of each episode), reward ``win_reward`` x won, less
+   ``invalid_action_penalty`` on each step whose reply was malformed, groups per task; one
+   checkpoint per step (``skillrl/checkpoint-NNNNN``);
 5. **evolve** every ``evolution.every`` steps: the policy plays ``evolution.valid_tasks`` tasks of
    the **valid** split; for each task type under ``evolution.threshold`` the teacher proposes 1 to
    ``evolution.max_new_skills`` new (``dyn_NNN``) or revised skills from at most
@@ -52,7 +54,6 @@ from arena import (
     Run,
     StandardSolver,
     Task,
-    TrainableBackend,
     Trajectory,
     episode_seed,
     rl,
@@ -93,6 +94,8 @@ COLLECT, DISTILL, SFT, RL, DONE = "collect", "distill", "sft", "rl", "done"
 SOLVER = "solver"
 #: The teacher's raw answers, in the method's folder (for inspection, never read back).
 TEACHER_LOG = "teacher.jsonl"
+#: Added to the error of a run whose backend serves no model to train.
+_TRAINING_OFF = ", or turn SkillRL's training off with method.sft.enabled=false method.rl.steps=0"
 
 
 # -- pure helpers (tested on their own) --------------------------------------------------------
@@ -179,8 +182,13 @@ class SkillRL:
         run.keep_rollouts()  # a kill mid-step must not lose the rollouts played
         state = self._state(run)
         if self._needs_model():
-            if state["sft"].get("done") and not state["sft"].get("skipped"):
-                self._restore_sft(run)  # the reference weights, before anything is digested
+            # The SFT weights (the RL reference) are served already: the harness restores what
+            # run.fine_tune kept before the method is built.
+            if state["sft"].get("done") and not state["sft"].get("skipped") and self._kept_by_itself():
+                raise RuntimeError(
+                    "This SkillRL run fine-tuned its model before Arena kept fine-tunes itself "
+                    "(run.fine_tune): its SFT weights are in method/sft-adapter, which this Arena does "
+                    "not restore. Finish it with the Arena that started it, or start a new run.")
             if int(state["steps_done"]) or run.method_state.checkpoints().latest():
                 latest = self.trainer(run).resume(int(state["steps_done"]), "RL steps")
                 counted = rl.StepLedger(run, state).recover(latest)
@@ -211,23 +219,17 @@ class SkillRL:
             self._teacher = build_teacher(run, self.cfg.teacher, cost=self._state(run).get("teacher") or None)
         return self._teacher
 
-    @staticmethod
-    def _backend(run: Run) -> TrainableBackend:
-        return run.trainable_backend(", or turn SkillRL's training off with "
-                                     "method.sft.enabled=false method.rl.steps=0")
+    def _kept_by_itself(self) -> bool:
+        """Whether the SFT update is where SkillRL kept it before ``run.fine_tune`` (a run from
+        an older Arena), not with the harness."""
+        return (self.work / rl.sft.ADAPTER_DIR).is_dir() or (self.work / rl.sft.FULL_WEIGHTS).is_file()
 
     def trainer(self, run: Run) -> rl.CheckpointedTrainer:
-        """GRPO on the served model, built after SFT so its reference is the SFT policy."""
+        """GRPO on the served model (the harness's trainer), built after SFT so its reference is
+        the SFT policy."""
         if self._trainer is None:
-            self._trainer = rl.CheckpointedTrainer(
-                self._backend(run), rl.TrainerConfig.from_mapping(self.cfg.rl.trainer),
-                run.method_state.checkpoints(), seed=run.learn_seed)
+            self._trainer = run.trainer(dict(self.cfg.rl.trainer), _TRAINING_OFF)
         return self._trainer
-
-    def _restore_sft(self, run: Run) -> None:
-        backend = self._backend(run)
-        backend.model = rl.sft.restore(backend.model, self.work)
-        backend.mark_weights_changed()
 
     def bank(self, state: dict[str, Any]) -> SkillBank:
         return SkillBank.from_dict(state.get("bank"))
@@ -387,15 +389,14 @@ class SkillRL:
         if not rows:
             summary["skipped"] = "no demonstration to learn from"
             return summary
-        backend = self._backend(run)
         settings: dict[str, Any] = dataclasses.asdict(cfg)
         settings["steps"] = cfg.steps_for(len(rows))  # sft.epochs passes, when set
-        with run.progress("skillrl: SFT steps", total=settings["steps"]) as shown:
-            model, metrics = rl.sft.train_sft(backend.model, backend.tokenizer, rows,
-                                                 settings, self.work, seed, on_step=shown.update)
-        backend.model = model
-        backend.mark_weights_changed()
-        return {**summary, **metrics}  # its sft/steps are charged once the state keeps them
+        # The harness trains the model it serves, keeps the update and restores it on resume.
+        metrics = run.fine_tune(rows, settings, _TRAINING_OFF)
+        # Its duration is no learned state (two equal runs learn one digest): the progress line
+        # shows it as the SFT ends.
+        kept = {key: value for key, value in metrics.items() if key != "sft/seconds"}
+        return {**summary, **kept}  # its sft/steps are charged once the state keeps them
 
     def _demonstration(self, run: Run, task: Task, experiences: list[Experience], seed: int,
                        mode: str) -> DemonstrationPolicy:
