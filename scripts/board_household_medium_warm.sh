@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The household `medium` board (world 2.0) on its warm-start base (docs/warmstart.md): every row
 # under one protocol (full test splits, the environment's step limit, float32, every method
-# isolated on the board's public draw) and one learning budget, B = 72 train episodes learned from: what `grpo --preset cpu` plays (3
-# iterations x 3 tasks x groups of 8; its 48 greedy valid episodes only draw the learning curve).
+# isolated on the board's public draw) and one learning budget, B = 72 train episodes learned
+# from: what `grpo --preset cpu` plays (3 iterations x 3 tasks x groups of 8; its 48 greedy valid
+# episodes only draw the learning curve).
 # docs/board_budget.md says what each row spends B on and why each override is arithmetic on B.
 # Rows already finished are skipped; an interrupted one is resumed.
 # Usage: bash scripts/board_household_medium_warm.sh [ROW ...] (default: all rows) | --commit. One run at a
