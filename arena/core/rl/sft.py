@@ -119,11 +119,12 @@ def train_sft(model: torch.nn.Module, tokenizer: Any, rows: list[dict[str, Any]]
         trained.save_pretrained(str(work_dir / ADAPTER_DIR))
         result = trained.merge_and_unload()
     else:
-        from safetensors.torch import save_file
+        # save_model, not save_file: it keeps one copy of tensors the model ties together (the
+        # input and output embeddings of SmolLM2), which save_file refuses to write.
+        from safetensors.torch import save_model
 
         result = trained
-        save_file({k: v.detach().cpu().contiguous() for k, v in result.state_dict().items()},
-                  str(work_dir / FULL_WEIGHTS))
+        save_model(result, str(work_dir / FULL_WEIGHTS))
     shutil.rmtree(work_dir / "sft-trainer", ignore_errors=True)  # trl's output_dir: nothing kept there
     result.eval()
     result.config.use_cache = True
@@ -141,9 +142,9 @@ def restore(model: torch.nn.Module, work_dir: Path) -> torch.nn.Module:
         return PeftModel.from_pretrained(model, str(adapter)).merge_and_unload().eval()
     weights = work_dir / FULL_WEIGHTS
     if weights.is_file():
-        from safetensors.torch import load_file
+        from safetensors.torch import load_model
 
-        model.load_state_dict(load_file(str(weights)))
+        load_model(model, str(weights))
         return model.eval()
     raise FileNotFoundError(f"No SFT update in {work_dir} ({ADAPTER_DIR}/ or {FULL_WEIGHTS}); the run "
                             "directory is incomplete. Start a new run.")
