@@ -120,6 +120,8 @@ class GreedyLearner:
 class UnboundedLearner:
     """Never checks its budget: the harness must stop it and still evaluate."""
 
+    record = True
+
     def __init__(self, run):
         pass
 
@@ -127,23 +129,15 @@ class UnboundedLearner:
     def learn(self, run):
         task = run.tasks("train")[0]
         for number in range(1000):
-            run.play(arena.EpisodeRequest(task, [], 0, f"v{number}"))
+            run.play(arena.EpisodeRequest(task, [], 0, f"v{number}", record=self.record))
         raise AssertionError("the budget was never enforced")
 
 
-class OffTheRecordLearner:
+class OffTheRecordLearner(UnboundedLearner):
     """Plays its learning episodes with record=False and never records them: they must still
     be charged, or a method could learn without limit."""
 
-    def __init__(self, run):
-        pass
-
-    @arena.hookimpl
-    def learn(self, run):
-        task = run.tasks("train")[0]
-        for number in range(1000):
-            run.play(arena.EpisodeRequest(task, [], 0, f"v{number}", record=False))
-        raise AssertionError("the budget was never enforced")
+    record = False
 
 
 class RecordsLater:
