@@ -1,0 +1,80 @@
+"""The medium board's one learning budget is written in three places that must agree: the script
+that runs its rows (``scripts/board_household_medium_warm.sh``), the page that explains each
+row's overrides (``docs/board_budget.md``) and the committed runs' own config.yaml. A row run
+with other overrides, or a page that no longer says what the script runs, fails here."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+from omegaconf import OmegaConf
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "board_household_medium_warm.sh"
+PAGE = ROOT / "docs" / "board_budget.md"
+BOARD = ROOT / "leaderboards" / "household-medium-warm"
+#: What every row of the board runs with (the script's COMMON and ISOLATED arrays).
+COMMON = {"env.level": "medium", "eval.limit": None, "llm.dtype": "float32", "run.isolation": "process",
+          "eval.salt": "public"}
+
+
+def script_rows() -> dict[str, list[str]]:
+    """Row name -> its method and overrides, as the script's ``row_args`` echoes them."""
+    body = SCRIPT.read_text().split("row_args() {", 1)[1].split("\n}\n", 1)[0]
+    rows: dict[str, list[str]] = {}
+    for patterns, echoed in re.findall(r'^\s+([\w|]+)\) echo "?([^";]*)"? ;;', body, re.M):
+        for name in patterns.split("|"):
+            rows[name] = shlex.split(echoed.replace("$1", name))
+    return rows
+
+
+def page_rows() -> dict[str, str]:
+    """Row name -> the page's command column, for every row its table names."""
+    rows = {}
+    for line in PAGE.read_text().splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`"):
+            for name in re.findall(r"`([\w]+)`", cells[0]):
+                rows[name] = cells[1]
+    return rows
+
+
+def test_the_script_and_the_page_give_every_row_the_same_overrides() -> None:
+    script, page = script_rows(), page_rows()
+    assert {"rag", "memrl", "mem0", "reflexion", "expel", "grpo", "gigpo", "evolving_rl", "skillrl",
+            "evolving_rl_solver_only", "evolving_rl_extractor_only"} <= set(script)
+    for name, (_method, *overrides) in script.items():
+        if not overrides:  # base and random learn nothing
+            continue
+        assert name in page, f"docs/board_budget.md has no row for {name}"
+        for override in overrides:
+            assert override in page[name] or (name.startswith("evolving_rl_") and override in page["evolving_rl"]), \
+                (name, override, page[name])
+
+
+def committed_runs() -> list[Path]:
+    return sorted(path.parent for path in (BOARD / "runs").glob("*/config.yaml"))
+
+
+@pytest.mark.parametrize("run", committed_runs(), ids=lambda path: path.name)
+def test_every_committed_run_of_the_board_ran_its_rows_overrides(run: Path) -> None:
+    name, seed = run.name.rsplit("-seed", 1)
+    method, *overrides = script_rows()[name.removesuffix("-none")]
+    results = json.loads((run / "results.json").read_text())
+    preset = overrides[overrides.index("--preset") + 1] if "--preset" in overrides else None
+    assert (results["method"], results.get("preset")) == (method, preset), run.name
+    expected: dict[str, Any] = dict(COMMON, **{"run.seeds": [int(seed)], "learn.seed": int(seed)})
+    for override in overrides:
+        if "=" in override:
+            key, value = override.split("=", 1)
+            expected[key] = OmegaConf.to_container(OmegaConf.from_dotlist([f"v={value}"]))["v"]
+    config = OmegaConf.load(run / "config.yaml")
+    for key, value in expected.items():
+        actual = OmegaConf.select(config, key)
+        actual = OmegaConf.to_container(actual) if OmegaConf.is_config(actual) else actual
+        assert actual == value, (run.name, key, actual, value)
