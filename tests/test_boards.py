@@ -122,3 +122,20 @@ def test_the_evolving_rl_ablation_page_states_what_its_committed_arms_show() -> 
         assert (round(with_card["test_unseen"]["success_a"] * 16), round(with_card["test_unseen"]["success_b"] * 16)) == (0, 4)
     page = (BOARDS.parent / "docs" / "evolving_rl_ablation.md").read_text()
     assert "4/16 / 6/16" in page and "0/16 / 4/16" in page
+
+
+def test_the_medium_board_shows_where_and_at_which_commit_each_phase_of_a_row_ran() -> None:
+    """Issue 55's provenance: every row of the medium board names its CPU and instruction set and
+    the commit each phase ran at, as its runs recorded them, and its isolation mode."""
+    from arena.report.render import provenance_line
+
+    runs = load_runs(board_runs(BOARDS / "household-medium-warm"))
+    (table,) = build_tables(runs)
+    for row in table.rows:
+        line = provenance_line(row)
+        sessions = [s for run in row.runs for phase in (run.results.provenance.phases or {}).values() for s in phase]
+        assert sessions, row.name
+        for session in sessions:
+            assert f"{session['cpu']['model']} ({'+'.join(session['cpu']['isa'])})" in line, line
+            assert str(session["git_sha"])[:12] in line.split("commits ", 1)[1], line
+        assert row.isolation["mode"] == "process", row.name

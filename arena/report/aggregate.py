@@ -516,11 +516,22 @@ def row_provenance(runs: list[Run]) -> dict[str, Any]:
         "model": _short(p.model.get("id") for p in provenances),
         "dtype": sorted({r.model_dtype or (NO_DTYPE if r.called_model else NO_MODEL_CALL) for r in runs}),
         "weights_sha256": _short(p.model.get("weights_sha256") for p in provenances),
-        # Where each phase ran (runs made before Arena recorded it add nothing).
+        # Where each phase ran, and at which commit (runs made before Arena recorded it add nothing).
         **({"machines": machines} if (machines := sorted({_machine(s) for r in runs for s in _sessions(r)})) else {}),
+        **({"phase_commits": commits} if (commits := phase_commits(runs)) else {}),
         "seeds": sorted(seed for r in runs for seed in r.seeds),
         "runs": [r.label for r in runs],
     }
+
+
+def phase_commits(runs: list[Run]) -> dict[str, list[str]]:
+    """Phase -> the commits its sessions ran at (12 digits), over the row's runs: a reader sees
+    where a row's learning and evaluation ran different code."""
+    commits: dict[str, set[str]] = defaultdict(set)
+    for run in runs:
+        for phase, sessions in (run.results.provenance.phases or {}).items():
+            commits[phase].update(str(s.get("git_sha") or s.get("arena_version"))[:12] for s in sessions)
+    return {phase: sorted(shas) for phase, shas in commits.items()}
 
 
 def learning_curves(run: Run) -> dict[str, list[list[float]]]:

@@ -114,9 +114,12 @@ def protocol_line(table: Table) -> str:
 
 def provenance_line(row: Row) -> str:
     p = row.provenance
+    where = f"; ran on {'; '.join(p['machines'])}" if p.get("machines") else ""
+    commits = ("; commits " + "; ".join(f"{phase} {', '.join(shas)}" for phase, shas in p["phase_commits"].items())
+               if p.get("phase_commits") else "")
     return (f"arena {', '.join(p['arena_version'])}; git {', '.join(p['git_sha'])}; "
             f"model {', '.join(p['model'])} (weights {', '.join(p['weights_sha256'])}; "
-            f"{', '.join(p['dtype'])}); "
+            f"{', '.join(p['dtype'])}){where}{commits}; "
             f"seeds {', '.join(map(str, p['seeds']))}; runs {', '.join(p['runs'])}")
 
 
