@@ -213,8 +213,14 @@ def test_an_interrupt_stops_running_episodes_at_their_next_step():
             return Action("look")
         return play(CountingEpisode(), policy, max_steps=2_000, max_invalid_actions=3)
 
-    with pytest.raises(KeyboardInterrupt):
-        run_in_threads(endless, list(range(6)), workers=3, llm=FakeLLM())
+    # Python's own Ctrl-C handler, whatever the suite was started with (a job started in the
+    # background of a script inherits SIGINT ignored, and then no interrupt would come).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_in_threads(endless, list(range(6)), workers=3, llm=FakeLLM())
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert steps[3:] == [0, 0, 0]
     assert steps[0] >= 5 and max(steps[:3]) < 200, steps
 

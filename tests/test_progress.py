@@ -269,7 +269,10 @@ def test_ctrl_c_and_sigterm_stop_cleanly_and_say_how_to_resume(tmp_path: Path, s
         [sys.executable, "-m", "arena.cli", "run", "--method", "base", "--out", str(out), "llm.model=tiny",
          "embedder.name=hashing", "eval.limit=null", "eval.concurrency=2"],
         stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-        env={**os.environ, "ARENA_PROGRESS_INTERVAL_S": "0"})
+        env={**os.environ, "ARENA_PROGRESS_INTERVAL_S": "0"},
+        # Ctrl-C as a terminal delivers it, whatever this suite was started with (a job started
+        # in the background of a script inherits SIGINT ignored, and its children with it).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert process.stderr is not None
     deadline = time.monotonic() + 120
     for line in process.stderr:  # wait until episodes are being played

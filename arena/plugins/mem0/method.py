@@ -151,7 +151,7 @@ class Mem0:
                                     facts[0].provenance.source_split)
             counts = apply_events(run, events, shown, provenance, str(facts[0].metadata.get("task_type", "")))
         if run.phase == LEARN and trajectories:
-            run.log_metrics(run.budget.used["episodes"] + 1, {
+            run.log_metrics(run.budget.used["episodes"], {
                 "success": sum(t.success for t in trajectories) / len(trajectories),
                 "facts": len(facts), "memories": run.store.count(kind=MEMORY),
                 **{f"events/{key.lower()}": value for key, value in counts.items()}})

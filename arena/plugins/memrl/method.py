@@ -191,9 +191,9 @@ class MemRL:
         for memory in experiences:
             if memory.kind == MEMORY:
                 self._file(run, memory)
-        if run.phase == LEARN and trajectories:  # step: the learning episode this update follows
+        if run.phase == LEARN and trajectories:  # step: the episode just played (charged)
             updated = [float(c["q_value"]) for c in changes.values()]
-            run.log_metrics(run.budget.used["episodes"] + 1, {
+            run.log_metrics(run.budget.used["episodes"], {
                 "success": sum(t.success for t in trajectories) / len(trajectories),
                 "reward": sum(reward_of(t, self.cfg) for t in trajectories) / len(trajectories),
                 "memories": run.store.count(kind=MEMORY), "intents": run.store.count(kind=INTENT),

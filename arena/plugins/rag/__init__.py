@@ -53,8 +53,8 @@ class Rag:
         examples = [e for e in experiences if e.kind == TRAJECTORY]
         if examples:
             run.store.add(examples, index_texts=[str(e.metadata["goal"]) for e in examples])
-        if run.phase == LEARN and trajectories:  # step: the learning episode this update follows
-            run.log_metrics(run.budget.used["episodes"] + 1, {
+        if run.phase == LEARN and trajectories:  # step: the episode just played (charged)
+            run.log_metrics(run.budget.used["episodes"], {
                 "success": sum(t.success for t in trajectories) / len(trajectories),
                 "examples": run.store.count(kind=TRAJECTORY)})
 
