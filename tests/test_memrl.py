@@ -67,7 +67,8 @@ def run(plugins):
     logged: list[tuple[int, dict]] = []
     return types.SimpleNamespace(cfg=cfg, learn_seed=int(cfg.learn.seed), store=ExperienceStore(None, HashingEmbedder()), phase=LEARN,
                                  track="frozen", llm=llm, prompts=prompts, has_store=lambda: True,
-                                 budget=types.SimpleNamespace(used={"episodes": 0}), logged=logged,
+                                 # the episode an update follows is charged as it was played
+                                 budget=types.SimpleNamespace(used={"episodes": 1}), logged=logged,
                                  env=types.SimpleNamespace(instructions=HOUSEHOLD_INSTRUCTIONS),
                                  log_metrics=lambda step, metrics: logged.append((step, dict(metrics))))
 

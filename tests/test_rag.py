@@ -39,7 +39,7 @@ def run(plugins):
     logged: list[tuple[int, dict]] = []
     return types.SimpleNamespace(cfg=cfg, store=ExperienceStore(None, HashingEmbedder()), phase=LEARN,
                                  track="frozen", has_store=lambda: True, logged=logged,
-                                 budget=types.SimpleNamespace(used={"episodes": 0}),
+                                 budget=types.SimpleNamespace(used={"episodes": 1}),  # the episode just played
                                  log_metrics=lambda step, metrics: logged.append((step, dict(metrics))))
 
 
