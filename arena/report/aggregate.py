@@ -211,6 +211,11 @@ def check_compatible(runs: list[Run], allow_mixed: bool, what: str = "one table"
 # -- rows -------------------------------------------------------------------------------------
 
 
+def row_label(method: str, preset: str | None, *, reset: bool) -> str:
+    """A row's name as a board prints it: ``grpo (cpu)``, ``rag [memory reset]``."""
+    return method + (f" ({preset})" if preset else "") + (" [memory reset]" if reset else "")
+
+
 @dataclass
 class Row:
     """One method configuration on one environment, pooled over its runs' seeds."""
@@ -245,8 +250,7 @@ class Row:
 
     @property
     def name(self) -> str:
-        return (self.method + (f" ({self.preset})" if self.preset else "")
-                + (" [memory reset]" if self.reset_of is not None else ""))
+        return row_label(self.method, self.preset, reset=self.reset_of is not None)
 
     @property
     def learned_digests(self) -> set[str]:
@@ -555,6 +559,16 @@ def learning_curves(run: Run) -> dict[str, list[list[float]]]:
     return {f"learn success (rolling mean of {window})": rolling}
 
 
+def task_wins(runs: list[Run]) -> dict[str, dict[str, list[bool]]]:
+    """split -> task -> the successes of its primary test episodes over the runs' seeds: what
+    pass^k and the board's paired comparisons (arena.report.learning) are computed from."""
+    wins: dict[str, dict[str, list[bool]]] = defaultdict(lambda: defaultdict(list))
+    for run in runs:
+        for record in run.evaluated():
+            wins[record.split][record.task_id].append(bool(record.success))
+    return {split: dict(tasks) for split, tasks in wins.items()}
+
+
 def pass_k(runs: list[Run]) -> tuple[dict[str, dict[str, float]], list[str]]:
     """tau-bench's reliability over the runs' seeds, per split: a task of n seeds with c successes
     gives pass^k = C(c, k) / C(n, k) (k seeds drawn without replacement all succeed), averaged over
@@ -564,12 +578,8 @@ def pass_k(runs: list[Run]) -> tuple[dict[str, dict[str, float]], list[str]]:
     n = sum(len(run.seeds) for run in runs)
     if n < 2 or any(run.episodes is None for run in runs):
         return {}, []
-    by_task: dict[str, dict[str, list[bool]]] = defaultdict(lambda: defaultdict(list))
-    for run in runs:
-        for record in run.evaluated():
-            by_task[record.split][record.task_id].append(bool(record.success))
     reliability, flags = {}, []
-    for split, tasks in by_task.items():
+    for split, tasks in task_wins(runs).items():
         uneven = sorted({len(outcomes) for outcomes in tasks.values()} - {n})
         if uneven:
             counts = ", ".join(map(str, uneven))
@@ -584,8 +594,7 @@ def pass_k(runs: list[Run]) -> tuple[dict[str, dict[str, float]], list[str]]:
 def build_row(runs: list[Run], mixed: dict[str, Any]) -> Row:
     first = runs[0]
     reset = is_memory_reset(first)
-    name = (first.method + (f" ({first.preset})" if first.preset else "") + (" [memory reset]" if reset else "")
-            + f" / {first.model_id}")
+    name = f"{row_label(first.method, first.preset, reset=reset)} / {first.model_id}"
     _check_poolable(runs, name)
     runs = sorted(runs, key=lambda r: (min(r.seeds, default=0), r.label))
     protocol = protocol_of(first)

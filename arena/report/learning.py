@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from arena.core.config.registry import did_you_mean
-from arena.report.aggregate import Row, Table, reset_source
+from arena.report.aggregate import Row, Table, reset_source, task_wins
 from arena.report.compare import bootstrap_ci, sign_flip_p_value
 from arena.report.runs import ReportError
 
@@ -111,13 +111,11 @@ class Learning:
 
 def row_outcomes(row: Row) -> dict[str, tuple[TaskWins, dict[str, str]]]:
     """split -> (task -> successes over the row's seeds, task -> its task type)."""
-    wins: dict[str, TaskWins] = defaultdict(lambda: defaultdict(list))
     types: dict[str, dict[str, str]] = defaultdict(dict)
     for run in row.runs:
         for record in run.evaluated():
-            wins[record.split][record.task_id].append(bool(record.success))
             types[record.split][record.task_id] = record.task_type
-    return {split: (dict(wins[split]), types[split]) for split in wins}
+    return {split: (tasks, types[split]) for split, tasks in task_wins(row.runs).items()}
 
 
 def _check_same_tasks(a: Row, b: Row, outcomes_a: dict[str, tuple[TaskWins, dict[str, str]]],

@@ -132,7 +132,7 @@ class TrainerConfig:
         unknown = set(cfg) - names
         if unknown:
             raise ValueError(f"unknown trainer settings: {sorted(unknown)}")
-        values: dict[str, Any] = {key: _plain(value) for key, value in cfg.items()}
+        values: dict[str, Any] = {key: plain_data(value) for key, value in cfg.items()}
         if "betas" in values:
             values["betas"] = tuple(values["betas"])
         if values.get("lora") is not None:
@@ -146,12 +146,12 @@ class TrainerConfig:
         return asdict(self)
 
 
-def _plain(value: Any) -> Any:
+def plain_data(value: Any) -> Any:
     """Mappings and lists as plain dicts and lists (OmegaConf containers included)."""
     if isinstance(value, Mapping):
-        return {key: _plain(item) for key, item in value.items()}
+        return {str(key): plain_data(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)) or type(value).__name__ == "ListConfig":
-        return [_plain(item) for item in value]
+        return [plain_data(item) for item in value]
     return value
 
 

@@ -27,8 +27,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
-
 from arena.core.contract.llm import TrainableBackend
 from arena.core.storage.files import read_json, write_json_atomic
 from arena.core.storage.journal import crash_point
@@ -40,17 +38,6 @@ PREFIX = "fine-tune"
 RECORD = "fine-tune.json"
 #: What ``settings`` must name (``arena.core.rl.sft.train_sft``'s required keys).
 REQUIRED = ("steps", "batch_size", "lr")
-
-
-def plain(value: Any) -> Any:
-    """``value`` as JSON data: a config section or mapping as a dict, a sequence as a list."""
-    if isinstance(value, (DictConfig, ListConfig)):
-        return OmegaConf.to_container(value, resolve=True)
-    if isinstance(value, Mapping):
-        return {str(key): plain(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(item) for item in value]
-    return value
 
 
 def fine_tune_key(rows: list[dict[str, Any]], settings: dict[str, Any], seed: int) -> str:
@@ -66,11 +53,13 @@ def fine_tune_key(rows: list[dict[str, Any]], settings: dict[str, Any], seed: in
 def checked(rows: Sequence[Mapping[str, Any]], settings: Mapping[str, Any]) -> tuple[list[dict[str, Any]],
                                                                                  dict[str, Any]]:
     """``rows`` and ``settings`` as plain data, refused (naming the fix) where SFT cannot use them."""
-    plain_rows = plain(list(rows))
+    from arena.core.rl.trainer import plain_data  # here: the trainer's module imports torch
+
+    plain_rows = plain_data(list(rows))
     if not plain_rows or not all(isinstance(row, dict) for row in plain_rows):
         raise ValueError("run.fine_tune needs at least one row, each a prompt/completion dict "
                          "(arena.rl.sft.example(prompt, completion)).")
-    plain_settings = plain(settings)
+    plain_settings = plain_data(settings)
     missing = [key for key in REQUIRED if key not in plain_settings]
     if missing:
         raise ValueError(f"run.fine_tune's settings name no {', '.join(missing)}: pass the method's SFT "
