@@ -284,8 +284,10 @@ def leaderboard(run_dirs: tuple[str, ...], out: str | None, allow_mixed: bool, s
         console.print(escape(f"experiment {report.name} over {report.source}: {len(report.arms)} arms"))
     if learning is not None:
         compared = sorted({(line.env, line.row, line.against) for line in learning.comparisons})
-        console.print(escape(f"learning: {len(compared)} row pairs against {', '.join(learning.controls)} "
-                             "and memory resets"))
+        console.print(escape(f"learning: {len(compared)} row pairs against {', '.join(learning.controls)}, "
+                             "memory resets and variants"))
+        for verdict in learning.verdicts:
+            console.print(escape(f"  {verdict.text}"))
     console.print(f"Wrote {len(written)} files to {out}: README.md, index.html, leaderboard.json, plots/")
 
 

@@ -16,9 +16,9 @@ from arena.cli import cli
 from arena.core.contract.types import EpisodeResult
 from arena.report import ReportError, Run, build_tables, load_run, load_runs
 from arena.report.aggregate import is_memory_reset, pass_k
-from arena.report.compare import compare_split
+from arena.report.compare import compare_runs, compare_split
 from arena.report.evaluate_state import EvaluateError, board_overrides, evaluate_state
-from arena.report.learning import CONTROL, MEMORY_RESET, compare_tasks, learning_report
+from arena.report.learning import CONTROL, MEMORY_RESET, VARIANT, compare_tasks, learning_report
 from arena.report.render import board_json
 from tests.helpers.reports import make_run, report_plugins
 from tests.helpers.results import made_up_results
@@ -71,7 +71,8 @@ def test_a_memory_reset_is_a_row_of_its_own_paired_with_the_row_it_reset(runs):
     learning = learning_report([table], ["base"])
     assert learning is not None
     pairs = sorted({(line.row, line.against, line.kind) for line in learning.comparisons})
-    assert pairs == [("scripted", "base", CONTROL), ("scripted", "scripted [memory reset]", MEMORY_RESET)]
+    assert pairs == [("scripted", "base", CONTROL), ("scripted", "scripted [memory reset]", MEMORY_RESET),
+                     ("scripted", "scripted [without_skill]", VARIANT)]
     for line in learning.comparisons:
         if line.kind == MEMORY_RESET and line.task_type == "all":  # the scripted method ignores its memory
             assert line.result.success_a == line.result.success_b == learned.success(line.split)
@@ -203,6 +204,61 @@ def test_an_unknown_control_is_refused_with_a_suggestion():
 # -- the CLI writes the section; a board built with controls rebuilds ----------------------------
 
 
+def test_a_row_is_paired_with_the_variant_it_played_of_every_test_episode(runs):
+    """The with-card / without-card pairs of Evolving-RL, for any method that plays a variant: with
+    one seed, the figures of `arena compare RUN --variant without_skill`."""
+    table, = build_tables(load_runs([runs["s0"], runs["base"]]))
+    learning = learning_report([table], ["base"])
+    assert learning is not None
+    lines = {line.split: line for line in learning.comparisons if line.kind == VARIANT and line.task_type == "all"}
+    expected = {s["split"]: s for s in compare_runs(load_run(runs["s0"]), None, "without_skill")["splits"]}
+    assert set(lines) == set(expected) == {"test_seen", "test_unseen"}
+    for split, line in lines.items():
+        assert line.against == "scripted [without_skill]" and line.row == "scripted"
+        want = expected[split]
+        assert (line.result.success_a, line.result.success_b, line.result.a_better, line.result.b_better,
+                line.result.p_value) == (want["success_a"], want["success_b"], want["a_only"], want["b_only"],
+                                         want["p_value"])
+    assert all("without_skill" not in claim for verdict in learning.verdicts for claim in verdict.claims)
+
+
+# -- verdicts: the sentence a README quotes -------------------------------------------------------
+
+
+def _verdicts(table, controls):
+    learning = learning_report([table], controls)
+    assert learning is not None
+    return learning.verdicts
+
+
+def test_a_verdict_states_each_control_and_waits_for_three_seeds_before_a_claim():
+    # 8 tasks: the learner wins all, base none (p = 2/256), random wins the same as the learner.
+    tasks = [f"t{i}" for i in range(8)]
+    base = _run("base", 0, dict.fromkeys(tasks, False))
+    chance = _run("random", 0, dict.fromkeys(tasks, True))
+    one_seed = _run("learner", 0, dict.fromkeys(tasks, True))
+    table, = build_tables([one_seed, base, chance])
+    learning = learning_report([table], ["base", "random"])
+    assert learning is not None
+    verdict, = learning.verdicts
+    assert verdict.text == ("learner (1 seed): test_seen 100.0 %, above base (+100.0 points, p = 0.0078), "
+                            "not separated from random (p = 1). Not yet a claim: 3 learning seeds are needed, "
+                            "1 has run.")
+    assert (verdict.claims, verdict.seeds_needed) == (["test_seen: above base (+100.0 points, p = 0.0078)"], 2)
+
+    three = [_run("learner", seed, dict.fromkeys(tasks, True)) for seed in range(3)]
+    table, = build_tables([*three, base, chance])
+    verdict, = _verdicts(table, ["base", "random"])
+    assert verdict.seeds_needed == 0 and verdict.text.startswith("learner (3 seeds): test_seen 100.0 %, above base")
+    assert "Not yet a claim" not in verdict.text
+
+    level = _run("learner", 0, dict.fromkeys(tasks, False))
+    table, = build_tables([level, base])
+    verdict, = _verdicts(table, ["base"])
+    assert verdict.text == "learner (1 seed): test_seen 0.0 %, not separated from base (p = 1)."
+    assert (verdict.claims, verdict.seeds_needed) == ([], 0)  # no claim: nothing to wait for
+
+
 def _markdown_rows(text: str, first_column: str) -> list[list[str]]:
     lines = text.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_column} |"))
@@ -223,10 +279,15 @@ def test_the_cli_writes_the_learning_section_and_the_board_rebuilds(runs, tmp_pa
     assert "### Learning: each row against its controls" in text
     lines = _markdown_rows(text, "Method | Against")
     assert {(cells[0], cells[1], cells[2]) for cells in lines} == {
-        (row, against, split) for row, against in (("scripted", "base"), ("scripted", "scripted [memory reset]"))
+        (row, against, split) for row, against in (("scripted", "base"), ("scripted", "scripted [memory reset]"),
+                                                   ("scripted", "scripted [without_skill]"))
         for split in ("test_seen", "test_unseen")}
     board = json.loads((out / "leaderboard.json").read_text())
     assert board["controls"] == ["base"]
+    verdict, = board["verdicts"]
+    assert verdict["row"] == "scripted" and verdict["seeds"] == 2 and f"- {verdict['text']}" in text.splitlines()
+    assert "not separated from its memory reset (p = 1)" in verdict["text"]  # it ignores its memory
+    assert verdict["text"] in " ".join(result.output.split())  # and on the console
     seen = next(c for c in board["comparisons"] if c["against"] == "base" and c["split"] == "test_seen"
                 and c["task_type"] == "all")
     row = next(cells for cells in lines if cells[1] == "base" and cells[2] == "test_seen")
@@ -247,7 +308,7 @@ def test_the_cli_writes_the_learning_section_and_the_board_rebuilds(runs, tmp_pa
 
     plain = CliRunner().invoke(cli, ["leaderboard", *given, "--out", str(tmp_path / "plain")])
     assert plain.exit_code == 0, plain.output
-    assert not {"controls", "comparisons"} & set(json.loads((tmp_path / "plain" / "leaderboard.json").read_text()))
+    assert not {"controls", "comparisons", "verdicts"} & set(json.loads((tmp_path / "plain" / "leaderboard.json").read_text()))
     assert "Learning: each row" not in (tmp_path / "plain" / "README.md").read_text()
 
     wrong = CliRunner().invoke(cli, ["leaderboard", *given, "--out", str(tmp_path / "wrong"), "--control", "bas"])

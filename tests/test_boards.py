@@ -139,3 +139,34 @@ def test_the_medium_board_shows_where_and_at_which_commit_each_phase_of_a_row_ra
             assert f"{session['cpu']['model']} ({'+'.join(session['cpu']['isa'])})" in line, line
             assert str(session["git_sha"])[:12] in line.split("commits ", 1)[1], line
         assert row.isolation["mode"] == "process", row.name
+
+
+README = BOARDS.parent / "README.md"
+VERDICTS_START, VERDICTS_END = "<!-- The board's verdicts", "<!-- End of the verdicts. -->"
+
+
+def readme_verdicts(text: str) -> list[str]:
+    """The lines the README quotes between its verdict markers (the marker lines themselves out)."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(VERDICTS_START))
+    end = lines.index(VERDICTS_END, start)
+    return [line for line in lines[start + 1:end] if line.strip()]
+
+
+def test_the_readme_states_every_row_of_the_medium_board_as_the_board_does() -> None:
+    """Issue 55's README lines: one per learning row of the medium board, each the board's own
+    verdict (against base, random and its memory reset, with the paired p-values) word for word,
+    so a README figure cannot drift from the committed episodes that test_committed_board_rebuilds
+    recomputes."""
+    board = json.loads((BOARDS / "household-medium-warm" / "leaderboard.json").read_text())
+    assert board["controls"] == ["base", "random"]
+    expected = [f"- {verdict['text']}" for verdict in board["verdicts"]]
+    assert expected, "the medium board has no learning row yet"
+    assert readme_verdicts(README.read_text()) == expected
+
+
+def test_the_readme_verdict_check_sees_a_changed_figure() -> None:
+    text = README.read_text()
+    quoted = readme_verdicts(text)
+    changed = text.replace(quoted[0], quoted[0].replace("p = ", "p = 0", 1))
+    assert readme_verdicts(changed) != quoted

@@ -559,12 +559,12 @@ def learning_curves(run: Run) -> dict[str, list[list[float]]]:
     return {f"learn success (rolling mean of {window})": rolling}
 
 
-def task_wins(runs: list[Run]) -> dict[str, dict[str, list[bool]]]:
-    """split -> task -> the successes of its primary test episodes over the runs' seeds: what
-    pass^k and the board's paired comparisons (arena.report.learning) are computed from."""
+def task_wins(runs: list[Run], variant: str = PRIMARY_VARIANT) -> dict[str, dict[str, list[bool]]]:
+    """split -> task -> the successes of its test episodes of ``variant`` over the runs' seeds:
+    what pass^k and the board's paired comparisons (arena.report.learning) are computed from."""
     wins: dict[str, dict[str, list[bool]]] = defaultdict(lambda: defaultdict(list))
     for run in runs:
-        for record in run.evaluated():
+        for record in run.evaluated(variant):
             wins[record.split][record.task_id].append(bool(record.success))
     return {split: dict(tasks) for split, tasks in wins.items()}
 

@@ -3,8 +3,13 @@
 Learning is measured as the papers measure it: a memory method against itself with its memory
 reset (its learned state evaluated again with no experience shown, a row of its own), an RL method
 against the base model, every method against the random policy. ``arena leaderboard --control
-NAME`` names the control rows; every other row (memory resets aside) is compared with each, and
-with its memory reset where the board has one.
+NAME`` names the control rows; every other row (memory resets aside) is compared with each, with
+its memory reset where the board has one, and with each variant it played of every test episode
+(Evolving-RL's episode without its card: the with-card / without-card pairs).
+
+Each compared row then gets a verdict, one sentence a README can quote: where it stands against
+each control and its reset per split, a difference at p < 0.05 being a claim, and how many more
+learning seeds a claim waits for (a board claims nothing on fewer than three).
 
 Rows pool different numbers of seeds (three learning seeds against one greedy base), and every
 seed plays the same test tasks, so the unit is the task: with A's ``n_a`` episodes and B's ``n_b``
@@ -19,7 +24,7 @@ one seed each), the interval the paired bootstrap over tasks with weights ``n_a 
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from fractions import Fraction
 from typing import Any
 
@@ -28,11 +33,16 @@ import numpy as np
 from arena.core.config.registry import did_you_mean
 from arena.report.aggregate import Row, Table, reset_source, task_wins
 from arena.report.compare import bootstrap_ci, sign_flip_p_value
-from arena.report.runs import ReportError
+from arena.report.runs import PRIMARY_VARIANT, ReportError
 
 #: What a comparison's ``task_type`` is over every task type of its split.
 ALL_TYPES = "all"
-CONTROL, MEMORY_RESET = "control", "memory reset"
+CONTROL, MEMORY_RESET, VARIANT = "control", "memory reset", "variant"
+#: A difference is a claim below this p (per comparison, two-sided, not corrected for the board's
+#: number of comparisons: the seeds a claim waits for are its replication).
+CLAIM_P_VALUE = 0.05
+#: Learning seeds a row needs before the board claims it is above or below a control.
+SEEDS_FOR_A_CLAIM = 3
 
 #: task id -> the successes of a row's primary test episodes of it (one per seed).
 TaskWins = dict[str, list[bool]]
@@ -83,7 +93,7 @@ class RowComparison:
     row: str
     model: str
     against: str
-    kind: str  # CONTROL or MEMORY_RESET
+    kind: str  # CONTROL, MEMORY_RESET or VARIANT
     split: str
     task_type: str
     seeds_a: int
@@ -98,27 +108,45 @@ class RowComparison:
                 "ci95": list(self.result.ci95), "invalid": list(self.invalid)}
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """What the board says of one row: ``text`` is the sentence a README quotes; ``claims`` the
+    differences at p < CLAIM_P_VALUE; ``seeds_needed`` the learning seeds still to run before
+    they are claimed (0: none, or the row already has SEEDS_FOR_A_CLAIM)."""
+
+    env: str
+    row: str
+    model: str
+    seeds: int
+    text: str
+    claims: list[str]
+    seeds_needed: int
+
+
 @dataclass
 class Learning:
-    """The board's learning section: the controls named, and every comparison."""
+    """The board's learning section: the controls named, every comparison, each row's verdict."""
 
     controls: list[str]
     comparisons: list[RowComparison]
+    verdicts: list[Verdict] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"controls": self.controls, "comparisons": [c.to_json() for c in self.comparisons]}
+        return {"controls": self.controls, "comparisons": [c.to_json() for c in self.comparisons],
+                "verdicts": [asdict(v) for v in self.verdicts]}
 
 
-def row_outcomes(row: Row) -> dict[str, tuple[TaskWins, dict[str, str]]]:
-    """split -> (task -> successes over the row's seeds, task -> its task type)."""
+def row_outcomes(row: Row, variant: str = PRIMARY_VARIANT) -> dict[str, tuple[TaskWins, dict[str, str]]]:
+    """split -> (task -> successes over the row's seeds, task -> its task type), for the row's
+    episodes of ``variant``."""
     types: dict[str, dict[str, str]] = defaultdict(dict)
     for run in row.runs:
-        for record in run.evaluated():
+        for record in run.evaluated(variant):
             types[record.split][record.task_id] = record.task_type
-    return {split: (tasks, types[split]) for split, tasks in task_wins(row.runs).items()}
+    return {split: (tasks, types[split]) for split, tasks in task_wins(row.runs, variant).items()}
 
 
-def _check_same_tasks(a: Row, b: Row, outcomes_a: dict[str, tuple[TaskWins, dict[str, str]]],
+def _check_same_tasks(a: str, b: str, outcomes_a: dict[str, tuple[TaskWins, dict[str, str]]],
                       outcomes_b: dict[str, tuple[TaskWins, dict[str, str]]]) -> None:
     problems = []
     for split in sorted(set(outcomes_a) | set(outcomes_b)):
@@ -126,20 +154,26 @@ def _check_same_tasks(a: Row, b: Row, outcomes_a: dict[str, tuple[TaskWins, dict
         tasks_b = set(outcomes_b.get(split, ({}, {}))[0])
         for have, lack, tasks in ((a, b, tasks_a - tasks_b), (b, a, tasks_b - tasks_a)):
             if tasks:
-                problems.append(f"{split}: {lack.name} did not play {len(tasks)} task(s) {have.name} "
+                problems.append(f"{split}: {lack} did not play {len(tasks)} task(s) {have} "
                                 f"played (e.g. {sorted(tasks)[0]})")
     if problems:
-        raise ReportError(f"Rows '{a.name}' and '{b.name}' did not play the same test tasks, so they cannot be "
+        raise ReportError(f"Rows '{a}' and '{b}' did not play the same test tasks, so they cannot be "
                           "paired by task:\n" + "\n".join(problems)
                           + "\nEvaluate both on the same splits and eval.limit (any seeds).")
 
 
-def compare_rows(env: str, a: Row, b: Row, kind: str) -> list[RowComparison]:
-    """Row A against row B per split, over all task types and then each; refuses rows that did
-    not play the same tasks."""
-    outcomes_a, outcomes_b = row_outcomes(a), row_outcomes(b)
-    _check_same_tasks(a, b, outcomes_a, outcomes_b)
-    invalid = tuple(row.name for row in (a, b) if not row.valid)
+def variant_label(row: Row, variant: str) -> str:
+    """How the board names a row's episodes of one variant: ``evolving_rl [without_skill]``."""
+    return row.name if variant == PRIMARY_VARIANT else f"{row.name} [{variant}]"
+
+
+def compare_rows(env: str, a: Row, b: Row, kind: str, variant_b: str = PRIMARY_VARIANT) -> list[RowComparison]:
+    """Row A against row B (or against A's own episodes of ``variant_b``) per split, over all task
+    types and then each; refuses rows that did not play the same tasks."""
+    against = variant_label(b, variant_b)
+    outcomes_a, outcomes_b = row_outcomes(a), row_outcomes(b, variant_b)
+    _check_same_tasks(a.name, against, outcomes_a, outcomes_b)
+    invalid = tuple(dict.fromkeys(row.name for row in (a, b) if not row.valid))
     lines = []
     order = [split for split in a.splits if split in outcomes_a] + sorted(set(outcomes_a) - set(a.splits))
     for split in order:
@@ -149,7 +183,7 @@ def compare_rows(env: str, a: Row, b: Row, kind: str) -> list[RowComparison]:
             (name, sorted(t for t in wins_a if types[t] == name)) for name in sorted(set(types.values()))]
         for task_type, tasks in groups:
             result = compare_tasks({t: wins_a[t] for t in tasks}, {t: wins_b[t] for t in tasks})
-            lines.append(RowComparison(env=env, row=a.name, model=a.model, against=b.name, kind=kind, split=split,
+            lines.append(RowComparison(env=env, row=a.name, model=a.model, against=against, kind=kind, split=split,
                                        task_type=task_type, seeds_a=len(a.seeds), seeds_b=len(b.seeds),
                                        result=result, invalid=invalid))
     return lines
@@ -170,8 +204,9 @@ def find_control(table: Table, name: str) -> Row:
 
 
 def learning_report(tables: list[Table], controls: list[str] | tuple[str, ...]) -> Learning | None:
-    """Every row (not a control, not a memory reset) against each control and against its own
-    memory reset; None without controls (a board without the section)."""
+    """Every row (not a control, not a memory reset) against each control, its own memory reset
+    and each variant it played, and its verdict; None without controls (a board without the
+    section)."""
     if not controls:
         return None
     controls = list(dict.fromkeys(controls))  # a control named twice is compared with once
@@ -188,4 +223,52 @@ def learning_report(tables: list[Table], controls: list[str] | tuple[str, ...]) 
             for reset in table.rows:
                 if resets.get(id(reset)) is row:
                     comparisons += compare_rows(table.env, row, reset, MEMORY_RESET)
-    return Learning(controls=list(controls), comparisons=comparisons)
+            for variant in sorted({name for run in row.runs for name in run.variants()}):
+                comparisons += compare_rows(table.env, row, row, VARIANT, variant_b=variant)
+    return Learning(controls=list(controls), comparisons=comparisons, verdicts=verdicts(comparisons))
+
+
+# -- verdicts: what the board claims of each row, in one sentence -----------------------------------
+
+
+def _p(value: float) -> str:
+    return f"{value:.2g}"
+
+
+def _standing(line: RowComparison) -> tuple[str, bool]:
+    """(how the row stands against one control or reset, whether that is a claim)."""
+    against = "its memory reset" if line.kind == MEMORY_RESET else line.against
+    result = line.result
+    if line.invalid:
+        return f"no claim against {against} (invalid: {', '.join(line.invalid)})", False
+    if result.p_value < CLAIM_P_VALUE:
+        side = "above" if result.difference > 0 else "below"
+        return f"{side} {against} ({result.difference * 100:+.1f} points, p = {_p(result.p_value)})", True
+    return f"not separated from {against} (p = {_p(result.p_value)})", False
+
+
+def verdicts(comparisons: list[RowComparison]) -> list[Verdict]:
+    """One verdict per compared row, from its comparisons over all task types with the controls
+    and its memory reset (its variants are diagnostics, not claims), splits in the board's order."""
+    by_row: dict[tuple[str, str, str], list[RowComparison]] = defaultdict(list)
+    for line in comparisons:
+        if line.task_type == ALL_TYPES and line.kind in (CONTROL, MEMORY_RESET):
+            by_row[(line.env, line.row, line.model)].append(line)
+    out = []
+    for (env, row, model), lines in by_row.items():
+        seeds = lines[0].seeds_a
+        parts, claims = [], []
+        for split in dict.fromkeys(line.split for line in lines):
+            of_split = [line for line in lines if line.split == split]
+            standings = [_standing(line) for line in of_split]
+            claims += [f"{split}: {text}" for text, claimed in standings if claimed]
+            parts.append(f"{split} {of_split[0].result.success_a * 100:.1f} %, "
+                         + ", ".join(text for text, _ in standings))
+        needed = max(0, SEEDS_FOR_A_CLAIM - seeds) if claims else 0
+        text = f"{row} ({seeds} seed{'s' if seeds != 1 else ''}): " + "; ".join(parts) + "."
+        if needed:
+            text += (f" Not yet a claim: {SEEDS_FOR_A_CLAIM} learning seeds are needed, "
+                     f"{seeds} {'has' if seeds == 1 else 'have'} run.")
+        out.append(Verdict(env=env, row=row, model=model, seeds=seeds, text=text, claims=claims,
+                           seeds_needed=needed))
+    return out

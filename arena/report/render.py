@@ -18,7 +18,7 @@ from arena.core.contract.types import EpisodeResult
 from arena.report.aggregate import WARMSTART_FIELD, Row, Table
 from arena.report.experiments import ExperimentReport
 from arena.report.learning import ALL_TYPES as ALL_TASK_TYPES
-from arena.report.learning import Learning, RowComparison
+from arena.report.learning import CLAIM_P_VALUE, SEEDS_FOR_A_CLAIM, Learning, RowComparison
 from arena.report.plots import Plot, table_plots
 from arena.report.runs import Run
 
@@ -260,7 +260,12 @@ LEARNING_NOTE = (
     "difference is the mean over tasks of A's success rate minus B's, in points, with its paired "
     "bootstrap 95 % interval over tasks; tasks better / worse count the tasks A won more / less often "
     "than B; p is the exact sign-flip test over tasks of n_B * wins_A - n_A * wins_B (exact McNemar "
-    "with one seed each). Invalid rows are marked: their difference is no claim.")
+    "with one seed each). Invalid rows are marked: their difference is no claim. A row that played a "
+    "variant of every test episode (Evolving-RL without its card) is also paired with that variant.")
+VERDICTS_NOTE = (
+    f"What the board says of each row: a difference at p < {CLAIM_P_VALUE} (per comparison, not corrected for "
+    f"the board's number of comparisons) is a claim once the row has {SEEDS_FOR_A_CLAIM} learning seeds; "
+    "'not separated' means the test found no difference, not that the rows are equal.")
 LEARNING_COLUMNS = ["Method", "Against", "Split", "Success A / B", "Difference [95 % CI]",
                     "Tasks better / worse", "p (exact paired)", "Seeds A / B"]
 
@@ -273,6 +278,10 @@ def learning_cells(line: RowComparison, with_type: bool = False) -> list[str]:
         method, line.against, line.split, f"{pct(result.success_a)} / {pct(result.success_b)}",
         f"{result.difference * 100:+.1f} [{low * 100:+.1f}, {high * 100:+.1f}]",
         f"{result.a_better} / {result.b_better}", f"{result.p_value:.3g}", f"{line.seeds_a} / {line.seeds_b}"]
+
+
+def verdict_lines(learning: Learning | None, table: Table) -> list[str]:
+    return [verdict.text for verdict in (learning.verdicts if learning else []) if verdict.env == table.env]
 
 
 def learning_rows(learning: Learning | None, table: Table, overall: bool) -> list[list[str]]:
@@ -356,6 +365,7 @@ def markdown(tables: list[Table], plots: dict[str, list[Plot]],
         if learning_rows(learning, table, overall=True):
             lines += [f"### {LEARNING_TITLE}", "", LEARNING_NOTE, ""]
             lines += _md_table(LEARNING_COLUMNS, learning_rows(learning, table, overall=True))
+            lines += ["", VERDICTS_NOTE, ""] + [f"- {text}" for text in verdict_lines(learning, table)]
             lines += ["", "<details>", "<summary>per task type</summary>", ""]
             lines += _md_table(["Task type", *LEARNING_COLUMNS], learning_rows(learning, table, overall=False))
             lines += ["", "</details>", ""]
@@ -598,6 +608,8 @@ def html_page(tables: list[Table], plots: dict[str, list[Plot]],
         if learning_rows(learning, table, overall=True):
             parts.append(f'<h3>{_h(LEARNING_TITLE)}</h3><p class="note">{_h(LEARNING_NOTE)}</p>')
             parts.append(_html_table(LEARNING_COLUMNS, learning_rows(learning, table, overall=True), kind="learning"))
+            parts.append(f'<p class="note">{_h(VERDICTS_NOTE)}</p><ul class="verdicts">'
+                         + "".join(f"<li>{_h(text)}</li>" for text in verdict_lines(learning, table)) + "</ul>")
             parts.append('<details class="task-types"><summary>per task type</summary>')
             parts.append(_html_table(["Task type", *LEARNING_COLUMNS], learning_rows(learning, table, overall=False),
                                      kind="learning"))
