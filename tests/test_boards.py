@@ -120,8 +120,38 @@ def test_the_evolving_rl_ablation_page_states_what_its_committed_arms_show() -> 
         with_card = {s["split"]: s for s in compare_runs(arm, None, "without_skill")["splits"]}
         assert (round(with_card["test_seen"]["success_a"] * 16), round(with_card["test_seen"]["success_b"] * 16)) == (4, 6)
         assert (round(with_card["test_unseen"]["success_a"] * 16), round(with_card["test_unseen"]["success_b"] * 16)) == (0, 4)
-    page = (BOARDS.parent / "docs" / "evolving_rl_ablation.md").read_text()
-    assert "4/16 / 6/16" in page and "0/16 / 4/16" in page
+
+
+TABLES_START, TABLES_END = "<!-- tables: python scripts/evolving_rl_ablation_tables.py ", "<!-- end of tables -->"
+
+
+def page_tables(text: str) -> list[tuple[list[str], str]]:
+    """Each (the script's arguments, the lines pasted below them) of a page's table markers."""
+    blocks = []
+    for chunk in text.split(TABLES_START)[1:]:
+        arguments, rest = chunk.split(" -->\n", 1)
+        blocks.append((arguments.split(), rest.split(TABLES_END, 1)[0]))
+    return blocks
+
+
+def test_the_ablation_pages_tables_are_their_arms_own() -> None:
+    """Every table an ablation page pastes from scripts/evolving_rl_ablation_tables.py is what the
+    script prints now from the committed arms: the usable-card rate per iteration, the with-card /
+    without-card pairs, each arm against co-evolution."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ablation_tables", BOARDS.parent / "scripts"
+                                                  / "evolving_rl_ablation_tables.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    blocks = page_tables((BOARDS.parent / "docs" / "evolving_rl_ablation.md").read_text())
+    assert blocks, "the ablation page pastes no tables"
+    for arguments, pasted in blocks:
+        assert pasted == script.tables([BOARDS.parent / path for path in arguments]), arguments
+    # the check sees a changed figure
+    arguments, pasted = blocks[0]
+    assert pasted.replace("| 0.625 |", "| 0.5 |") != script.tables([BOARDS.parent / path for path in arguments])
 
 
 def test_the_medium_board_shows_where_and_at_which_commit_each_phase_of_a_row_ran() -> None:
