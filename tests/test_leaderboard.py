@@ -574,3 +574,16 @@ def test_a_row_says_where_its_runs_ran_and_when_learning_spans_commits():
     assert f"learning spans commits: s1 ({'a' * 12}, {'b' * 12})" in flags
     assert not any(f.startswith("learning spans commits: s0") for f in flags)
     assert row_provenance([first, second])["machines"] == ["EPYC (avx2)", "Xeon (avx2+avx512f)"]
+
+
+def test_a_long_curve_of_episode_outcomes_is_drawn_as_its_rolling_mean():
+    from arena.report.plots import curve_to_draw
+
+    outcomes = [[float(step), float(step % 4 == 0)] for step in range(1, 41)]  # won every 4th of 40
+    label, xs, ys = curve_to_draw("rag: success", outcomes)
+    assert label == "rag: success (rolling mean of 4)" and xs == [p[0] for p in outcomes]
+    assert ys[:4] == [0.0, 0.0, 0.0, 0.25] and ys[-1] == 0.25 and all(0.0 <= y <= 0.5 for y in ys)
+    short = outcomes[:20]  # few points, or values that are not outcomes: drawn as logged
+    assert curve_to_draw("x", short) == ("x", [p[0] for p in short], [p[1] for p in short])
+    rates = [[float(step), step / 40] for step in range(1, 41)]
+    assert curve_to_draw("valid_success", rates)[2] == [p[1] for p in rates]

@@ -134,6 +134,23 @@ def task_type_bars(table: Table) -> Plot:
     return Plot(f"{table.env}-task-types", "Success per task type", _png(figure))
 
 
+#: A per-episode outcome curve longer than this is drawn as its rolling mean: 0/1 spikes say
+#: nothing about a trend.
+OUTCOME_POINTS_SMOOTHED = 20
+
+
+def curve_to_draw(name: str, points: list[list[float]]) -> tuple[str, list[float], list[float]]:
+    """(label, xs, ys) of one logged curve: a long curve of 0/1 outcomes (a memory method's
+    per-episode success) becomes its trailing rolling mean over a tenth of its points."""
+    xs = [p[0] for p in points]
+    ys = [p[1] for p in points]
+    if len(ys) <= OUTCOME_POINTS_SMOOTHED or any(y not in (0.0, 1.0) for y in ys):
+        return name, xs, ys
+    window = max(2, len(ys) // 10)
+    rolling = [sum(ys[max(0, i + 1 - window):i + 1]) / (i + 1 - max(0, i + 1 - window)) for i in range(len(ys))]
+    return f"{name} (rolling mean of {window})", xs, rolling
+
+
 def learning_curve_plot(table: Table) -> Plot | None:
     """One panel per row that recorded its learning; None when no row did."""
     rows = [row for row in table.rows if row.learning_curves]
@@ -144,10 +161,9 @@ def learning_curve_plot(table: Table) -> Plot | None:
         axes = figure.add_subplot(len(rows), 1, index + 1)
         for run_label, curves in row.learning_curves.items():
             for name, points in curves.items():
-                xs = [p[0] for p in points]
-                ys = [p[1] for p in points]
+                label, xs, ys = curve_to_draw(name, points)
                 axes.plot(xs, ys, marker="." if len(points) < 30 else None,
-                          label=f"{name} [{run_label}]" if len(row.learning_curves) > 1 else name)
+                          label=f"{label} [{run_label}]" if len(row.learning_curves) > 1 else label)
         axes.set_title(_label(row), fontsize=9)
         axes.set_xlabel("iteration / learning episode")
         axes.grid(alpha=0.3)
