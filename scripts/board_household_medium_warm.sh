@@ -6,8 +6,8 @@
 # episodes only draw the learning curve).
 # docs/board_budget.md says what each row spends B on and why each override is arithmetic on B.
 # Rows already finished are skipped; an interrupted one is resumed.
-# Usage: bash scripts/board_household_medium_warm.sh [ROW ...] (default: all rows) | --commit. One run at a
-# time: two share 2 cores badly.
+# Usage: bash scripts/board_household_medium_warm.sh [ROW ...] (default: all rows) | --commit |
+# --seeds-needed. One run at a time: two share 2 cores badly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS="${RUNS:-/work/runs/household-medium-warm}"
@@ -70,7 +70,25 @@ commit_board() {
     done
     arena leaderboard "$BOARD"/runs/*/ --control base --control random --out "$BOARD"
 }
+# --seeds-needed: the runs still missing for the rows whose claims wait for more learning seeds
+# (the committed board's verdicts, `seeds_needed`), with the memory reset of each new seed where
+# the board holds the row's reset; run them with: bash THIS_SCRIPT $(bash THIS_SCRIPT --seeds-needed)
+seeds_needed() {
+    python3 - "$BOARD/leaderboard.json" "$RUNS" <<'PY'
+import json, pathlib, sys
+board, runs = json.loads(pathlib.Path(sys.argv[1]).read_text()), pathlib.Path(sys.argv[2])
+reset = {row["method"] for table in board["tables"] for row in table["rows"] if "reset_of" in row}
+needed = []
+for verdict in board.get("verdicts", []):
+    if verdict["seeds_needed"]:
+        name = verdict["row"].split(" (")[0]  # the script's row: the board's label without its preset
+        for seed in range(verdict["seeds"] + verdict["seeds_needed"]):
+            needed += [f"{name}-seed{seed}"] + ([f"{name}-none-seed{seed}"] if name in reset else [])
+print(" ".join(row for row in needed if not (runs / row / "results.json").is_file()))
+PY
+}
 if [[ "${1:-}" == --commit ]]; then commit_board; exit; fi
+if [[ "${1:-}" == --seeds-needed ]]; then seeds_needed; exit; fi
 
 rows=("$@")
 if [[ ${#rows[@]} -eq 0 ]]; then

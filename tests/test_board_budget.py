@@ -78,3 +78,28 @@ def test_every_committed_run_of_the_board_ran_its_rows_overrides(run: Path) -> N
         actual = OmegaConf.select(config, key)
         actual = OmegaConf.to_container(actual) if OmegaConf.is_config(actual) else actual
         assert actual == value, (run.name, key, actual, value)
+
+
+def test_the_script_lists_the_seeds_a_claim_waits_for(tmp_path: Path) -> None:
+    """``--seeds-needed`` names, from the committed board's verdicts, every run still missing of
+    each row whose claims wait for seeds (run: ``bash SCRIPT $(bash SCRIPT --seeds-needed)``), and
+    leaves out the runs already made."""
+    import os
+    import subprocess
+
+    board = json.loads((BOARD / "leaderboard.json").read_text())
+    waiting = [v for v in board["verdicts"] if v["seeds_needed"]]
+    assert waiting, "no row of the committed board waits for seeds: this test needs one"
+    expected = [f"{v['row'].split(' (')[0]}-seed{seed}" for v in waiting
+                for seed in range(v["seeds"] + v["seeds_needed"])]
+
+    def listed(runs: Path) -> list[str]:
+        result = subprocess.run(["bash", str(SCRIPT), "--seeds-needed"], capture_output=True, text=True,
+                                env={**os.environ, "RUNS": str(runs)}, check=True)
+        return result.stdout.split()
+
+    assert [row for row in listed(tmp_path) if "-none-" not in row] == expected
+    made = tmp_path / expected[0]
+    made.mkdir()
+    (made / "results.json").write_text("{}")
+    assert expected[0] not in listed(tmp_path) and expected[1:] == [r for r in listed(tmp_path) if "-none-" not in r]
