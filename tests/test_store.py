@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -250,6 +251,39 @@ def test_persistence_and_digest_after_reopening(tmp_path: Path) -> None:
     assert loaded.metadata == {"q": 0.3, "votes": [1, -1]}
     assert loaded.provenance == items[3].provenance
     assert reopened.query("insight 7", k=1)[0][0].experience_id == items[7].experience_id
+
+
+def _threads() -> int:
+    """Every thread of this process, chromadb's native sqlite and tokio workers included."""
+    return len(os.listdir("/proc/self/task"))
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc")
+def test_a_closed_store_lets_its_chromadb_threads_go(tmp_path: Path) -> None:
+    """A process that runs many runs (an experiment's arms, a test suite) kept every store's
+    chromadb system and its worker threads until it exited: 98 threads after the isolation tests."""
+    from arena.core.services.store import stored_experiences
+
+    warm = ExperienceStore(tmp_path / "warm", HashingEmbedder())  # chromadb's own process-wide threads
+    warm.add([experience("warm")])
+    warm.close()
+    stored_experiences(tmp_path / "warm")
+    time.sleep(0.5)
+    before = _threads()
+    for index in range(4):
+        folder = tmp_path / f"run{index}" / "store"
+        store = ExperienceStore(folder, HashingEmbedder())
+        store.add([experience(f"insight {index}")])
+        store.close()
+        store.close()  # twice is harmless
+        assert [e.text for e in stored_experiences(folder)] == [f"insight {index}"]  # reread, then closed
+        reopened = ExperienceStore(folder, HashingEmbedder())  # closing let the folder go, not its data
+        assert reopened.count() == 1
+        reopened.close()
+    deadline = time.monotonic() + 10  # chromadb's workers end a moment after their system stops
+    while _threads() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _threads() <= before
 
 
 @pytest.mark.slow

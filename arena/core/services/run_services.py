@@ -216,8 +216,11 @@ class Services:
         return usage["tokens_in"] + usage["tokens_out"]
 
     def close(self) -> None:
-        """Close the auxiliary backends and the run's LLM."""
+        """Close the auxiliary backends, the run's LLM and the experience store."""
         with self._lock:
             backends, self._auxiliary = [*self._auxiliary, self.llm], []
+            store, self._store, self._raw_store = self._raw_store, None, None
         for backend in backends:
             backend.close()
+        if store is not None:
+            store.close()

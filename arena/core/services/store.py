@@ -209,10 +209,15 @@ def stored_experiences(path: str | Path, name: str = DEFAULT_COLLECTION) -> list
         return []
     import chromadb
 
-    client = chromadb.PersistentClient(path=str(folder), settings=_settings())
-    if name not in {collection.name for collection in client.list_collections()}:
-        return []
-    result: Any = client.get_collection(name).get(include=["documents", "metadatas"])  # see __init__
+    # Closed once read: an open client keeps its chromadb system (sqlite and tokio worker
+    # threads) for the life of the process, one per folder a report or export ever read.
+    client: Any = chromadb.PersistentClient(path=str(folder), settings=_settings())  # see close()
+    try:
+        if name not in {collection.name for collection in client.list_collections()}:
+            return []
+        result: Any = client.get_collection(name).get(include=["documents", "metadatas"])  # see __init__
+    finally:
+        client.close()
     return sorted((_decode(i, d, m) for i, d, m in zip(result["ids"], result["documents"], result["metadatas"])),
                   key=lambda experience: experience.experience_id)
 
@@ -258,6 +263,8 @@ class ExperienceStore:
                 f"but this run uses {embedder_info}: its vectors are not comparable"
             )
         self._max_batch = client.get_max_batch_size()
+        # Any: chromadb types its clients as ClientAPI, which does not declare the close() they have.
+        self._client: Any = client
         # id -> (text, stored metadata). chromadb spends ~90 us per row returning texts and
         # metadata with a query (measured), more than the vector search itself at 10k items;
         # this store is its collection's only writer in a run, so a cache that every write
@@ -727,6 +734,13 @@ class ExperienceStore:
     def read_only(self) -> ReadOnlyExperienceStore:
         """A view for frozen evaluation: reads pass through, every write is refused and logged."""
         return ReadOnlyExperienceStore(self)
+
+    def close(self) -> None:
+        """Let chromadb stop this folder's system (its sqlite and tokio worker threads) once no
+        other client of the folder is open: otherwise it lives as long as the process, and a
+        process that runs many runs (an experiment's arms, a test suite) gathers their threads.
+        The store is unusable afterwards; closing twice is harmless."""
+        self._client.close()
 
 
 def _open_beneath(root: Path, folder: Path) -> int:
