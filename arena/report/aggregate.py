@@ -554,9 +554,13 @@ def learning_curves(run: Run) -> dict[str, list[list[float]]]:
     if not learned:
         return {}
     window = max(1, len(learned) // 10)
-    outcomes = [1.0 if r.success else 0.0 for r in learned]
-    rolling = [[float(i + 1), _mean(outcomes[max(0, i + 1 - window):i + 1])] for i in range(len(outcomes))]
-    return {f"learn success (rolling mean of {window})": rolling}
+    rolling = trailing_mean([1.0 if r.success else 0.0 for r in learned], window)
+    return {f"learn success (rolling mean of {window})": [[float(i + 1), y] for i, y in enumerate(rolling)]}
+
+
+def trailing_mean(values: Sequence[float], window: int) -> list[float]:
+    """Each value's mean with the ``window - 1`` before it (fewer at the start)."""
+    return [_mean(values[max(0, i + 1 - window):i + 1]) for i in range(len(values))]
 
 
 def task_wins(runs: list[Run], variant: str = PRIMARY_VARIANT) -> dict[str, dict[str, list[bool]]]:

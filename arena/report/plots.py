@@ -9,7 +9,7 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from arena.report.aggregate import Row, Table
+from arena.report.aggregate import Row, Table, trailing_mean
 
 SPLIT_MARKERS = {"test_seen": "o", "test_unseen": "s"}
 
@@ -147,8 +147,7 @@ def curve_to_draw(name: str, points: list[list[float]]) -> tuple[str, list[float
     if len(ys) <= OUTCOME_POINTS_SMOOTHED or any(y not in (0.0, 1.0) for y in ys):
         return name, xs, ys
     window = max(2, len(ys) // 10)
-    rolling = [sum(ys[max(0, i + 1 - window):i + 1]) / (i + 1 - max(0, i + 1 - window)) for i in range(len(ys))]
-    return f"{name} (rolling mean of {window})", xs, rolling
+    return f"{name} (rolling mean of {window})", xs, trailing_mean(ys, window)
 
 
 def learning_curve_plot(table: Table) -> Plot | None:
