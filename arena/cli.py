@@ -60,10 +60,14 @@ def cli() -> None:
 @click.option("--repair", is_flag=True,
               help="With --resume: move damaged lines of episodes.jsonl aside and play those episodes "
                    "again (after learning only; recorded in results.json).")
+@click.option("--move-here", is_flag=True,
+              help="With --resume: go on with a run started on another machine, whose record "
+                   "key this machine lacks (its lines are checked by their hashes; recorded in "
+                   "results.json).")
 @click.argument("overrides", nargs=-1)
 def run(method: str | None, env_name: str | None, preset: str | None, config_file: str | None,
         out: str | None, resume: str | None, allow_version_change: bool, repair: bool,
-        overrides: tuple[str, ...]) -> None:
+        move_here: bool, overrides: tuple[str, ...]) -> None:
     """Learn on train, evaluate frozen on the test splits, write results.
 
     OVERRIDES are OmegaConf dotlist items, e.g. eval.limit=20 run.seeds=[0,1].
@@ -89,7 +93,8 @@ def run(method: str | None, env_name: str | None, preset: str | None, config_fil
                         LineReporter(interval_s=float(os.environ.get("ARENA_PROGRESS_INTERVAL_S", 10))))
             path, results = protocol.run(method, env_name, config_file=config_file, overrides=list(overrides),
                                          out=out, resume=resume, reporter=reporter, preset=preset,
-                                         allow_version_change=allow_version_change, repair=repair)
+                                         allow_version_change=allow_version_change, repair=repair,
+                                         move_here=move_here)
     except USER_ERRORS as exc:
         raise click.ClickException(str(exc)) from exc
     finally:

@@ -7,7 +7,7 @@
 # docs/board_budget.md says what each row spends B on and why each override is arithmetic on B.
 # Rows already finished are skipped; an interrupted one is resumed.
 # Usage: bash scripts/board_household_medium_warm.sh [ROW ...] (default: all rows) | --commit |
-# --seeds-needed. One run at a time: two share 2 cores badly.
+# --seeds-needed | --park. One run at a time: two share 2 cores badly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS="${RUNS:-/work/runs/household-medium-warm}"
@@ -89,6 +89,7 @@ PY
 }
 if [[ "${1:-}" == --commit ]]; then commit_board; exit; fi
 if [[ "${1:-}" == --seeds-needed ]]; then seeds_needed; exit; fi
+if [[ "${1:-}" == --park ]]; then park_rows; exit; fi
 
 rows=("$@")
 if [[ ${#rows[@]} -eq 0 ]]; then

@@ -1,14 +1,39 @@
 # Shared by the board scripts (sourced): run or resume one row of a board into $RUNS/<row>.
 # Needs RUNS, COMMON (the board's common arguments) and WARM (its warm-start base).
+# A row parked beside the board (BOARD/unfinished/ROW, see park_rows) goes on from there: it is
+# put back in RUNS and resumed with --move-here (its record may be signed by another machine's
+# key; results.json then names the move).
 run_row() {  # run_row ROW METHOD [ARGS...]
     local row=$1 method=$2; shift 2
-    local out="$RUNS/$row"
+    local out="$RUNS/$row" parked="${BOARD:-}/unfinished/$1"
     if [[ -f "$out/results.json" ]]; then echo "[board] $row: done" >&2; return; fi
+    if [[ ! -d "$out" && -n "${BOARD:-}" && -d "$parked" ]]; then
+        echo "[board] $row: put back from $parked" >&2
+        cp -a "$parked" "$out"
+    fi
     if [[ -d "$out" ]]; then
         echo "[board] $row: resuming" >&2
-        arena run --resume "$out" ${RESUME_ARGS:-}
+        arena run --resume "$out" --move-here ${RESUME_ARGS:-}
     else
         echo "[board] $row: arena run --method $method ${COMMON[*]} llm.warmstart=$WARM $*" >&2
         arena run --method "$method" "${COMMON[@]}" "llm.warmstart=$WARM" --out "$out" "$@"
     fi
+}
+
+# --park: copy every unfinished run of RUNS whole (its store, method state and record) to
+# BOARD/unfinished/ROW, to be committed: a session's machine is not always kept, and a row runs
+# for longer than a session. A parked row that has since finished is removed.
+park_rows() {
+    local run row
+    for run in "$RUNS"/*/; do
+        run=${run%/} row=$(basename "$run")
+        if [[ -f "$run/results.json" ]]; then rm -rf "$BOARD/unfinished/$row"; continue; fi
+        if [[ -f "$run/run.lock" ]] && arena show "$run" 2>&1 | grep -q "is still running"; then
+            echo "[board] $row is still running: stop it first (kill -TERM its arena process)" >&2
+            return 1
+        fi
+        rm -rf "$BOARD/unfinished/$row" && mkdir -p "$BOARD/unfinished"
+        cp -a "$run" "$BOARD/unfinished/$row" && rm -f "$BOARD/unfinished/$row/run.lock"
+        echo "[board] $row parked: $(du -sh "$BOARD/unfinished/$row" | cut -f1) in $BOARD/unfinished/$row" >&2
+    done
 }

@@ -479,6 +479,10 @@ def row_flags(runs: list[Run], mixed: dict[str, Any]) -> list[str]:
                 if r.results.record is not None and r.results.record.damaged_lines]
     if repaired:
         flags.append(f"record repaired, damaged lines moved aside and replayed: {', '.join(repaired)}")
+    moved = [f"{r.label} (after {', '.join(str(m.episodes) for m in r.results.record.moves)} episodes)"
+             for r in runs if r.results.record is not None and r.results.record.moves]
+    if moved:  # the lines before a move are checked by their hashes, not their signatures
+        flags.append(f"moved to another machine's record key while running: {', '.join(moved)}")
     unchained = [r.label for r in runs if not r.chained]
     if unchained:
         flags.append(f"record not chained (made before Arena chained its records): {', '.join(unchained)}")

@@ -209,7 +209,8 @@ def check_record(path: Path, lines: list[dict[str, Any]], record: Record | None,
                                   key=integrity.record_key(create=False),
                                   expected_key_id=None if record is None else record.key_id,
                                   breaks=set() if record is None else set(record.breaks),
-                                  violations=violations, violations_path=path / VIOLATIONS)
+                                  violations=violations, violations_path=path / VIOLATIONS,
+                                  macs_after=record.moves[-1].after if record is not None and record.moves else None)
     except integrity.RecordError as exc:
         raise ReportError(str(exc)) from exc
     if record is None:

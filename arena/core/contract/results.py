@@ -141,6 +141,22 @@ class Provenance(BaseModel):
     config: dict[str, Any]
 
 
+class RecordMove(_Closed):
+    """The run was resumed on another machine (``arena run --resume DIR --move-here``): the
+    record's lines up to ``after`` are signed by a key this machine does not hold, so they are
+    checked by their hashes alone; the lines after it carry ``to_key_id``'s MACs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    from_key_id: str | None
+    to_key_id: str | None
+    #: The chain's head when it moved (the hash of its last line; GENESIS for an empty record).
+    after: str
+    #: Episode lines on record when it moved.
+    episodes: int
+    at: str
+
+
 class Record(_Closed):
     """The chain of episodes.jsonl as the run left it (``arena.core.storage.integrity``)."""
 
@@ -149,6 +165,10 @@ class Record(_Closed):
     key_id: str | None
     damaged_lines: list[Any] = Field(default_factory=list)
     breaks: list[Any] = Field(default_factory=list)
+    #: The run's moves to another machine (``--resume DIR --move-here``): each names the key that
+    #: signed the lines before it, the line it moved after (``after``, a chain hash) and when; a
+    #: reader holding ``key_id`` checks MACs only after the last move.
+    moves: list[RecordMove] = Field(default_factory=list)
 
 
 class Results(_Closed):

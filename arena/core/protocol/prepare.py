@@ -58,6 +58,7 @@ class PrepareOptions(TypedDict, total=False):
     preset: str | None
     allow_version_change: bool
     repair: bool
+    move_here: bool
 
 
 def prepare(
@@ -71,6 +72,7 @@ def prepare(
     preset: str | None = None,
     allow_version_change: bool = False,
     repair: bool = False,
+    move_here: bool = False,
 ) -> PreparedRun:
     """Resolve the config and the run directory (a new one, or the one to resume)."""
     plugins = plugins or get_plugins()
@@ -80,14 +82,14 @@ def prepare(
         lock = run_dir.lock().acquire()  # a second process on this folder stops here
         try:
             prepared = _resumed(run_dir, lock, method, env, config_file, overrides, plugins, preset,
-                                allow_version_change)
+                                allow_version_change, move_here)
             prepared.repair = repair
             return prepared
         except BaseException:
             lock.release()
             raise
-    if repair:
-        raise ValueError("--repair applies to --resume RUN_DIR only.")
+    if repair or move_here:
+        raise ValueError(f"--{'repair' if repair else 'move-here'} applies to --resume RUN_DIR only.")
     if method is None:
         raise ValueError("Name a method with --method (see `arena plugins`).")
     cfg = compose(plugins, method, env, config_file, overrides, preset)
@@ -122,7 +124,8 @@ def _learned_state_to_start_from(cfg: DictConfig, run_dir: RunDir,
 
 def _resumed(run_dir: RunDir, lock: RunLock, method: str | None, env: str | None,
              config_file: Path | str | None, overrides: list[str] | None, plugins: Plugins,
-             preset: str | None, allow_version_change: bool = False) -> PreparedRun:
+             preset: str | None, allow_version_change: bool = False,
+             move_here: bool = False) -> PreparedRun:
     """The checks of ``--resume`` (made while holding the run's lock)."""
     resume = run_dir.path
     cfg = run_dir.load_config()
@@ -156,4 +159,14 @@ def _resumed(run_dir: RunDir, lock: RunLock, method: str | None, env: str | None
     plugins.methods.get(cfg.method.name)  # still installed?
     if (run_dir.path / "results.json").exists():
         raise RunDirError(f"{resume} already finished; see `arena show {resume}`.")
+    signer = run_dir.signed_elsewhere()
+    if signer is not None and not move_here:
+        raise RunDirError(
+            f"{resume} was started on another machine: its record is signed by key {signer}, this "
+            f"machine's is {run_dir.record_key_id()}, so the lines on record cannot be checked "
+            "against their signatures here. To go on here, checking them by their hashes only, "
+            f"run `arena run --resume {resume} --move-here` (results.json and the board then say "
+            "the run moved and after which line); or resume it on the machine that started it.")
+    if move_here:
+        run_dir.move_here()
     return PreparedRun(cfg, run_dir, resumed=True, lock=lock)

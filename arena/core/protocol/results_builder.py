@@ -137,9 +137,11 @@ def build_results(state: RunState, records: list[EpisodeResult], facts: SessionF
         provenance=_provenance(facts, state),
         # The chain of episodes.jsonl as this run left it (arena.core.storage.integrity): reports refuse
         # a file whose chain does not end here. ``damaged_lines``: lines --repair moved aside
-        # (their episodes were played again); ``breaks``: the lines after those holes.
+        # (their episodes were played again); ``breaks``: the lines after those holes; ``moves``:
+        # where the run went on under another machine's key (--move-here).
         record=Record(episodes=len(records), head=facts.record_head, key_id=facts.record_key_id,
-                      damaged_lines=list(state.record_damaged), breaks=list(state.record_breaks)),
+                      damaged_lines=list(state.record_damaged), breaks=list(state.record_breaks),
+                      moves=list(state.record_moves)),
         experiment=None if state.experiment is None else state.experiment.model_dump(exclude_none=True),
         exported=facts.exported, started=state.started, finished=facts.finished,
     )

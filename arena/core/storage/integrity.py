@@ -118,7 +118,7 @@ class ChainReport:
     lines: int  # episode lines
     head: str  # the last line's hash (GENESIS for an empty file)
     chained: bool  # False: a record from before chaining (no line carries a chain)
-    macs_checked: bool  # the local key signed it and every MAC was checked
+    macs_checked: bool  # the local key signed every line and every MAC was checked
     #: The violations on record (violations.jsonl), in the chain's order.
     violations: list[str] = field(default_factory=list)
     #: The hash of every line, in the chain's order (a report finds results.json's head in it).
@@ -165,14 +165,16 @@ def verify(episodes: list[dict[str, Any]], path: Path | str, *,
            trajectories: list[bytes] | None = None, key: bytes | None = None,
            expected_key_id: str | None = None, breaks: set[str] | None = None,
            violations: list[dict[str, Any]] | None = None,
-           violations_path: Path | str | None = None) -> ChainReport:
+           violations_path: Path | str | None = None, macs_after: str | None = None) -> ChainReport:
     """Check the chain of ``episodes`` (the parsed lines of ``path``) and ``violations`` (those
     of ``violations_path``: one chain over both files); raise :class:`RecordError` naming the
     first bad line. ``trajectories`` (the raw lines of ``trajectories.jsonl``, in order) are
     checked against each episode line's ``trajectory`` hash; MACs are checked when ``key`` is
     the one that signed the record (``expected_key_id``). ``breaks``: hashes of lines that
     follow a damaged line moved aside by a repair; their link to the line before is not checked
-    (their own hash and MAC are)."""
+    (their own hash and MAC are). ``macs_after``: the record moved to the signing key at this
+    line (its hash; GENESIS: before the first line): only the lines after it carry that key's
+    MACs, the lines before are checked by their hashes alone (:class:`RecordMove`)."""
     violations = violations or []
     if not violations and not any(CHAIN in line for line in episodes):
         return ChainReport(len(episodes), GENESIS, chained=False, macs_checked=False)
@@ -181,8 +183,10 @@ def verify(episodes: list[dict[str, Any]], path: Path | str, *,
     if trajectories is not None:
         by_trajectory = {hashlib.sha256(raw).hexdigest() for raw in trajectories}
     both = " (episodes.jsonl and violations.jsonl are one chain)" if violations else ""
-    report = ChainReport(len(episodes), GENESIS, chained=True, macs_checked=check_macs)
+    report = ChainReport(len(episodes), GENESIS, chained=True,
+                         macs_checked=check_macs and macs_after in (None, GENESIS))
     prev = GENESIS
+    signed = macs_after is None or macs_after == GENESIS  # the lines so far carry the key's MACs
     for is_episode, number, record in in_chain_order(episodes, violations, breaks or set()):
         chain = record.get(CHAIN)
         where = f"{path if is_episode else violations_path}, line {number}"
@@ -196,7 +200,7 @@ def verify(episodes: list[dict[str, Any]], path: Path | str, *,
         if chain.get("hash") != line_hash(str(chain.get("prev")) if after_hole else prev, record):
             raise RecordError(f"{where} was changed after it was written (its hash does not "
                               "match). The record cannot be trusted.")
-        if check_macs and (not isinstance(chain.get("mac"), str)
+        if check_macs and signed and (not isinstance(chain.get("mac"), str)
                            or not hmac.compare_digest(chain["mac"], mac(key, chain["hash"]))):  # type: ignore[arg-type]
             raise RecordError(f"{where} is not signed by this machine's record key (its MAC "
                               "does not match): the record was rewritten. It cannot be trusted.")
@@ -208,8 +212,12 @@ def verify(episodes: list[dict[str, Any]], path: Path | str, *,
         if not is_episode:
             report.violations.append(str(record[VIOLATION]))
         prev = chain["hash"]
+        signed = signed or prev == macs_after
         report.hashes.append(prev)
         report.is_episode.append(is_episode)
+    if not signed:
+        raise RecordError(f"{path}: the line where the record moved to this key ({str(macs_after)[:12]}...) is not "
+                          "in the chain. The record cannot be trusted.")
     report.head = prev
     return report
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from arena.core.contract.results import RecordMove
 from arena.core.contract.types import EpisodeResult
 from arena.core.storage.files import RunDirError, read_json, write_json_atomic
 
@@ -132,6 +133,8 @@ class RunState(_Closed):
     #: Lines ``--repair`` moved aside, and the lines after those holes.
     record_breaks: list[str] = []
     record_damaged: list[int] = []
+    #: Each move of the run to another machine's record key (``--move-here``), in order.
+    record_moves: list[RecordMove] = []
 
     def cost(self, phase: str) -> PhaseCost:
         return self.cost_learn if phase == "learn" else self.cost_evaluate
@@ -141,12 +144,15 @@ class RunState(_Closed):
 
     def learned_part(self, *, keep_poison: bool) -> RunState:
         """The state as learning left it (a replay starts from it): without what evaluation,
-        a resume or a repair added, without its violations (the record's own, not copied), and
-        without a change of model not yet rebased (the replay would name its own reference)."""
+        a resume, a repair or a move added, without its record's key and violations (the record
+        is the source's own, not copied), and without a change of model not yet rebased (the
+        replay would name its own reference)."""
         model = self.model_changed if self.model_changed is not None and self.model_changed.rebased else None
         return self.model_copy(update={
             "digest_after_eval": None, "cost_evaluate": PhaseCost(), "record_breaks": [],
             "record_damaged": [], "resumed_by": [], "violations": [], "model_changed": model,
+            # The copy's record is its own, signed where it is made.
+            "record_key_id": None, "record_moves": [],
             **({} if keep_poison else {"poisoning": None, "poisoned": None})})
 
 
@@ -275,6 +281,11 @@ class Ledger:
         """``--repair`` moved ``damaged`` lines aside; ``breaks`` are the lines after the holes."""
         return self._amend(lambda state: {"record_breaks": [*state.record_breaks, *breaks],
                                           "record_damaged": [*state.record_damaged, *damaged]})
+
+    def moved(self, move: RecordMove) -> RunState:
+        """The run goes on under this machine's record key (``--move-here``)."""
+        return self._amend(lambda state: {"record_key_id": move.to_key_id,
+                                          "record_moves": [*state.record_moves, move]})
 
     def mark_experiment(self, mark: ExperimentMark) -> RunState:
         return self._change(experiment=mark)

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from arena.core.contract.results import Results, ResultsError
+from arena.core.contract.results import RecordMove, Results, ResultsError
 from arena.core.contract.results import validate as validate_results
 from arena.core.contract.types import EpisodeResult, RolloutTokens, Trajectory
 from arena.core.storage import integrity
@@ -276,18 +276,23 @@ class RunDir:
         except RunDirError as exc:
             raise RunDirError(f"{exc} If learning had finished, `arena run --resume {self.path} "
                               "--repair` moves damaged lines aside and plays those episodes again.") from exc
-        # Whatever state.json says: where this machine has a key, every line must carry its MAC
-        # (a run resumed on another machine, or rewritten by a forger, is refused).
+        # Whatever state.json says: where this machine has a key, every line since the run last
+        # moved here (--move-here; all lines if it never moved) must carry its MAC (a run started
+        # on another machine, or rewritten by a forger, is refused).
+        state = self.ledger.read()
         try:
             key = self._signing_key()
             report = integrity.verify(lines, self.path / EPISODES, key=key,
                                       expected_key_id=integrity.key_id(key),
-                                      breaks=set(self.ledger.read().record_breaks),
+                                      breaks=set(state.record_breaks),
                                       violations=read_jsonl(self.path / VIOLATIONS),
-                                      violations_path=self.path / VIOLATIONS)
+                                      violations_path=self.path / VIOLATIONS,
+                                      macs_after=state.record_moves[-1].after if state.record_moves else None)
         except integrity.RecordError as exc:
-            raise RunDirError(f"{exc} Start a new run; this one cannot be resumed (a run resumes "
-                              "only on the machine that started it).") from exc
+            raise RunDirError(f"{exc} Start a new run; this one cannot be resumed here (a run "
+                              "resumes on the machine whose key signed it; `arena run --resume "
+                              f"{self.path} --move-here` continues a run moved from another machine, "
+                              "and results.json then says so).") from exc
         if lines and not report.chained:
             raise RunDirError(f"{self.path / EPISODES} was written before records were chained "
                               "(an older Arena); finish it with that version or start a new run.")
@@ -403,6 +408,35 @@ class RunDir:
 
     def record_key_id(self) -> str | None:
         return integrity.key_id(self._signing_key())
+
+    def signed_elsewhere(self) -> str | None:
+        """The key that signs the run's record, where this machine has another one (the run was
+        started, or last moved, on another machine); None where this machine's key signs it or
+        either key is unknown."""
+        recorded, here = self.ledger.read().record_key_id, self.record_key_id()
+        return recorded if recorded is not None and here is not None and recorded != here else None
+
+    def move_here(self) -> RecordMove | None:
+        """Go on signing the run's record with this machine's key (``--resume --move-here``): the
+        chain as it stands is checked by its hashes (the MACs of another key cannot be), and the
+        move is recorded, so results.json and the board say which lines this key signed. None
+        where nothing moves (:meth:`signed_elsewhere`)."""
+        recorded = self.signed_elsewhere()
+        if recorded is None:
+            return None
+        state = self.ledger.read()
+        try:
+            report = integrity.verify(read_jsonl(self.path / EPISODES), self.path / EPISODES,
+                                      breaks=set(state.record_breaks),
+                                      violations=read_jsonl(self.path / VIOLATIONS),
+                                      violations_path=self.path / VIOLATIONS,
+                                      macs_after=state.record_moves[-1].after if state.record_moves else None)
+        except integrity.RecordError as exc:
+            raise RunDirError(f"{exc} A damaged record cannot be moved; start a new run.") from exc
+        move = RecordMove(from_key_id=recorded, to_key_id=self.record_key_id(), after=report.head,
+                          episodes=report.lines, at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+        self.ledger.moved(move)
+        return move
 
     def _signing_key(self) -> bytes | None:
         """This machine's record key, read (or made) once, when the run first writes or checks
