@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS="${RUNS:-/work/runs/household-medium-warm}"
-BOARD=leaderboards/household-medium-warm
+BOARD="${BOARD:-leaderboards/household-medium-warm}"  # another folder for tests
 COMMON=(--env household env.level=medium eval.limit=null llm.dtype=float32)
 ISOLATED=(run.isolation=process eval.salt=public)
 mkdir -p "$RUNS"

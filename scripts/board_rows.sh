@@ -5,7 +5,7 @@
 # key; results.json then names the move).
 run_row() {  # run_row ROW METHOD [ARGS...]
     local row=$1 method=$2; shift 2
-    local out="$RUNS/$row" parked="${BOARD:-}/unfinished/$1"
+    local out="$RUNS/$row" parked="${BOARD:-}/unfinished/$row"
     if [[ -f "$out/results.json" ]]; then echo "[board] $row: done" >&2; return; fi
     if [[ ! -d "$out" && -n "${BOARD:-}" && -d "$parked" ]]; then
         echo "[board] $row: put back from $parked" >&2

@@ -103,3 +103,37 @@ def test_the_script_lists_the_seeds_a_claim_waits_for(tmp_path: Path) -> None:
     made.mkdir()
     (made / "results.json").write_text("{}")
     assert expected[0] not in listed(tmp_path) and expected[1:] == [r for r in listed(tmp_path) if "-none-" not in r]
+
+
+def test_park_keeps_each_unfinished_run_whole_and_a_parked_row_resumes_with_move_here(tmp_path: Path) -> None:
+    """``--park`` copies every unfinished run whole beside the board (no lock), drops a parked
+    row once its run finished; the script puts a parked row back and resumes it with
+    ``--move-here`` (a fake ``arena`` on PATH records the call)."""
+    import os
+    import subprocess
+
+    runs, board, bin_dir = tmp_path / "runs", tmp_path / "board", tmp_path / "bin"
+    for name, files in (("memrl-seed0", {"config.yaml": "a", "store/db": "b", "run.lock": "1"}),
+                        ("rag-seed1", {"config.yaml": "c", "results.json": "{}"})):
+        for file, text in files.items():
+            (runs / name / file).parent.mkdir(parents=True, exist_ok=True)
+            (runs / name / file).write_text(text)
+    (board / "unfinished" / "rag-seed1").mkdir(parents=True)  # parked once, finished since
+    bin_dir.mkdir()
+    (bin_dir / "arena").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/calls\n')
+    (bin_dir / "arena").chmod(0o755)
+    env = {**os.environ, "RUNS": str(runs), "BOARD": str(board), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+    subprocess.run(["bash", str(SCRIPT), "--park"], env=env, check=True, capture_output=True)
+    parked = board / "unfinished" / "memrl-seed0"
+    assert sorted(p.relative_to(parked).as_posix() for p in parked.rglob("*") if p.is_file()) == \
+        ["config.yaml", "store/db"]
+    assert not (board / "unfinished" / "rag-seed1").exists()
+
+    import shutil
+
+    shutil.rmtree(runs / "memrl-seed0")  # a new machine: the run is only where it was parked
+    subprocess.run(["bash", str(SCRIPT), "memrl-seed0"], env=env, check=True, capture_output=True)
+    assert (runs / "memrl-seed0" / "store" / "db").read_text() == "b"
+    assert (tmp_path / "calls").read_text().splitlines()[-1].split() == \
+        ["run", "--resume", str(runs / "memrl-seed0"), "--move-here"]
