@@ -22,15 +22,24 @@ run_row() {  # run_row ROW METHOD [ARGS...]
 
 # --park: copy every unfinished run of RUNS whole (its store, method state and record) to
 # BOARD/unfinished/ROW, to be committed: a session's machine is not always kept, and a row runs
-# for longer than a session. A parked row that has since finished is removed.
+# for longer than a session. A parked row that has since finished is removed. A run larger than
+# PARK_MAX_MB (default 20: a memory method's store; an RL row's LoRA checkpoint with its optimizer
+# state is about 60 MB for SmolLM2) is left out, naming its size: every parked copy stays in the
+# repository's history.
 park_rows() {
-    local run row
+    local run row size
     for run in "$RUNS"/*/; do
         run=${run%/} row=$(basename "$run")
         if [[ -f "$run/results.json" ]]; then rm -rf "$BOARD/unfinished/$row"; continue; fi
         if [[ -f "$run/run.lock" ]] && arena show "$run" 2>&1 | grep -q "is still running"; then
             echo "[board] $row is still running: stop it first (kill -TERM its arena process)" >&2
             return 1
+        fi
+        size=$(du -sm "$run" | cut -f1)
+        if (( size > ${PARK_MAX_MB:-20} )); then
+            echo "[board] $row not parked: $size MB (over PARK_MAX_MB=${PARK_MAX_MB:-20}); it goes on only" \
+                 "where $run is kept" >&2
+            continue
         fi
         rm -rf "$BOARD/unfinished/$row" && mkdir -p "$BOARD/unfinished"
         cp -a "$run" "$BOARD/unfinished/$row" && rm -f "$BOARD/unfinished/$row/run.lock"

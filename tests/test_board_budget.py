@@ -106,8 +106,8 @@ def test_the_script_lists_the_seeds_a_claim_waits_for(tmp_path: Path) -> None:
 
 
 def test_park_keeps_each_unfinished_run_whole_and_a_parked_row_resumes_with_move_here(tmp_path: Path) -> None:
-    """``--park`` copies every unfinished run whole beside the board (no lock), drops a parked
-    row once its run finished; the script puts a parked row back and resumes it with
+    """``--park`` copies every unfinished run whole beside the board (no lock) unless it is over
+    PARK_MAX_MB, drops a parked row once its run finished; the script puts a parked row back and resumes it with
     ``--move-here`` (a fake ``arena`` on PATH records the call)."""
     import os
     import subprocess
@@ -118,13 +118,17 @@ def test_park_keeps_each_unfinished_run_whole_and_a_parked_row_resumes_with_move
         for file, text in files.items():
             (runs / name / file).parent.mkdir(parents=True, exist_ok=True)
             (runs / name / file).write_text(text)
+    (runs / "grpo-seed0").mkdir()
+    (runs / "grpo-seed0" / "checkpoint").write_bytes(b"0" * 2_000_000)  # over PARK_MAX_MB=1
     (board / "unfinished" / "rag-seed1").mkdir(parents=True)  # parked once, finished since
     bin_dir.mkdir()
     (bin_dir / "arena").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/calls\n')
     (bin_dir / "arena").chmod(0o755)
-    env = {**os.environ, "RUNS": str(runs), "BOARD": str(board), "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    env = {**os.environ, "RUNS": str(runs), "BOARD": str(board), "PATH": f"{bin_dir}:{os.environ['PATH']}",
+           "PARK_MAX_MB": "1"}
 
-    subprocess.run(["bash", str(SCRIPT), "--park"], env=env, check=True, capture_output=True)
+    parking = subprocess.run(["bash", str(SCRIPT), "--park"], env=env, check=True, capture_output=True, text=True)
+    assert "grpo-seed0 not parked: 2 MB" in parking.stderr and not (board / "unfinished" / "grpo-seed0").exists()
     parked = board / "unfinished" / "memrl-seed0"
     assert sorted(p.relative_to(parked).as_posix() for p in parked.rglob("*") if p.is_file()) == \
         ["config.yaml", "store/db"]
