@@ -508,7 +508,9 @@ def test_transfer_to_other_weights_checks_the_learned_state_under_the_source_wei
     tiny = ["llm.model=tiny", "embedder.name=hashing", "env.n_train=8", "env.n_valid=2", "env.n_test=4",
             "eval.limit=2", "eval.max_steps=3", "learn.max_steps=3", "learn.budget.episodes=3"]
     source, learned = protocol.run("rag", overrides=tiny, out=tmp_path / "rag")
-    run_experiment(make_plan("transfer", source, model=("llm.dtype=float32",)), tmp_path / "transfer")
+    # Another dtype than the source's (llm.dtype=auto is float32 on a CPU without native bf16).
+    other = "bfloat16" if learned.provenance.model["dtype"] == "float32" else "float32"
+    run_experiment(make_plan("transfer", source, model=(f"llm.dtype={other}",)), tmp_path / "transfer")
     for arm in ("with", "without"):
         run = load_run(tmp_path / "transfer" / arm)
         assert run.results.valid, run.results.violations
@@ -516,7 +518,7 @@ def test_transfer_to_other_weights_checks_the_learned_state_under_the_source_wei
         change = json.loads((run.path / "state.json").read_text())[MODEL_CHANGED]
         assert change["rebased"] and change["digest_learned"] == learned.state.digest_before_eval
     lying = tmp_path / "lying"
-    prepare_evaluation(source, lying, {"llm.dtype": "float32"}, record_as="experiment_of", new_keys=("llm.",))
+    prepare_evaluation(source, lying, {"llm.dtype": other}, record_as="experiment_of", new_keys=("llm.",))
     state = json.loads((lying / "state.json").read_text())
     state[MODEL_CHANGED]["from_weights_sha256"] = "0" * 64  # not the weights the state was learned with
     (lying / "state.json").write_text(json.dumps(state))
@@ -524,7 +526,7 @@ def test_transfer_to_other_weights_checks_the_learned_state_under_the_source_wei
     assert not results.valid
     assert any("differs from the one its source's learning ended with" in v for v in results.violations)
     tampered = tmp_path / "tampered"  # a file of the method's own folder changed before evaluation
-    prepare_evaluation(source, tampered, {"llm.dtype": "float32"}, record_as="experiment_of", new_keys=("llm.",))
+    prepare_evaluation(source, tampered, {"llm.dtype": other}, record_as="experiment_of", new_keys=("llm.",))
     (tampered / "method").mkdir(exist_ok=True)
     (tampered / "method" / "adapter.bin").write_bytes(b"not what it learned")
     _, results = finish_evaluation(tampered)
