@@ -279,15 +279,8 @@ class RunDir:
         # Whatever state.json says: where this machine has a key, every line since the run last
         # moved here (--move-here; all lines if it never moved) must carry its MAC (a run started
         # on another machine, or rewritten by a forger, is refused).
-        state = self.ledger.read()
         try:
-            key = self._signing_key()
-            report = integrity.verify(lines, self.path / EPISODES, key=key,
-                                      expected_key_id=integrity.key_id(key),
-                                      breaks=set(state.record_breaks),
-                                      violations=read_jsonl(self.path / VIOLATIONS),
-                                      violations_path=self.path / VIOLATIONS,
-                                      macs_after=state.record_moves[-1].after if state.record_moves else None)
+            report = self._check_chain(lines, self._signing_key())
         except integrity.RecordError as exc:
             raise RunDirError(f"{exc} Start a new run; this one cannot be resumed here (a run "
                               "resumes on the machine whose key signed it; `arena run --resume "
@@ -409,6 +402,15 @@ class RunDir:
     def record_key_id(self) -> str | None:
         return integrity.key_id(self._signing_key())
 
+    def _check_chain(self, lines: list[dict[str, Any]], key: bytes | None) -> integrity.ChainReport:
+        """The chain of ``lines`` (episodes.jsonl) and violations.jsonl, with ``key``'s MACs on
+        the lines since the run last moved (all lines if it never did; none without a key)."""
+        state = self.ledger.read()
+        return integrity.verify(lines, self.path / EPISODES, key=key, expected_key_id=integrity.key_id(key),
+                                breaks=set(state.record_breaks), violations=read_jsonl(self.path / VIOLATIONS),
+                                violations_path=self.path / VIOLATIONS,
+                                macs_after=state.record_moves[-1].after if state.record_moves else None)
+
     def signed_elsewhere(self) -> str | None:
         """The key that signs the run's record, where this machine has another one (the run was
         started, or last moved, on another machine); None where this machine's key signs it or
@@ -424,13 +426,8 @@ class RunDir:
         recorded = self.signed_elsewhere()
         if recorded is None:
             return None
-        state = self.ledger.read()
         try:
-            report = integrity.verify(read_jsonl(self.path / EPISODES), self.path / EPISODES,
-                                      breaks=set(state.record_breaks),
-                                      violations=read_jsonl(self.path / VIOLATIONS),
-                                      violations_path=self.path / VIOLATIONS,
-                                      macs_after=state.record_moves[-1].after if state.record_moves else None)
+            report = self._check_chain(read_jsonl(self.path / EPISODES), key=None)
         except integrity.RecordError as exc:
             raise RunDirError(f"{exc} A damaged record cannot be moved; start a new run.") from exc
         move = RecordMove(from_key_id=recorded, to_key_id=self.record_key_id(), after=report.head,
