@@ -283,7 +283,10 @@ class LineReporter(_EpisodeProgress):
                 if line is not None:
                     self._write(label, f"stopped with the {name} phase after "
                                        f"{format_duration(time.monotonic() - line.started)}")
-            self._write(name, f"done in {format_duration(tally.elapsed())}: {tally.status(final=True)}")
+            # A phase that ends short of its total was stopped (Ctrl-C, SIGTERM, a method that
+            # ends its learning early): saying "done" there misleads whoever reads the log.
+            ended = "done in" if tally.total is None or tally.done >= tally.total else "stopped after"
+            self._write(name, f"{ended} {format_duration(tally.elapsed())}: {tally.status(final=True)}")
             if self.current == name:
                 self.current = None
 

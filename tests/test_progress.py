@@ -231,7 +231,27 @@ def test_a_long_generation_moves_the_phase_line_and_leaves_it_when_done() -> Non
     assert lines[-1].startswith("evaluate 0/8 (0%) tasks; 0 episodes played; playing step 2/30; 0s"), lines
     reporter.phase_end("evaluate")
     reporter.generation(8, 256, 1)  # no phase running: nothing to show, nothing raised
-    assert stream.getvalue().splitlines()[-1][9:].startswith("evaluate done in")
+    assert stream.getvalue().splitlines()[-1][9:].startswith("evaluate stopped after")  # 0 of 8 done
+
+
+def test_a_phase_that_ends_short_of_its_total_says_it_stopped() -> None:
+    """A board row stopped with SIGTERM at 25 of 240 tasks logged `evaluate done in 20m10s`."""
+    stream = io.StringIO()
+    reporter = LineReporter(stream, interval_s=3600.0)
+    reporter.phase("evaluate", 4, 1)  # resumed with one task done
+    reporter.episode(episode("evaluate", success=True))
+    reporter.phase_end("evaluate")
+    reporter.phase("learn", None, 0)  # no budget: whenever it ends, it is done
+    reporter.phase_end("learn")
+    reporter.phase("evaluate", 2, 0)
+    for _ in range(2):
+        reporter.episode(episode("evaluate", success=False))
+    reporter.phase_end("evaluate")
+    ends = [line[9:] for line in stream.getvalue().splitlines() if " started" not in line
+            and re.match(r"\S+ (done in|stopped after) ", line[9:])]
+    assert [re.sub(r" \d+s:.*", "", line) for line in ends] == [
+        "evaluate stopped after", "learn done in", "evaluate done in"], ends
+    assert re.search(r"stopped after \d+s: 2/4 \(50%\) tasks", ends[0]), ends
 
 
 def test_the_backend_tells_its_generation_as_it_goes() -> None:
