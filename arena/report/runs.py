@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from arena.core.contract.results import PRIMARY_VARIANT, Record, Results, ResultsError
+from arena.core.contract.results import PRIMARY_VARIANT, Record, Results, ResultsError, signed_after
 from arena.core.contract.results import validate as validate_results
 from arena.core.contract.types import EpisodeResult
 from arena.core.storage import integrity
@@ -210,7 +210,7 @@ def check_record(path: Path, lines: list[dict[str, Any]], record: Record | None,
                                   expected_key_id=None if record is None else record.key_id,
                                   breaks=set() if record is None else set(record.breaks),
                                   violations=violations, violations_path=path / VIOLATIONS,
-                                  macs_after=record.moves[-1].after if record is not None and record.moves else None)
+                                  macs_after=None if record is None else signed_after(record.moves))
     except integrity.RecordError as exc:
         raise ReportError(str(exc)) from exc
     if record is None:

@@ -15,6 +15,7 @@ versions read with the same models, those keys optional.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -155,6 +156,12 @@ class RecordMove(_Closed):
     #: Episode lines on record when it moved.
     episodes: int
     at: str
+
+
+def signed_after(moves: Sequence[RecordMove]) -> str | None:
+    """The chain hash after which the record key in use signs the lines: the last move's point,
+    None where the run never moved (its one key signs every line)."""
+    return moves[-1].after if moves else None
 
 
 class Record(_Closed):

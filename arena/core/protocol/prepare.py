@@ -167,6 +167,6 @@ def _resumed(run_dir: RunDir, lock: RunLock, method: str | None, env: str | None
             "against their signatures here. To go on here, checking them by their hashes only, "
             f"run `arena run --resume {resume} --move-here` (results.json and the board then say "
             "the run moved and after which line); or resume it on the machine that started it.")
-    if move_here:
-        run_dir.move_here()
+    if signer is not None:
+        run_dir.move_here(signer)
     return PreparedRun(cfg, run_dir, resumed=True, lock=lock)

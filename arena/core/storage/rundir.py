@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from arena.core.contract.results import RecordMove, Results, ResultsError
+from arena.core.contract.results import RecordMove, Results, ResultsError, signed_after
 from arena.core.contract.results import validate as validate_results
 from arena.core.contract.types import EpisodeResult, RolloutTokens, Trajectory
 from arena.core.storage import integrity
@@ -409,7 +409,7 @@ class RunDir:
         return integrity.verify(lines, self.path / EPISODES, key=key, expected_key_id=integrity.key_id(key),
                                 breaks=set(state.record_breaks), violations=read_jsonl(self.path / VIOLATIONS),
                                 violations_path=self.path / VIOLATIONS,
-                                macs_after=state.record_moves[-1].after if state.record_moves else None)
+                                macs_after=signed_after(state.record_moves))
 
     def signed_elsewhere(self) -> str | None:
         """The key that signs the run's record, where this machine has another one (the run was
@@ -418,14 +418,11 @@ class RunDir:
         recorded, here = self.ledger.read().record_key_id, self.record_key_id()
         return recorded if recorded is not None and here is not None and recorded != here else None
 
-    def move_here(self) -> RecordMove | None:
-        """Go on signing the run's record with this machine's key (``--resume --move-here``): the
-        chain as it stands is checked by its hashes (the MACs of another key cannot be), and the
-        move is recorded, so results.json and the board say which lines this key signed. None
-        where nothing moves (:meth:`signed_elsewhere`)."""
-        recorded = self.signed_elsewhere()
-        if recorded is None:
-            return None
+    def move_here(self, recorded: str) -> RecordMove:
+        """Go on signing the run's record with this machine's key (``--resume --move-here``)
+        where ``recorded`` (:meth:`signed_elsewhere`) signed it so far: the chain as it stands
+        is checked by its hashes (the MACs of another key cannot be), and the move is recorded,
+        so results.json and the board say which lines this key signed."""
         try:
             report = self._check_chain(read_jsonl(self.path / EPISODES), key=None)
         except integrity.RecordError as exc:
