@@ -31,7 +31,8 @@ park_rows() {
     for run in "$RUNS"/*/; do
         run=${run%/} row=$(basename "$run")
         if [[ -f "$run/results.json" ]]; then rm -rf "$BOARD/unfinished/$row"; continue; fi
-        if [[ -f "$run/run.lock" ]] && arena show "$run" 2>&1 | grep -q "is still running"; then
+        # A live `arena run` holds an exclusive flock on its run.lock (arena.core.storage.rundir).
+        if [[ -f "$run/run.lock" ]] && ! flock --shared --nonblock "$run/run.lock" true; then
             echo "[board] $row is still running: stop it first (kill -TERM its arena process)" >&2
             return 1
         fi

@@ -127,6 +127,13 @@ def test_park_keeps_each_unfinished_run_whole_and_a_parked_row_resumes_with_move
     env = {**os.environ, "RUNS": str(runs), "BOARD": str(board), "PATH": f"{bin_dir}:{os.environ['PATH']}",
            "PARK_MAX_MB": "1"}
 
+    import fcntl
+
+    with (runs / "memrl-seed0" / "run.lock").open() as lock:  # as a live `arena run` holds it
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        refused = subprocess.run(["bash", str(SCRIPT), "--park"], env=env, capture_output=True, text=True)
+    assert refused.returncode != 0 and "memrl-seed0 is still running" in refused.stderr, refused.stderr
+    assert not (board / "unfinished" / "memrl-seed0").exists()
     parking = subprocess.run(["bash", str(SCRIPT), "--park"], env=env, check=True, capture_output=True, text=True)
     assert "grpo-seed0 not parked: 2 MB" in parking.stderr and not (board / "unfinished" / "grpo-seed0").exists()
     parked = board / "unfinished" / "memrl-seed0"
