@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from arena.report import Run, compare_runs, load_run
+from arena.report.render import markdown_table
 
 WITHOUT_CARD = "without_skill"
 ITERATION_COLUMNS = ["Arm", "Iteration", "Source episodes won", "Cards usable", "Downstream won",
@@ -83,17 +84,12 @@ def paired_rows(arms: list[Run]) -> list[list[str]]:
     return rows
 
 
-def _table(columns: list[str], rows: list[list[str]]) -> list[str]:
-    return (["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
-            + ["| " + " | ".join(row) + " |" for row in rows])
-
-
 def tables(paths: list[Path]) -> str:
     arms = [load_run(path) for path in paths]
     lines = ["Per learning iteration (metrics.jsonl):", ""]
-    lines += _table(ITERATION_COLUMNS, [row for run in arms for row in iteration_rows(run)])
+    lines += markdown_table(ITERATION_COLUMNS, [row for run in arms for row in iteration_rows(run)])
     lines += ["", "Paired at test (exact McNemar over the same tasks and seeds):", ""]
-    lines += _table(PAIRED_COLUMNS, paired_rows(arms))
+    lines += markdown_table(PAIRED_COLUMNS, paired_rows(arms))
     return "\n".join(lines) + "\n"
 
 

@@ -26,6 +26,7 @@ from typing import Any
 from arena.core.services.store import stored_experiences
 from arena.report.aggregate import protocol_of
 from arena.report.export import store_collection, trajectories
+from arena.report.render import markdown_table
 from arena.report.runs import ReportError, Run, load_run
 
 EPISODES, LEARNED_ITEMS = "episodes", "learned_items"
@@ -102,9 +103,8 @@ def card(runs: list[Run], counts: dict[str, int]) -> str:
         "splits (phase `evaluate`: nothing is learned from a test episode); `success` and `progress` are the "
         "environment's own. A row's `variant` is `default` for the primary result. Runs with a different "
         "protocol below are not comparable; an invalid run's figures are not a result.", "",
-        "| run | method | env | track | valid | seeds | model | protocol | arena | git |",
-        "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    rows = []
     for run in runs:
         protocol = "; ".join(f"{key} {json.dumps(value) if isinstance(value, list | dict) else value}"
                              for key, value in protocol_of(run).items())
@@ -113,7 +113,9 @@ def card(runs: list[Run], counts: dict[str, int]) -> str:
                  "yes" if run.results.valid else "INVALID: " + "; ".join(run.results.violations),
                  ", ".join(map(str, run.seeds)), run.model_id, protocol, provenance.arena_version,
                  provenance.git_sha or "-"]
-        lines.append("| " + " | ".join(str(cell).replace("|", "\\|").replace("\n", " ") for cell in cells) + " |")
+        rows.append(cells)
+    lines += markdown_table(["run", "method", "env", "track", "valid", "seeds", "model", "protocol", "arena", "git"],
+                            rows)
     lines += ["", "## Loading", "", "```python", "from datasets import load_dataset", "",
               f'episodes = load_dataset("parquet", data_files="data/{EPISODES}.parquet")["train"]']
     if counts[LEARNED_ITEMS]:

@@ -292,11 +292,13 @@ def learning_rows(learning: Learning | None, table: Table, overall: bool) -> lis
 # -- Markdown ---------------------------------------------------------------------------------
 
 
-def _md_cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+def _md_cell(text: object) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def _md_table(columns: list[str], rows: list[list[str]]) -> list[str]:
+def markdown_table(columns: list[str], rows: list[list[Any]]) -> list[str]:
+    """A Markdown table's lines; a cell's ``|`` is escaped and its newlines folded, so any text
+    (a violation, a protocol) keeps the table whole."""
     lines = ["| " + " | ".join(_md_cell(c) for c in columns) + " |",
              "|" + "|".join("---" for _ in columns) + "|"]
     lines.extend("| " + " | ".join(_md_cell(c) for c in cells) + " |" for cells in rows)
@@ -355,23 +357,23 @@ def markdown(tables: list[Table], plots: dict[str, list[Plot]],
     lines = ["# Arena leaderboard", ""]
     for table in tables:
         lines += [f"## {table.env}", "", f"Protocol: {protocol_line(table)}. Sorted by {table.sort}.", ""]
-        lines += _md_table(main_columns(table),
+        lines += markdown_table(main_columns(table),
                            [main_cells(table, rank, row) for rank, row in enumerate(table.rows, 1)])
         lines.append("")
         if reliable_rows(table):
             lines += ["### Reliability over seeds", "", PASS_K_NOTE, ""]
-            lines += _md_table(pass_k_columns(table), [pass_k_cells(table, row) for row in reliable_rows(table)])
+            lines += markdown_table(pass_k_columns(table), [pass_k_cells(table, row) for row in reliable_rows(table)])
             lines += [""]
         if learning_rows(learning, table, overall=True):
             lines += [f"### {LEARNING_TITLE}", "", LEARNING_NOTE, ""]
-            lines += _md_table(LEARNING_COLUMNS, learning_rows(learning, table, overall=True))
+            lines += markdown_table(LEARNING_COLUMNS, learning_rows(learning, table, overall=True))
             lines += ["", VERDICTS_NOTE, ""] + [f"- {text}" for text in verdict_lines(learning, table)]
             lines += ["", "<details>", "<summary>per task type</summary>", ""]
-            lines += _md_table(["Task type", *LEARNING_COLUMNS], learning_rows(learning, table, overall=False))
+            lines += markdown_table(["Task type", *LEARNING_COLUMNS], learning_rows(learning, table, overall=False))
             lines += ["", "</details>", ""]
         for split in table.splits:
             lines += ["<details>", f"<summary>{split}: success per task type</summary>", ""]
-            lines += _md_table(type_columns(table, split), [type_cells(table, split, row) for row in table.rows])
+            lines += markdown_table(type_columns(table, split), [type_cells(table, split, row) for row in table.rows])
             lines += ["", "</details>", ""]
         variant_rows = [(row, variant_lines(row)) for row in table.rows if row.variants]
         if variant_rows:
@@ -387,9 +389,9 @@ def markdown(tables: list[Table], plots: dict[str, list[Plot]],
         lines += ["## Experiments", "", EXPERIMENTS_NOTE, ""]
     for report in experiments or []:
         lines += [f"### {experiment_title(report)}", "", experiment_line(report) + ".", ""]
-        lines += _md_table(EXPERIMENT_COLUMNS, experiment_rows(report, overall=True))
+        lines += markdown_table(EXPERIMENT_COLUMNS, experiment_rows(report, overall=True))
         lines += ["", "<details>", "<summary>per task type</summary>", ""]
-        lines += _md_table(["Task type", *EXPERIMENT_COLUMNS], experiment_rows(report, overall=False))
+        lines += markdown_table(["Task type", *EXPERIMENT_COLUMNS], experiment_rows(report, overall=False))
         lines += ["", "</details>", ""]
     lines += ["Notes:", ""] + [f"- {note}" for note in page_notes(tables)] + [""]
     return "\n".join(lines)
