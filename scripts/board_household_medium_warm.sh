@@ -44,9 +44,14 @@ row_args() {  # row_args ROW -> METHOD ARGS...
 # ROW-none-seedS: the memory reset of a memory method's row (item 5 of issue 55, the papers'
 # "memory reset" control): the learned state of ROW-seedS evaluated again with no experience
 # shown (eval.experience.source=none), every other setting the row's; paired with the row itself.
+RESET_METHODS=(rag memrl expel mem0 reflexion skillrl)  # the rows with a memory reset (park_rows)
 run_reset() {  # run_reset ROW-none-seedS
     local row=$1 source="$RUNS/${1/-none-/-}" out="$RUNS/$1"
     if [[ -f "$out/results.json" ]]; then echo "[board] $row: done" >&2; return; fi
+    if [[ ! -d "$source" && -d "$BOARD/unfinished/${1/-none-/-}" ]]; then
+        echo "[board] $row: its source put back from $BOARD/unfinished/${1/-none-/-}" >&2
+        cp -a "$BOARD/unfinished/${1/-none-/-}" "$source"
+    fi
     if [[ ! -f "$source/results.json" ]]; then echo "[board] $row: $source has not finished" >&2; return 1; fi
     if [[ -d "$out" ]]; then arena run --resume "$out" ${RESUME_ARGS:-}; return; fi
     echo "[board] $row: arena evaluate --state $source eval.experience.source=none ${ISOLATED[*]}" >&2

@@ -20,9 +20,20 @@ run_row() {  # run_row ROW METHOD [ARGS...]
     fi
 }
 
+# needs_reset ROW: ROW-seedS is a finished run of one of RESET_METHODS (the board script's memory
+# methods) whose memory reset ROW-none-seedS has not finished: the reset evaluates ROW's learned
+# state (its store/, method/), which the board's committed small files do not hold.
+needs_reset() {
+    local row=$1 method=${1%-seed*}
+    [[ $row != *-none-seed* && " ${RESET_METHODS[*]:-} " == *" $method "* ]] &&
+        [[ ! -f "$RUNS/$method-none-seed${row##*-seed}/results.json" ]]
+}
+
 # --park: copy every unfinished run of RUNS whole (its store, method state and record) to
 # BOARD/unfinished/ROW, to be committed: a session's machine is not always kept, and a row runs
-# for longer than a session. A parked row that has since finished is removed. A run larger than
+# for longer than a session. A finished run stays parked while its memory reset is to run
+# (needs_reset); once that has finished, or for any other finished row, the parked copy is
+# removed. A run larger than
 # PARK_MAX_MB (default 20: a memory method's store; an RL row's LoRA checkpoint with its optimizer
 # state is about 60 MB for SmolLM2) is left out, naming its size: every parked copy stays in the
 # repository's history.
@@ -30,7 +41,7 @@ park_rows() {
     local run row size
     for run in "$RUNS"/*/; do
         run=${run%/} row=$(basename "$run")
-        if [[ -f "$run/results.json" ]]; then rm -rf "$BOARD/unfinished/$row"; continue; fi
+        if [[ -f "$run/results.json" ]] && ! needs_reset "$row"; then rm -rf "$BOARD/unfinished/$row"; continue; fi
         # A live `arena run` holds an exclusive flock on its run.lock (arena.core.storage.rundir).
         if [[ -f "$run/run.lock" ]] && ! flock --shared --nonblock "$run/run.lock" true; then
             echo "[board] $row is still running: stop it first (kill -TERM its arena process)" >&2

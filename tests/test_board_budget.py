@@ -114,13 +114,14 @@ def test_park_keeps_each_unfinished_run_whole_and_a_parked_row_resumes_with_move
 
     runs, board, bin_dir = tmp_path / "runs", tmp_path / "board", tmp_path / "bin"
     for name, files in (("memrl-seed0", {"config.yaml": "a", "store/db": "b", "run.lock": "1"}),
-                        ("rag-seed1", {"config.yaml": "c", "results.json": "{}"})):
+                        ("rag-seed1", {"config.yaml": "c", "results.json": "{}", "store/db": "d"}),
+                        ("base-seed0", {"config.yaml": "e", "results.json": "{}"})):
         for file, text in files.items():
             (runs / name / file).parent.mkdir(parents=True, exist_ok=True)
             (runs / name / file).write_text(text)
     (runs / "grpo-seed0").mkdir()
     (runs / "grpo-seed0" / "checkpoint").write_bytes(b"0" * 2_000_000)  # over PARK_MAX_MB=1
-    (board / "unfinished" / "rag-seed1").mkdir(parents=True)  # parked once, finished since
+    (board / "unfinished" / "base-seed0").mkdir(parents=True)  # parked once, finished since
     bin_dir.mkdir()
     (bin_dir / "arena").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/calls\n')
     (bin_dir / "arena").chmod(0o755)
@@ -139,7 +140,10 @@ def test_park_keeps_each_unfinished_run_whole_and_a_parked_row_resumes_with_move
     parked = board / "unfinished" / "memrl-seed0"
     assert sorted(p.relative_to(parked).as_posix() for p in parked.rglob("*") if p.is_file()) == \
         ["config.yaml", "store/db"]
-    assert not (board / "unfinished" / "rag-seed1").exists()
+    assert not (board / "unfinished" / "base-seed0").exists()
+    # A finished memory row stays parked, store and all, until its memory reset has run: the
+    # reset evaluates that learned state, which the board's small files do not hold.
+    assert (board / "unfinished" / "rag-seed1" / "store" / "db").read_text() == "d"
 
     import shutil
 
@@ -148,3 +152,13 @@ def test_park_keeps_each_unfinished_run_whole_and_a_parked_row_resumes_with_move
     assert (runs / "memrl-seed0" / "store" / "db").read_text() == "b"
     assert (tmp_path / "calls").read_text().splitlines()[-1].split() == \
         ["run", "--resume", str(runs / "memrl-seed0"), "--move-here"]
+
+    shutil.rmtree(runs / "rag-seed1")  # likewise for the reset's source
+    subprocess.run(["bash", str(SCRIPT), "rag-none-seed1"], env=env, check=True, capture_output=True)
+    assert (runs / "rag-seed1" / "store" / "db").read_text() == "d"
+    assert (tmp_path / "calls").read_text().splitlines()[-1].split()[:4] == \
+        ["evaluate", "--state", str(runs / "rag-seed1"), "--out"]
+    (runs / "rag-none-seed1").mkdir()
+    (runs / "rag-none-seed1" / "results.json").write_text("{}")
+    subprocess.run(["bash", str(SCRIPT), "--park"], env=env, check=True, capture_output=True)
+    assert not (board / "unfinished" / "rag-seed1").exists()  # its reset is done
