@@ -159,3 +159,72 @@ def test_full_split_base_evaluation(benchmark, tmp_path):
     print(f"\nfull split ({spec}): {episodes} episodes in {evaluate['wall_s']:.0f} s of evaluation "
           f"({evaluate['wall_s'] / 60:.1f} min); success " +
           ", ".join(f"{name} {s['success_rate']:.3f}" for name, s in splits.items()))
+
+
+def test_many_long_episodes_reuse_their_own_prefix(benchmark, monkeypatch):
+    """Eight episodes side by side whose prompts carry three retrieved experiences of about 750
+    characters (a memory method's evaluation: MemRL, RAG), scored step after step with the
+    prefix cache's automatic bound, first as the cache now keeps entries (a step's entry replaces
+    the one it was served by, ``SUPERSEDED``), then as it kept them before (both, the served one
+    renewed). Reported: prompt tokens computed per step and seconds per step of each.
+    ``ARENA_BENCH_MODEL=tiny ARENA_BENCH_CACHE_TOKENS=11676`` counts the same tokens in seconds
+    (the tiny model, with the cache bound the embedded model's ``auto`` gives in float32)."""
+    from arena.backends import transformers_backend
+    from arena.backends.transformers_backend import TransformersBackend
+    from arena.core.contract.llm import SamplingParams
+    from arena.core.contract.types import Experience, Observation, Provenance, Step, Task, Trajectory
+    from arena.core.execution.solver import build_prompt
+
+    llm = TransformersBackend({"model": os.environ.get("ARENA_BENCH_MODEL", "embedded"), "dtype": "float32",
+                               "threads": 2, "prefix_cache_tokens": int(os.environ.get("ARENA_BENCH_CACHE_TOKENS", 0))
+                               or "auto"})
+    places = [f"{p} {n}" for p in ("cabinet", "countertop", "drawer", "fridge", "shelf") for n in (1, 2, 3)]
+
+    def experience(k: int, j: int) -> Experience:
+        loop = "; ".join(f"go to {places[(k + j + i) % len(places)]}" for i in range(40))
+        text = (f"FAILED experience (pattern to avoid). Task: put a clean mug {k}{j} in coffeemachine 1.\n"
+                f"Reflection: the mug was in sinkbasin {j}, never looked at.\nFailed actions: {loop}")
+        return Experience(kind="memory", text=text[:750], provenance=Provenance((f"train/{k}{j}",), "train"))
+
+    episodes = [(Task(f"test/{k}", "household", "test_seen", "pick_clean_then_place_in_recep",
+                      f"put a clean mug in coffeemachine {k}."), [experience(k, j) for j in range(3)])
+                for k in range(8)]
+
+    def prompts(step: int) -> list[tuple[list[dict[str, str]], list[str]]]:
+        shown = []
+        for task, experiences in episodes:
+            trajectory = Trajectory(task=task, initial_observation="You are in the middle of a room.")
+            for i in range(step):
+                place = places[(i * 7 + len(task.goal)) % len(places)]
+                trajectory.steps.append(Step(action=f"go to {place}", valid=True,
+                                             observation=f"You arrive at {place}. On it, you see a mug {i}."))
+            admissible = tuple(f"go to {p}" for p in places) + ("look", "inventory")
+            chat = build_prompt(task, Observation(text="", admissible_actions=admissible), trajectory,
+                                experiences, history=2, show_admissible=True, max_experiences=4,
+                                max_experience_chars=800)
+            shown.append((chat, list(admissible)))
+        return shown
+
+    figures: dict[str, dict[str, float]] = {}
+
+    def measure() -> None:
+        for policy, superseded in (("replaces", transformers_backend.SUPERSEDED), ("keeps both", float("inf"))):
+            monkeypatch.setattr(transformers_backend, "SUPERSEDED", superseded)
+            llm.drop_cached_states()
+            before = dict(llm.prefix_cache_stats)
+            started, steps = time.perf_counter(), 0
+            for step in range(6):
+                for chat, options in prompts(step):
+                    llm.choose([chat], [options], SamplingParams())
+                    steps += 1
+            stats = llm.prefix_cache_stats
+            figures[policy] = {"computed_per_step": (stats["tokens_computed"] - before["tokens_computed"]) / steps,
+                               "reused_per_step": (stats["tokens_reused"] - before["tokens_reused"]) / steps,
+                               "s_per_step": (time.perf_counter() - started) / steps}
+
+    benchmark.pedantic(measure, rounds=1, iterations=1)
+    benchmark.extra_info.update(figures)
+    for policy, f in figures.items():
+        print(f"\n{policy:10s}: computed {f['computed_per_step']:.0f} prompt tokens/step, reused "
+              f"{f['reused_per_step']:.0f}, {f['s_per_step']:.2f} s/step")
+    assert figures["replaces"]["computed_per_step"] <= figures["keeps both"]["computed_per_step"]

@@ -9,6 +9,7 @@ choice, the same log-probs within 1e-4 and the same RL token records.
 from __future__ import annotations
 
 import json
+import types
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +154,41 @@ def test_the_cache_stays_within_its_token_bound_with_many_episodes_alive() -> No
             memory = llm.prefix_cache_memory()
             assert memory["tokens"] <= 600 and memory["bytes"] > 0
     assert llm.prefix_cache_stats["tokens_reused"] > 0
+
+
+def test_a_step_replaces_its_previous_step_in_the_cache_so_many_long_episodes_all_hit() -> None:
+    """Eight episodes whose prompts share the system message, then carry their own task and
+    experience (reused by the next step), then a window that changes every step: the cache
+    holds nine prompts' worth. Each step's entry replaces the one it was served by, so every
+    step after the first reuses its episode's stable part; kept beside its successor, each
+    episode held two entries, and the bound evicted the ones the next steps needed (a memrl
+    evaluation recomputed such prompts for 38 % of its time). An entry another episode shared
+    only the system message of is left alone."""
+    import torch
+
+    from arena.backends.transformers_backend import _PrefixCache
+
+    def states(row: list[int]) -> object:
+        layer = types.SimpleNamespace(keys=torch.zeros(1, 1, len(row) + 3, 1), values=torch.zeros(1, 1, len(row) + 3, 1))
+        return types.SimpleNamespace(layers=[layer])  # 3 option nodes past the prompt
+
+    system, stable, window = list(range(10)), 60, 25
+    def prompt(episode: int, step: int) -> list[int]:
+        own = [1000 * (episode + 1) + i for i in range(stable)]
+        return system + own + [100_000 + 1000 * episode + 50 * step + i for i in range(window)]
+
+    cache = _PrefixCache(capacity=32, max_tokens=9 * (len(system) + stable + window))
+    reuse: dict[tuple[int, int], int] = {}
+    for step in range(6):
+        for episode in range(8):
+            row = prompt(episode, step)
+            reused, _, served_by = cache.longest(row)
+            reuse[episode, step] = reused
+            cache.store(row, states(row), served_by, reused)
+            assert cache.tokens_held <= cache.max_tokens
+    assert all(reuse[e, s] >= len(system) + stable for e in range(8) for s in range(1, 6)), reuse
+    assert [reuse[e, 0] for e in range(1, 8)] == [len(system)] * 7  # served by another episode's entry
+    assert cache.tokens_held == 8 * len(prompt(0, 0))  # one entry an episode: the latest
 
 
 def test_changes_list_the_admissible_actions_once_then_what_changed() -> None:

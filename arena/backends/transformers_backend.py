@@ -112,6 +112,14 @@ class _OptionTree:
             self.predictors.append([*path, parent])
 
 
+Key = tuple[int, ...]
+#: The share of a cached prompt a new prompt must reuse for the new one to replace it in the
+#: prefix cache (:meth:`_PrefixCache.store`): a step's next prompt in the window layout reuses
+#: the system message, the task and the experience shown (about 70 % of a memrl prompt), while
+#: another episode's prompt shares the system message alone (about 10 %).
+SUPERSEDED = 0.5
+
+
 class _PrefixCache:
     """The KV caches of recently scored prompts, to reuse for a prompt that starts the same way.
 
@@ -151,12 +159,13 @@ class _PrefixCache:
                     seen[storage.data_ptr()] = storage.nbytes()
         return sum(seen.values())
 
-    def longest(self, row: list[int]) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]] | None]:
+    def longest(self, row: list[int]) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]] | None, Key | None]:
         """Length of the longest cached prefix of ``row`` (at most ``len(row) - 1``, since the
-        last prompt token must be fed to predict the reply) and views of its key/values."""
+        last prompt token must be fed to predict the reply), views of its key/values, and the
+        entry they come from (for :meth:`store`)."""
         limit = len(row) - 1
         if limit <= 0 or not self._entries:
-            return 0, None
+            return 0, None, None
         target = np.asarray(row, dtype=np.int64)
         best_len, best_key = 0, None
         for key, entry in self._entries.items():
@@ -168,17 +177,31 @@ class _PrefixCache:
             if shared > best_len:
                 best_len, best_key = shared, key
         if best_key is None:
-            return 0, None
+            return 0, None, None
         self._entries.move_to_end(best_key)
         layers = [(keys[:, :, :best_len], values[:, :, :best_len])
                   for keys, values in self._entries[best_key].layers]
-        return best_len, layers
+        return best_len, layers, best_key
 
-    def store(self, row: list[int], cache: Any) -> None:
-        """Keep the first ``len(row)`` positions of ``cache`` (later ones are option nodes)."""
+    def store(self, row: list[int], cache: Any, served_by: Key | None = None, reused: int = 0) -> None:
+        """Keep the first ``len(row)`` positions of ``cache`` (later ones are option nodes).
+
+        ``served_by``, the entry ``row``'s lookup reused ``reused`` positions of, is dropped
+        when that was most of it (:data:`SUPERSEDED`): it is then the previous step of the same
+        episode, and the new entry holds everything of it a later prompt can share (the
+        window layout's next prompt shares only the reused part; the transcript's extends the
+        new one). Kept beside its successor, with its recency renewed by the lookup, each
+        episode held two entries: 8 episodes of 900-token prompts then passed the token bound,
+        and the bound evicted the one entry an episode's next step needed (py-spy samples of a
+        memrl evaluation found 38 % of its time in prompts computed again past the system
+        message). An entry another episode's prompt shared only a little of (the system
+        message) stays: it is that episode's."""
         length, key = len(row), tuple(row)
         if length > self.max_tokens:
             return
+        if served_by is not None and served_by != key and served_by in self._entries \
+                and reused >= SUPERSEDED * len(self._entries[served_by].tokens):
+            self._held -= len(self._entries.pop(served_by).tokens)
         if key in self._entries:
             self._held -= len(self._entries.pop(key).tokens)
         layers = [(layer.keys[:, :, :length], layer.values[:, :, :length]) for layer in cache.layers]
@@ -710,7 +733,8 @@ class TransformersBackend(CountingBackend):
         is called once per step (its weights are read once, which dominates on a CPU for short
         segments).
         """
-        reused, layers = prefix_cache.longest(row)
+        reused, layers, served_by = prefix_cache.longest(row)
+        shared = reused  # from the cache; ``reused`` then counts the chunks computed below too
         cache = _reused_cache(layers, self.model.config)
         while len(row) - reused > PREFILL_CHUNK:  # the last chunk goes with the option tree
             cache = self._prefill_from(cache, row[reused : reused + PREFILL_CHUNK], reused)
@@ -741,9 +765,9 @@ class TransformersBackend(CountingBackend):
             .log_softmax(-1)
         )
         (scores,) = self._gather_scores([tree], [options], logprobs[:1], logprobs[1:])
-        prefix_cache.store(row, out.past_key_values)
-        prefix_cache.tokens_reused += reused
-        prefix_cache.tokens_computed += fresh
+        prefix_cache.store(row, out.past_key_values, served_by, shared)
+        prefix_cache.tokens_reused += shared
+        prefix_cache.tokens_computed += len(row) - shared
         return scores
 
     def _prefill_from(self, cache: Any, tokens: list[int], start: int) -> Any:
