@@ -3,9 +3,9 @@
 transformers' ``sdpa`` attention copies each key/value head once per query head of its group
 (``repeat_kv``) whenever a mask is given, because CUDA's fast kernels refuse a mask with
 ``enable_gqa``. Arena always gives one (its prompts are left-padded), so every decoding step
-copied the whole KV cache of every layer: for SmolLM2 (9 query heads, 3 key/value heads) and 8
-prompts of 1,500 tokens, some 200 MB a layer a token, most of a long generation's time on 2
-cores. PyTorch's CPU kernel takes the mask and ``enable_gqa`` together and reads the shared head
+wrote three copies of the whole KV cache: for SmolLM2 (9 query heads, 3 key/value heads) and 8
+prompts of 1,500 tokens, 55 MB a layer, 1.7 GB a generated token, nearly half of decoding's time
+on 2 cores. PyTorch's CPU kernel takes the mask and ``enable_gqa`` together and reads the shared head
 in place, with the same results bit for bit (``tests/test_cpu_attention.py``).
 
 Only inference on a CPU goes this way; training (gradients on) and other devices keep

@@ -358,7 +358,7 @@ def markdown(tables: list[Table], plots: dict[str, list[Plot]],
     for table in tables:
         lines += [f"## {table.env}", "", f"Protocol: {protocol_line(table)}. Sorted by {table.sort}.", ""]
         lines += markdown_table(main_columns(table),
-                           [main_cells(table, rank, row) for rank, row in enumerate(table.rows, 1)])
+                                [main_cells(table, rank, row) for rank, row in enumerate(table.rows, 1)])
         lines.append("")
         if reliable_rows(table):
             lines += ["### Reliability over seeds", "", PASS_K_NOTE, ""]
