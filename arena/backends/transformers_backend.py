@@ -328,7 +328,7 @@ class TransformersBackend(CountingBackend):
             self.warmstart = resolve_warmstart(self.config.warmstart, self.folder)
             model = apply_warmstart(model, self.warmstart)
         self.model: Any = model.to(self.device).eval()
-        cpu_attention.use_on(self.model)  # decoding 2x faster on a CPU, the same numbers
+        cpu_attention.use_on(self.model)  # batched decoding up to 2x faster on a CPU, same numbers
         self._pad_id = (
             self.tokenizer.pad_token_id
             if self.tokenizer.pad_token_id is not None
