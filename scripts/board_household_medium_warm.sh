@@ -76,13 +76,13 @@ commit_board() {
     arena leaderboard "$BOARD"/runs/*/ --control base --control random --out "$BOARD"
 }
 # --seeds-needed: the runs still missing for the rows whose claims wait for more learning seeds
-# (the committed board's verdicts, `seeds_needed`), with the memory reset of each new seed where
-# the board holds the row's reset; run them with: bash THIS_SCRIPT $(bash THIS_SCRIPT --seeds-needed)
+# (the committed board's verdicts, `seeds_needed`), each seed of a memory method (RESET_METHODS)
+# with its memory reset; run them with: bash THIS_SCRIPT $(bash THIS_SCRIPT --seeds-needed)
 seeds_needed() {
-    python3 - "$BOARD/leaderboard.json" "$RUNS" <<'PY'
+    python3 - "$BOARD/leaderboard.json" "$RUNS" "${RESET_METHODS[@]}" <<'PY'
 import json, pathlib, sys
 board, runs = json.loads(pathlib.Path(sys.argv[1]).read_text()), pathlib.Path(sys.argv[2])
-reset = {row["method"] for table in board["tables"] for row in table["rows"] if "reset_of" in row}
+reset = set(sys.argv[3:])
 needed = []
 for verdict in board.get("verdicts", []):
     if verdict["seeds_needed"]:
