@@ -48,12 +48,15 @@ RESET_METHODS=(rag memrl expel mem0 reflexion skillrl)  # the rows with a memory
 run_reset() {  # run_reset ROW-none-seedS
     local row=$1 source="$RUNS/${1/-none-/-}" out="$RUNS/$1"
     if [[ -f "$out/results.json" ]]; then echo "[board] $row: done" >&2; return; fi
-    if [[ ! -d "$source" && -d "$BOARD/unfinished/${1/-none-/-}" ]]; then
-        echo "[board] $row: its source put back from $BOARD/unfinished/${1/-none-/-}" >&2
-        cp -a "$BOARD/unfinished/${1/-none-/-}" "$source"
-    fi
+    local parked  # the reset and its source, each put back from BOARD/unfinished where parked
+    for parked in "$1" "${1/-none-/-}"; do
+        if [[ ! -d "$RUNS/$parked" && -d "$BOARD/unfinished/$parked" ]]; then
+            echo "[board] $row: $parked put back from $BOARD/unfinished/$parked" >&2
+            cp -a "$BOARD/unfinished/$parked" "$RUNS/$parked"
+        fi
+    done
     if [[ ! -f "$source/results.json" ]]; then echo "[board] $row: $source has not finished" >&2; return 1; fi
-    if [[ -d "$out" ]]; then arena run --resume "$out" ${RESUME_ARGS:-}; return; fi
+    if [[ -d "$out" ]]; then arena run --resume "$out" --move-here ${RESUME_ARGS:-}; return; fi
     echo "[board] $row: arena evaluate --state $source eval.experience.source=none ${ISOLATED[*]}" >&2
     arena evaluate --state "$source" --out "$out" eval.experience.source=none "${ISOLATED[@]}"
 }

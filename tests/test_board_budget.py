@@ -163,7 +163,12 @@ def test_park_keeps_each_unfinished_run_whole_and_a_parked_row_resumes_with_move
     assert (runs / "rag-seed1" / "store" / "db").read_text() == "d"
     assert (tmp_path / "calls").read_text().splitlines()[-1].split()[:4] == \
         ["evaluate", "--state", str(runs / "rag-seed1"), "--out"]
-    (runs / "rag-none-seed1").mkdir()
+    (board / "unfinished" / "rag-none-seed1").mkdir()  # a reset parked half-way goes on too
+    (board / "unfinished" / "rag-none-seed1" / "config.yaml").write_text("f")
+    subprocess.run(["bash", str(SCRIPT), "rag-none-seed1"], env=env, check=True, capture_output=True)
+    assert (runs / "rag-none-seed1" / "config.yaml").read_text() == "f"
+    assert (tmp_path / "calls").read_text().splitlines()[-1].split() == \
+        ["run", "--resume", str(runs / "rag-none-seed1"), "--move-here"]
     (runs / "rag-none-seed1" / "results.json").write_text("{}")
     subprocess.run(["bash", str(SCRIPT), "--park"], env=env, check=True, capture_output=True)
     assert not (board / "unfinished" / "rag-seed1").exists()  # its reset is done
