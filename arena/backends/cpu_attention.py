@@ -22,16 +22,20 @@ import torch
 CPU_SDPA = "arena_cpu_sdpa"
 
 
+#: transformers' ``sdpa_attention`` module, imported once by :func:`_register` (not at import:
+#: transformers must not load before ``transformers_without_sklearn``) rather than at every layer
+#: of every step; its function is looked up per call, so a test can wrap it.
+_sdpa: Any = None
+
+
 def _attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                is_causal: bool | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     grouped = key.shape[1] != query.shape[1]
     if (not grouped or attention_mask is None or query.device.type != "cpu" or torch.is_grad_enabled()
             or kwargs.get("position_bias") is not None or kwargs.get("cache") is not None):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                      scaling=scaling, is_causal=is_causal, **kwargs)
+        return _sdpa.sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                            scaling=scaling, is_causal=is_causal, **kwargs)
     # transformers' own call with a mask (is_causal is then False), the heads shared in place.
     output = torch.nn.functional.scaled_dot_product_attention(
         query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=False,
@@ -40,9 +44,12 @@ def _attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch
 
 
 def _register() -> None:
+    global _sdpa
     from transformers import AttentionInterface
+    from transformers.integrations import sdpa_attention
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+    _sdpa = sdpa_attention
     AttentionInterface.register(CPU_SDPA, _attention)
     AttentionMaskInterface.register(CPU_SDPA, sdpa_mask)  # the very masks ``sdpa`` is given
 

@@ -112,7 +112,7 @@ class _OptionTree:
             self.predictors.append([*path, parent])
 
 
-Key = tuple[int, ...]
+PromptKey = tuple[int, ...]
 #: The share of a cached prompt a new prompt must reuse for the new one to replace it in the
 #: prefix cache (:meth:`_PrefixCache.store`): a step's next prompt in the window layout reuses
 #: the system message, the task and the experience shown (about 70 % of a memrl prompt), while
@@ -159,7 +159,7 @@ class _PrefixCache:
                     seen[storage.data_ptr()] = storage.nbytes()
         return sum(seen.values())
 
-    def longest(self, row: list[int]) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]] | None, Key | None]:
+    def longest(self, row: list[int]) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]] | None, PromptKey | None]:
         """Length of the longest cached prefix of ``row`` (at most ``len(row) - 1``, since the
         last prompt token must be fed to predict the reply), views of its key/values, and the
         entry they come from (for :meth:`store`)."""
@@ -183,7 +183,7 @@ class _PrefixCache:
                   for keys, values in self._entries[best_key].layers]
         return best_len, layers, best_key
 
-    def store(self, row: list[int], cache: Any, served_by: Key | None = None, reused: int = 0) -> None:
+    def store(self, row: list[int], cache: Any, served_by: PromptKey | None = None, reused: int = 0) -> None:
         """Keep the first ``len(row)`` positions of ``cache`` (later ones are option nodes).
 
         ``served_by``, the entry ``row``'s lookup reused ``reused`` positions of, is dropped
