@@ -96,16 +96,21 @@ def follow() -> None:
             dist.destroy_process_group()
 
 
-def _build(served: Any, model_config: Any, pad_ids: tuple[int | None, int], config: dict[str, Any],
-           seed: int) -> PolicyTrainer:
+def _build(served: Any, architecture: dict[str, Any], pad_ids: tuple[int | None, int],
+           config: dict[str, Any], seed: int) -> PolicyTrainer:
     """Every rank's shard of the trainer: the model's architecture, rank 0's weights broadcast
-    into it, the same seed for the LoRA adapters' initial values, then ``fully_shard``."""
-    from transformers import AutoModelForCausalLM
+    into it, the same seed for the LoRA adapters' initial values, then ``fully_shard``.
+
+    ``architecture`` is the served config as saved (``to_dict``), without how rank 0 serves it:
+    a backend may serve through an attention it registered in its own process only (the CPU
+    backend's grouped-query attention), which another rank's transformers does not know. The
+    other ranks take transformers' default; the served choice is the same numbers (its tests)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     if served is not None:
         model = copy.deepcopy(served).float()
     else:
-        model = AutoModelForCausalLM.from_config(model_config, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**architecture), dtype=torch.float32)
     model = model.to(_device())
     with torch.no_grad():
         for tensor in model.state_dict().values():
@@ -131,7 +136,7 @@ class LeadTrainer:
         served = backend.model
         tokenizer = backend.tokenizer
         pad_ids = (tokenizer.pad_token_id, tokenizer.eos_token_id)
-        args = (served.config, pad_ids, config.to_dict(), seed)
+        args = (served.config.to_dict(), pad_ids, config.to_dict(), seed)
         self._broadcast("build", args, {})
         self.trainer = self._guarded(lambda: _build(served, *args))
         self.config = config
