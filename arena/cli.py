@@ -10,7 +10,8 @@ import shlex
 import signal
 import sys
 import time
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -76,8 +77,6 @@ def run(method: str | None, env_name: str | None, preset: str | None, config_fil
 
     if method is None and resume is None:
         raise click.UsageError("Name a method with --method NAME (see `arena plugins`), or --resume RUN_DIR.")
-    from arena.console import LineReporter, RichReporter, bars
-
     if launched_by_torchrun():  # rank 0 runs the harness; the others train when it says
         from arena.core.rl import ranks
 
@@ -87,10 +86,7 @@ def run(method: str | None, env_name: str | None, preset: str | None, config_fil
         ranks.stop_cleanly_on_sigterm()
     started = time.perf_counter()
     try:
-        # Bars on a terminal; in a log file or a pipe, timestamped lines (bars draw nothing there).
-        with bars(console) if console.is_terminal else nullcontext() as progress:
-            reporter = (RichReporter(progress) if progress is not None else
-                        LineReporter(interval_s=float(os.environ.get("ARENA_PROGRESS_INTERVAL_S", 10))))
+        with progress_reporter() as reporter:
             path, results = protocol.run(method, env_name, config_file=config_file, overrides=list(overrides),
                                          out=out, resume=resume, reporter=reporter, preset=preset,
                                          allow_version_change=allow_version_change, repair=repair,
@@ -105,6 +101,17 @@ def run(method: str | None, env_name: str | None, preset: str | None, config_fil
     print_summary(results, path)
     console.print(f"Finished in {time.perf_counter() - started:.1f} s. Results: {path / 'results.json'}")
     print_next_steps(path)
+
+
+@contextmanager
+def progress_reporter() -> Iterator[Any]:
+    """How a long command shows its phases: bars on a terminal; in a log file or a pipe,
+    timestamped lines every ``ARENA_PROGRESS_INTERVAL_S`` seconds (bars draw nothing there)."""
+    from arena.console import LineReporter, RichReporter, bars
+
+    with bars(console) if console.is_terminal else nullcontext() as progress:
+        yield (RichReporter(progress) if progress is not None else
+               LineReporter(interval_s=float(os.environ.get("ARENA_PROGRESS_INTERVAL_S", 10))))
 
 
 def launched_by_torchrun() -> bool:
@@ -310,7 +317,8 @@ def evaluate(state_dir: str, out: str, overrides: tuple[str, ...]) -> None:
     from arena.report.evaluate_state import EvaluateError, evaluate_state
 
     try:
-        path, results = evaluate_state(state_dir, out, list(overrides))
+        with progress_reporter() as reporter:
+            path, results = evaluate_state(state_dir, out, list(overrides), reporter=reporter)
     except EvaluateError as exc:
         raise click.ClickException(str(exc)) from exc
     print_summary(results, path)
@@ -345,7 +353,8 @@ def experiment(name: str, run_dir: str, out: str, fractions: tuple[float, ...], 
     try:
         plan = make_plan(name, Path(run_dir), fractions=fractions or DEFAULT_FRACTIONS, model=model,
                          change=change, board=board)
-        summary = run_experiment(plan, out, reuse=reuse)
+        with progress_reporter() as reporter:
+            summary = run_experiment(plan, out, reuse=reuse, reporter=reporter)
     except (ExperimentError, ReportError, *USER_ERRORS) as exc:
         raise click.ClickException(str(exc)) from exc
     except (KeyboardInterrupt, Terminated) as exc:

@@ -22,7 +22,7 @@ from arena.console import LineReporter
 from arena.core import protocol
 from arena.core.contract.types import EpisodeResult
 from arena.core.services.progress import ProgressTask, format_duration
-from tests.helpers.overrides import EVOLVING_RL_TINY
+from tests.helpers.overrides import EVOLVING_RL_TINY, FAST
 from tests.helpers.runs import harness_of
 
 STAMP = r"^\d\d:\d\d:\d\d "
@@ -183,6 +183,21 @@ def test_evolving_rl_to_a_file_writes_progress_lines_for_every_phase(tmp_path: P
     # The test-time cards are one long generate call: its tokens move the evaluate line meanwhile.
     assert re.search(STAMP + r"evaluate .*generating (8|16)/24 tokens of \d+ repl", text, re.M), text
     assert json.loads((tmp_path / "run" / "results.json").read_text())["valid"]
+
+
+def test_arena_evaluate_to_a_file_writes_progress_lines_as_arena_run_does(plugins, tmp_path: Path) -> None:
+    """A board's evaluation of a submitted state (a memory reset plays every test task for hours)
+    shows in a job's log as a run does, not only its summary at the end."""
+    submitted, _ = protocol.run("rag", overrides=[*FAST, "learn.budget.episodes=3"], out=tmp_path / "sub",
+                                plugins=plugins)
+    done = subprocess.run([sys.executable, "-m", "arena.cli", "evaluate", "--state", str(submitted),
+                           "--out", str(tmp_path / "reset"), "eval.experience.source=none"],
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "ARENA_PROGRESS_INTERVAL_S": "0"})
+    assert done.returncode == 0, done.stderr
+    assert re.search(STAMP + r"evaluate started: 0/24 tasks done$", done.stderr, re.M), done.stderr
+    assert re.search(STAMP + r"evaluate done in .*: 24/24 \(100%\) tasks", done.stderr, re.M), done.stderr
+    assert "learn started" not in done.stderr  # its learning is the submitted one, not rerun
 
 
 def test_plugins_lists_presets_and_keeps_install_hints_intact() -> None:

@@ -21,6 +21,7 @@ import arena
 from arena.core.contract.results import Results
 from arena.core.host import provenance
 from arena.core.protocol.continuation import AN_ARM, is_experiment_arm
+from arena.core.services.progress import Reporter
 from arena.core.storage import integrity
 from arena.core.storage.ledger import ExperimentMark, Ledger, ModelChange
 from arena.core.storage.rundir import CONFIG, RESULTS, RunDirError
@@ -63,7 +64,7 @@ def board_overrides(overrides: list[str] | tuple[str, ...], allowed: tuple[str, 
 
 
 def evaluate_state(run_dir: Path | str, out: Path | str, overrides: list[str], *,
-                   plugins: Any = None) -> tuple[Path, Results]:
+                   plugins: Any = None, reporter: Reporter | None = None) -> tuple[Path, Results]:
     """Evaluate the learned state of ``run_dir`` into the new run directory ``out``."""
     run_path, out = Path(run_dir), Path(out)
     settings = board_overrides([item for item in overrides if item != MEMORY_RESET])
@@ -72,7 +73,7 @@ def evaluate_state(run_dir: Path | str, out: Path | str, overrides: list[str], *
         settings[key] = value
     # eval.experience may be absent from the config of a run made before it existed.
     prepare_evaluation(run_path, out, settings, record_as="evaluated_from", new_keys=("eval.experience.",))
-    return finish_evaluation(out, plugins)
+    return finish_evaluation(out, plugins, reporter)
 
 
 def prepare_evaluation(run_path: Path, out: Path, settings: dict[str, Any], *, record_as: str,
@@ -136,9 +137,11 @@ def prepare_evaluation(run_path: Path, out: Path, settings: dict[str, Any], *, r
     partial.rename(out)
 
 
-def finish_evaluation(out: Path, plugins: Any = None) -> tuple[Path, Results]:
+def finish_evaluation(out: Path, plugins: Any = None,
+                      reporter: Reporter | None = None) -> tuple[Path, Results]:
     """Resume the prepared (or interrupted) evaluation in ``out`` to its end."""
     from arena.core import protocol
 
-    path, results = protocol.run(None, resume=out, plugins=plugins, allow_version_change=True)
+    path, results = protocol.run(None, resume=out, plugins=plugins, allow_version_change=True,
+                                 reporter=reporter)
     return Path(path), results

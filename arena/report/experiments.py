@@ -46,6 +46,7 @@ from arena.core.contract.settings import ExperienceSettings, Settings
 from arena.core.execution import salt as eval_salt
 from arena.core.execution.experience_controls import OTHER_TYPE, ExperienceControl, poison_count
 from arena.core.protocol.continuation import AN_ARM, is_experiment_arm
+from arena.core.services.progress import Reporter
 from arena.core.storage.ledger import ExperimentMark, Ledger
 from arena.core.storage.rundir import CONFIG, RESULTS, RunDirError, read_json, read_results, write_json_atomic
 from arena.report.aggregate import CONTINUED_FIELD as CONTINUED
@@ -221,7 +222,7 @@ def _settings(items: tuple[str, ...], *, allowed: tuple[str, ...], what: str) ->
 
 
 def run_experiment(plan: Plan, out: Path | str, *, plugins: Any = None,
-                   reuse: Iterable[Path | str] = ()) -> dict[str, Any]:
+                   reuse: Iterable[Path | str] = (), reporter: Reporter | None = None) -> dict[str, Any]:
     """Every arm of ``plan`` into ``out`` (resuming those begun), then the paired summary.
     ``reuse``: folders of other experiments whose finished arms stand in for this plan's arms of
     the same source and settings (stale's ``learned_world`` is relevance's ``own``)."""
@@ -271,7 +272,7 @@ def run_experiment(plan: Plan, out: Path | str, *, plugins: Any = None,
             except EvaluateError as exc:
                 raise ExperimentError(str(exc)) from exc
         _share_the_test_draw(out, folder)
-        finish_evaluation(folder, plugins)  # resumes: an arm that learns learns first
+        finish_evaluation(folder, plugins, reporter)  # resumes: an arm that learns learns first
     summary = {**planned, "comparisons": summarise(plan, out)}
     if plan.name == "conflict":
         summary["second_phase"] = second_phase(out / "both", source)
