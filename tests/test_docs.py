@@ -353,7 +353,7 @@ def test_the_readme_is_short_and_sends_readers_on() -> None:
 def test_the_readme_keeps_its_two_commands_verbatim() -> None:
     text = README.read_text()
     assert "bash scripts/install.sh && arena run --method evolving_rl\n" in text
-    second = "bash scripts/install.sh --dev && ruff check . && mypy && python -m pytest -q\n"
+    second = "bash scripts/install.sh --dev && ruff check . && mypy && python -m pytest -q -n auto --dist loadfile\n"
     assert second in text
     assert second.strip() in (ROOT / ".ci" / "run").read_text(), ".ci/run must run the README's second command"
 

@@ -129,3 +129,36 @@ def test_a_move_point_outside_the_chain_is_refused(moved):
 def test_move_here_without_resume_is_refused(tmp_path):
     with pytest.raises(ValueError, match="--move-here applies to --resume"):
         protocol.run("base", overrides=[*FAST, "eval.limit=1"], out=tmp_path / "r", move_here=True)
+
+
+
+def test_a_new_record_key_file_appears_only_whole_and_the_first_one_made_wins(tmp_path, monkeypatch):
+    """The first runs on a machine (or a test session's workers) make its record key at the same
+    moment: another process must never read the key file empty or half-written (its records went
+    without a MAC), and a process that lost the race signs with the key the file holds."""
+    import os
+
+    key_file = tmp_path / "machine" / "record.key"
+    monkeypatch.setenv("ARENA_RECORD_KEY_FILE", str(key_file))
+    readable_while_written: list[str | None] = []
+    fdopen, link = os.fdopen, os.link
+
+    def writing(descriptor, *args, **kwargs):  # what another process would read at this moment
+        readable_while_written.append(key_file.read_text() if key_file.exists() else None)
+        return fdopen(descriptor, *args, **kwargs)
+
+    monkeypatch.setattr(os, "fdopen", writing)
+    mine = integrity.record_key()
+    assert readable_while_written == [None] and mine is not None
+    assert integrity.record_key() == mine and sorted(p.name for p in key_file.parent.iterdir()) == ["record.key"]
+
+    key_file.unlink()
+    theirs = "ab" * 32
+
+    def another_process_first(source, target):
+        Path(target).write_text(theirs + "\n")
+        return link(source, target)
+
+    monkeypatch.setattr(os, "link", another_process_first)
+    assert integrity.record_key() == bytes.fromhex(theirs)
+    assert sorted(p.name for p in key_file.parent.iterdir()) == ["record.key"]  # nothing left beside it

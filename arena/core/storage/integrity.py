@@ -62,9 +62,16 @@ def record_key(create: bool = True) -> bytes | None:
             return None
         path.parent.mkdir(parents=True, exist_ok=True)
         key = secrets.token_bytes(32)
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(descriptor, "w") as handle:
-            handle.write(key.hex() + "\n")
+        # Written whole beside it, then linked into place: a process starting at the same moment
+        # reads a whole key or none (a key file created empty and then written was read empty).
+        written = path.with_name(f".{path.name}.{os.getpid()}.new")
+        descriptor = os.open(written, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            with os.fdopen(descriptor, "w") as handle:
+                handle.write(key.hex() + "\n")
+            os.link(written, path)
+        finally:
+            written.unlink(missing_ok=True)
         return key
     except FileExistsError:  # another process made it first
         return bytes.fromhex(path.read_text().strip())
