@@ -31,7 +31,7 @@ os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
 os.environ.setdefault("ARENA_RECORD_KEY_FILE",
                       os.path.join(tempfile.mkdtemp(prefix="arena-tests-"), "record.key"))
 
-import pytest
+import pytest  # noqa: E402 (after the environment above)
 
 # The helpers' asserts report as the test modules' do (before tests.helpers is first imported).
 pytest.register_assert_rewrite("tests.helpers")
