@@ -162,3 +162,13 @@ def test_a_new_record_key_file_appears_only_whole_and_the_first_one_made_wins(tm
     monkeypatch.setattr(os, "link", another_process_first)
     assert integrity.record_key() == bytes.fromhex(theirs)
     assert sorted(p.name for p in key_file.parent.iterdir()) == ["record.key"]  # nothing left beside it
+
+    key_file.unlink()
+
+    def no_hard_links(source, target):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_hard_links)  # such a filesystem still gets a key, as before
+    made = integrity.record_key()
+    assert made is not None and key_file.read_text().strip() == made.hex()
+    assert sorted(p.name for p in key_file.parent.iterdir()) == ["record.key"]

@@ -69,7 +69,14 @@ def record_key(create: bool = True) -> bytes | None:
         try:
             with os.fdopen(descriptor, "w") as handle:
                 handle.write(key.hex() + "\n")
-            os.link(written, path)
+            try:
+                os.link(written, path)
+            except FileExistsError:
+                raise
+            except OSError:  # a filesystem without hard links: made in place, as before
+                descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(descriptor, "w") as handle:
+                    handle.write(key.hex() + "\n")
         finally:
             written.unlink(missing_ok=True)
         return key
