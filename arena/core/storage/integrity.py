@@ -64,19 +64,19 @@ def record_key(create: bool = True) -> bytes | None:
         key = secrets.token_bytes(32)
         # Written whole beside it, then linked into place: a process starting at the same moment
         # reads a whole key or none (a key file created empty and then written was read empty).
-        written = path.with_name(f".{path.name}.{os.getpid()}.new")
-        descriptor = os.open(written, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            with os.fdopen(descriptor, "w") as handle:
+        def write(target: Path, flags: int) -> None:
+            with os.fdopen(os.open(target, os.O_WRONLY | os.O_CREAT | flags, 0o600), "w") as handle:
                 handle.write(key.hex() + "\n")
+
+        written = path.with_name(f".{path.name}.{os.getpid()}.new")
+        try:
+            write(written, os.O_TRUNC)
             try:
                 os.link(written, path)
-            except FileExistsError:
-                raise
-            except OSError:  # a filesystem without hard links: made in place, as before
-                descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                with os.fdopen(descriptor, "w") as handle:
-                    handle.write(key.hex() + "\n")
+            except OSError as exc:
+                if isinstance(exc, FileExistsError):
+                    raise
+                write(path, os.O_EXCL)  # a filesystem without hard links: made in place, as before
         finally:
             written.unlink(missing_ok=True)
         return key
