@@ -25,6 +25,7 @@ from arena.core.config.registry import RegistrationError, UnknownNameError
 from arena.core.contract.errors import RanksLost
 from arena.core.contract.results import Results
 from arena.core.host.allocator import compact_allocator
+from arena.core.services.progress import Reporter
 from arena.core.storage.rundir import RunDir, RunDirError
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -104,7 +105,7 @@ def run(method: str | None, env_name: str | None, preset: str | None, config_fil
 
 
 @contextmanager
-def progress_reporter() -> Iterator[Any]:
+def progress_reporter() -> Iterator[Reporter]:
     """How a long command shows its phases: bars on a terminal; in a log file or a pipe,
     timestamped lines every ``ARENA_PROGRESS_INTERVAL_S`` seconds (bars draw nothing there)."""
     from arena.console import LineReporter, RichReporter, bars
