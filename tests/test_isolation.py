@@ -440,3 +440,41 @@ def test_a_closed_channels_reader_ends_before_its_descriptor_can_be_reused():
     assert not channel._reader.is_alive()
     assert channel.closed == "closed"
     theirs.close()
+
+
+def test_a_signal_while_the_harness_serves_the_worker_stops_the_harness_not_the_workers_call():
+    """SIGTERM or Ctrl-C arriving while the harness's main thread serves a call back from an
+    isolated method (``learn`` playing an episode) unwinds the harness with that signal's own
+    exception, so `arena run` stops cleanly with its resume hint. It was sent to the worker as
+    the call's error and came back as a RemoteError, and the run ended with a traceback."""
+    import multiprocessing
+
+    from arena.core.isolation.rpc import ROOT, Channel, Proxy
+
+    class Stop(BaseException):  # as arena.cli's Terminated: raised by a signal handler
+        pass
+
+    class Harness:
+        def play(self):
+            raise Stop
+
+    class Method:
+        harness: Proxy | None = None
+
+        def learn(self):
+            return self.harness.play()
+
+    harness_end, worker_end = multiprocessing.Pipe()
+    harness = Channel(harness_end, "h", lambda obj: None, trusted_modules=("arena.core.isolation.rpc",),
+                      own_interrupts=True)
+    harness.offer_root(Harness(), frozenset({"play"}))
+    worker = Channel(worker_end, "w", lambda obj: None)
+    method = Method()
+    worker.offer_root(method, frozenset({"learn"}))
+    harness.start(), worker.start()
+    method.harness = Proxy(worker, ROOT, "Harness")
+    try:
+        with pytest.raises(Stop):
+            Proxy(harness, ROOT, "Method").learn()
+    finally:
+        harness.close(), worker.close()

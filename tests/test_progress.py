@@ -322,6 +322,31 @@ def test_ctrl_c_and_sigterm_stop_cleanly_and_say_how_to_resume(tmp_path: Path, s
     assert "was interrupted" in shown.output  # the lock went with the process
 
 
+@pytest.mark.slow
+def test_sigterm_while_an_isolated_method_learns_stops_cleanly(tmp_path: Path) -> None:
+    """The signal comes while the harness plays an episode for the worker's ``learn`` hook: it
+    ended the run with a traceback (``RemoteError: Terminated``), the worker having been sent
+    the harness's own signal as its call's error."""
+    import signal
+    import time
+
+    out = tmp_path / "run"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "arena.cli", "run", "--method", "memrl", "--out", str(out), "llm.model=tiny",
+         "embedder.name=hashing", "learn.budget.episodes=40", "eval.limit=1", "run.isolation=process"],
+        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+        env={**os.environ, "ARENA_PROGRESS_INTERVAL_S": "0"})
+    assert process.stderr is not None
+    deadline = time.monotonic() + 180
+    for line in process.stderr:  # wait until learning episodes are being played
+        if re.search(r"learn [1-9]\d*/", line) or time.monotonic() > deadline:
+            break
+    process.send_signal(signal.SIGTERM)
+    rest = process.stderr.read()
+    assert process.wait(timeout=120) == 143, rest
+    assert "Terminated." in rest and "arena run --resume" in rest and "Traceback" not in rest, rest
+
+
 def test_the_terminal_bars_show_episodes_played_and_stop_when_their_phase_ends() -> None:
     """The rich display shows what the log does: the episodes played and the step reached, an
     ETA from the episodes done; a phase's bar stops at its end and takes no more updates."""

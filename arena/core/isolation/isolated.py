@@ -444,7 +444,7 @@ class Worker:
         self.channel = rpc.Channel(connection, "h", harness_export, trusted_modules=WORKER_DATA_MODULES,
                                    on_refused=on_refused, callable_parameters=CALLABLE_PARAMETERS,
                                    callable_fields=CALLABLE_FIELDS, violations=(OutsideFolder,),
-                                   withheld=WITHHELD).start()
+                                   withheld=WITHHELD, own_interrupts=True).start()
 
     def request(self, op: str, name: str, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None,
                 timeout: float | None = None) -> Any:

@@ -343,7 +343,9 @@ class Channel:
     payload refused for what it holds (the harness records it); an exception of ``violations``
     raised by a call it served is told too (a path outside the method's folder). ``withheld``
     (``Class.name`` -> why, and the fix) says more of a name refused on purpose than that it is
-    not offered.
+    not offered. ``own_interrupts``: an exception that is not an ``Exception`` (Ctrl-C, SIGTERM's,
+    ``SystemExit``) raised while serving belongs to this process and unwinds it, instead of going
+    to the other side as the served call's error (the harness; the worker sends its method's).
     """
 
     def __init__(self, connection: Any, name: str, export: Callable[[Any], frozenset[str] | None],
@@ -353,8 +355,9 @@ class Channel:
                  callable_parameters: Mapping[str, frozenset[str]] | None = None,
                  callable_fields: Mapping[type, frozenset[str]] | None = None,
                  violations: tuple[type[BaseException], ...] = (),
-                 withheld: Mapping[str, str] | None = None) -> None:
+                 withheld: Mapping[str, str] | None = None, own_interrupts: bool = False) -> None:
         self._connection = connection
+        self._own_interrupts = own_interrupts
         self._withheld = dict(withheld or {})
         self._callable_parameters = dict(callable_parameters or {})
         self._callable_fields = dict(callable_fields or {})
@@ -484,6 +487,8 @@ class Channel:
                 args, kwargs = self._accept_call(handle, op, name, args, kwargs)
             value, ok = self._perform(handle, op, name, args, kwargs), True
         except BaseException as exc:
+            if self._own_interrupts and not isinstance(exc, Exception):
+                raise
             if isinstance(exc, self._violations):
                 self._on_refused("", "", str(exc))
             value, ok = self._portable_error(exc), False
