@@ -363,7 +363,7 @@ def experiment(name: str, run_dir: str, out: str, fractions: tuple[float, ...], 
             f"experiment {name} {run_dir} --out {out} ..."
         console.print(escape(f"{'Interrupted' if isinstance(exc, KeyboardInterrupt) else 'Terminated'}. The "
                              f"finished arms and episodes are saved; run `arena {again}` again (the same "
-                             "options and --out) to finish the rest."))
+                             "options and --out) to finish the rest."), soft_wrap=True)  # one line to copy
         sys.exit(130 if isinstance(exc, KeyboardInterrupt) else 143)
     for row in summary["comparisons"]:
         if row["task_type"] != "all":
@@ -644,10 +644,10 @@ def main() -> None:
     try:
         code = cli.main(standalone_mode=False)
     except (KeyboardInterrupt, click.exceptions.Abort):
-        console.print(f"Interrupted. {RESUME_HINT}")
+        console.print(f"Interrupted. {RESUME_HINT}", soft_wrap=True)
         sys.exit(130)
     except Terminated:
-        console.print(f"Terminated. {RESUME_HINT}")
+        console.print(f"Terminated. {RESUME_HINT}", soft_wrap=True)
         sys.exit(143)
     except click.ClickException as exc:
         exc.show()
@@ -655,7 +655,8 @@ def main() -> None:
     except OSError as exc:
         if exc.errno not in DISK_FULL:
             raise
-        console.print(f"The disk is full ({exc.strerror}). Free some space, then continue: {RESUME_HINT}")
+        console.print(f"The disk is full ({exc.strerror}). Free some space, then continue: {RESUME_HINT}",
+                      soft_wrap=True)
         sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)
 

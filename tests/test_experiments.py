@@ -294,6 +294,8 @@ def test_the_command_prints_each_arm_against_its_control(learned, tmp_path, monk
         patched.setattr(experiments, "run_experiment", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
         stopped = CliRunner().invoke(cli, ["experiment", "relevance", str(run.path), "--out", str(tmp_path / "exp")])
     assert stopped.exit_code == 130 and "the same options and --out" in stopped.output
+    # The command to run again is one line to copy, however long its paths (not wrapped at 160).
+    assert f"`arena experiment relevance {run.path} --out {tmp_path / 'exp'} ...`" in stopped.output
     stale = CliRunner().invoke(cli, ["experiment", "stale", str(run.path), "--out", str(tmp_path / "stale"),
                                      "--change", "env.dialect=put", "--reuse", str(tmp_path / "exp")])
     assert stale.exit_code == 0, stale.output
