@@ -423,6 +423,25 @@ def verify(run_dir: str, keep: str | None, as_json: bool) -> None:
 
 
 @cli.command()
+@click.argument("run_dir", type=click.Path(file_okay=False, exists=True))
+def slim(run_dir: str) -> None:
+    """Drop the optimizer state from the trainer checkpoints of RUN_DIR, a run whose learning has
+    finished: its evaluation, resume and `arena verify` read only the weights, and an RL run
+    becomes a third of its size, small enough to move to another machine. It can then no longer
+    learn further (`run.continue_from` refuses to train it): slim a copy to keep the full run."""
+    from arena.core.rl.checkpointed import slim_run
+
+    try:
+        slimmed = slim_run(run_dir)
+    except (RunDirError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    for checkpoint, before, after in slimmed:
+        console.print(escape(f"{checkpoint}: {before / 2**20:.1f} MiB -> {after / 2**20:.1f} MiB"), soft_wrap=True)
+    if not slimmed:
+        console.print(escape(f"{run_dir}: no checkpoint with an optimizer state; nothing to do"))
+
+
+@cli.command()
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
 @click.option("--sqlite", "sqlite_file", type=click.Path(dir_okay=False),
               help="The database file to write (tables runs, splits, episodes, steps, experiences, metrics).")

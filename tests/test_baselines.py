@@ -390,3 +390,42 @@ def test_reflexion_and_mem0_run_isolated_as_the_board_runs_them(run_method, meth
     if method == "reflexion":  # what the worker wrote reached the harness's store
         failed = [e for e in _episodes(result.path / "episodes.jsonl") if e["phase"] == "learn" and not e["success"]]
         assert failed and result.results.state.method["reflections"] == len(failed)
+
+
+@pytest.mark.slow
+def test_a_slimmed_rl_run_finishes_its_evaluation_as_if_never_moved_and_learns_no_more(plugins, tmp_path) -> None:
+    """`arena slim` on an RL run stopped in its evaluation (how a board row moves to another
+    machine without Adam's moments): the resumed evaluation serves the learned weights, so it
+    plays what an uninterrupted run plays, verifies, and the checkpoint is a third of its size.
+    A run still learning is refused: its optimizer state is what learning resumes from."""
+    from click.testing import CliRunner
+
+    from arena.cli import cli
+    from arena.report.verify import verify_run
+    from tests.helpers.runs import killed_run
+
+    def evaluation(path: Path) -> list[tuple]:
+        lines = [json.loads(line) for line in (path / "episodes.jsonl").read_text().splitlines()]
+        return sorted((e["split"], e["task_id"], e["seed"], e["success"], e["steps"], e["status"])
+                      for e in lines if e["phase"] == EVALUATE)
+
+    def checkpoint_bytes(path: Path) -> int:
+        return sum(f.stat().st_size for f in (path / "method").rglob("checkpoint-*/*") if f.is_file())
+
+    reference, _ = protocol.run("gigpo", overrides=TINY_GIGPO, out=tmp_path / "reference", plugins=plugins)
+    learned = sum(json.loads(line)["phase"] == LEARN for line in (reference / "episodes.jsonl").open())
+    assert killed_run(tmp_path / "learning", TINY_GIGPO, "episode.recorded:1", method="gigpo") == 137
+    refused = CliRunner().invoke(cli, ["slim", str(tmp_path / "learning")])
+    assert refused.exit_code == 1 and "has not finished learning" in refused.output
+
+    moved = tmp_path / "moved"
+    assert killed_run(moved, TINY_GIGPO, f"episode.recorded:{learned + 1}", method="gigpo") == 137
+    before = checkpoint_bytes(moved)
+    slimmed = CliRunner().invoke(cli, ["slim", str(moved)])
+    assert slimmed.exit_code == 0 and "MiB ->" in slimmed.output, slimmed.output
+    assert 0 < checkpoint_bytes(moved) < 0.45 * before
+
+    path, results = protocol.run(None, resume=moved, plugins=plugins)
+    assert results.valid is True, results.violations  # the state on resume is the learned one
+    assert evaluation(path) == evaluation(reference) and len(evaluation(path)) > 1
+    assert verify_run(path).status == "verified"

@@ -467,6 +467,42 @@ def test_checkpoint_resume_matches_an_uninterrupted_run(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # no temporary left behind
 
 
+@pytest.mark.parametrize("mode", ["lora", "bf16-masters"])
+def test_a_checkpoint_without_its_optimizer_state_serves_the_same_weights_and_refuses_to_train(
+    tokenizer, tmp_path: Path, mode: str
+) -> None:
+    """``arena slim``: a finished run's checkpoints keep their weights (the float32 masters of
+    half-precision ones) and lose Adam's moments, two thirds of a LoRA checkpoint."""
+    from arena.core.rl.trainer import drop_optimizer_state
+
+    lora = {"lora": {"r": 4, "alpha": 8, "dropout": 0.0}} if mode == "lora" else {}
+    config = {**(MIXED if mode == "bf16-masters" else FP32), "lr": 1e-3, **lora}
+
+    def model_for_mode() -> torch.nn.Module:
+        model = fresh_model()
+        return model.to(torch.bfloat16) if mode == "bf16-masters" else model
+
+    trainer = PolicyTrainer(model_for_mode(), tokenizer, config)
+    trainer.step(make_samples(seed=1))
+    trainer.save(tmp_path / "ckpt")
+    sizes = [sum(f.stat().st_size for f in (tmp_path / "ckpt").rglob("*") if f.is_file())]
+    assert drop_optimizer_state(tmp_path / "ckpt") is True
+    sizes.append(sum(f.stat().st_size for f in (tmp_path / "ckpt").rglob("*") if f.is_file()))
+    assert sizes[1] < 0.45 * sizes[0], sizes  # the weights and two moments of each: a third is left
+    assert drop_optimizer_state(tmp_path / "ckpt") is False  # nothing more to drop
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # no temporary left behind
+
+    resumed = PolicyTrainer(model_for_mode(), tokenizer, config)
+    resumed.load(tmp_path / "ckpt")
+    assert resumed.step_count == 1 and not resumed.can_train
+    for name, value in trainable_snapshot(resumed).items():
+        assert torch.equal(value, trainer.trainable[name]), name
+    for name, master in resumed.masters.items():
+        assert torch.equal(master, trainer.masters[name]), name
+    with pytest.raises(ValueError, match="without its optimizer state.*full copy"):
+        resumed.step(make_samples(seed=2))
+
+
 def test_a_checkpoint_of_the_first_format_still_resumes(tokenizer, tmp_path: Path) -> None:
     """Runs checkpointed before sharded training (safetensors weights, a torch optimizer state)
     resume as they were; new checkpoints are torch.distributed.checkpoint folders."""

@@ -6,12 +6,13 @@ a relative 1e-4 on the figures, 1e-5 absolute on the weights after an lr-1e-3 st
 micro-batch count that does not divide evenly (one rank plays an idle copy, and nothing hangs),
 for full fine-tuning (the KL reference sharded too) and for LoRA. A checkpoint written by 2
 ranks resumes in one process and one written by one process resumes on 2 ranks, both landing on
-the uninterrupted run's weights.
+the uninterrupted run's weights; one without its optimizer state (`arena slim`) loads on 2 ranks.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from arena.core.rl import PolicyTrainer
+from arena.core.rl.trainer import drop_optimizer_state
 from tests.helpers.models import EVOLVING, fresh_model, make_samples
 
 pytestmark = pytest.mark.slow
@@ -59,6 +61,7 @@ def _scenario(sharded: bool, folder: Path, save_as: str) -> dict[str, Any]:
     full = _trainer(CONFIG, sharded)
     out["full_metrics"] = full.step(first)
     full.save(folder / save_as)
+    out["full_after_one"] = _weights(full)
     full.step(second)
     out["full_after_two"] = _weights(full)
     lora = _trainer(LORA, sharded)
@@ -79,6 +82,9 @@ def _ranks(rank: int, store: str, folder: str) -> None:
         assert resumed.step_count == 1
         resumed.step(make_samples(seed=2))
         out["resumed_on_2"] = _weights(resumed)
+        slim = _trainer(CONFIG, sharded=True)  # `arena slim`'s checkpoint: the weights only
+        slim.load(Path(folder) / "by-1-process-slim")
+        out["slim_on_2"], out["slim_can_train"] = _weights(slim), slim.can_train
         if rank == 0:
             torch.save(out, Path(folder) / "ranks.pt")
     finally:
@@ -90,6 +96,8 @@ def two_ranks(tmp_path_factory) -> dict[str, Any]:
     """One process's run (and its checkpoint after step 1), then the 2-rank run."""
     folder = tmp_path_factory.mktemp("sharded")
     single = _scenario(False, folder, "by-1-process")
+    shutil.copytree(folder / "by-1-process", folder / "by-1-process-slim")
+    assert drop_optimizer_state(folder / "by-1-process-slim")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     mp.spawn(_ranks, args=(str(folder / "store"), str(folder)), nprocs=WORLD, join=True)
     return {"single": single, "ranks": torch.load(folder / "ranks.pt", weights_only=False),
@@ -138,6 +146,11 @@ def test_a_checkpoint_of_two_ranks_resumes_in_one_process(two_ranks) -> None:
     assert resumed.step_count == 1
     resumed.step(make_samples(seed=2))
     _close(_weights(resumed), two_ranks["single"]["full_after_two"])
+
+
+def test_a_checkpoint_without_its_optimizer_state_loads_on_two_ranks(two_ranks) -> None:
+    _close(two_ranks["ranks"]["slim_on_2"], two_ranks["single"]["full_after_one"])
+    assert two_ranks["ranks"]["slim_can_train"] is False
 
 
 def test_sharded_training_without_a_process_group_says_how_to_launch() -> None:

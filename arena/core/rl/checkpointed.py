@@ -12,6 +12,7 @@ import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,8 +20,10 @@ import torch
 from arena.core.contract.llm import TrainableBackend
 from arena.core.rl.data import Sample, mini_batches
 from arena.core.rl.ranks import LeadTrainer
-from arena.core.rl.trainer import PolicyTrainer, TrainerConfig
-from arena.core.storage.method_state import Checkpoints
+from arena.core.rl.trainer import PolicyTrainer, TrainerConfig, drop_optimizer_state
+from arena.core.storage.files import RunDirError
+from arena.core.storage.method_state import FOLDER, Checkpoints
+from arena.core.storage.rundir import RunDir
 
 #: ``progress(label)``: a context showing one update while it runs (``run.progress``).
 Progress = Callable[[str], AbstractContextManager[Any]]
@@ -92,3 +95,25 @@ class CheckpointedTrainer:
 
     def trainable_parameters(self) -> int:
         return int(sum(p.numel() for p in self.trainer.model.parameters() if p.requires_grad))
+
+
+def slim_run(run_dir: Path | str) -> list[tuple[Path, int, int]]:
+    """Drop the optimizer state of every trainer checkpoint in a run whose learning has finished
+    (``arena slim``): what its evaluation, resume and verification read stays. Each checkpoint
+    slimmed, with its size in bytes before and after. Refused while the run is running or still
+    learning, where the optimizer state is what learning resumes from."""
+    run = RunDir(run_dir)
+    if not run.ledger.read().learn_done:
+        raise RunDirError(f"{run.path} has not finished learning: its checkpoints' optimizer state is what "
+                          "learning resumes from. Run `arena slim` once its learning phase has ended.")
+    slimmed = []
+    with run.lock():
+        for state in sorted((run.path / FOLDER).rglob("trainer_state.json")):
+            before = _size(state.parent)
+            if drop_optimizer_state(state.parent):
+                slimmed.append((state.parent, before, _size(state.parent)))
+    return slimmed
+
+
+def _size(folder: Path) -> int:
+    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())

@@ -271,6 +271,9 @@ class PolicyTrainer:
             eps=self.config.adam_eps,
         )
         self.step_count = 0
+        #: False once a checkpoint without its optimizer state is loaded (:func:`drop_optimizer_state`):
+        #: its weights serve and evaluate, but another step would start Adam's moments anew.
+        self.can_train = True
         #: While merged: the folder holding the base weights the adapters were folded into.
         self._unmerged_weights: tempfile.TemporaryDirectory[str] | None = None
         self.model.eval()
@@ -290,6 +293,11 @@ class PolicyTrainer:
         ``kl``, ``entropy``, ``clip_frac`` (token means) and ``n_tokens``. A step whose gradient
         is not finite is skipped (``skipped`` = 1) and leaves the weights untouched.
         """
+        if not self.can_train:
+            raise ValueError(
+                "This trainer was loaded from a checkpoint kept without its optimizer state (`arena slim`, "
+                "for a run whose learning had finished): its weights can be evaluated, not trained further. "
+                "Continue from the run's full copy (the one `arena slim` was not run on).")
         started = time.perf_counter()
         if self.merged:
             self.unmerge_adapters()  # tells the serving side, as any change of weights does
@@ -445,13 +453,15 @@ class PolicyTrainer:
         else:
             import torch.distributed.checkpoint as dcp
 
-            # The optimizer's moments exist once a step was taken.
-            target = self._checkpoint_state(with_optimizer=int(state["step"]) > 0)
+            # The optimizer's moments exist once a step was taken, unless they were dropped.
+            with_optimizer = bool(state.get("optimizer", True))
+            target = self._checkpoint_state(with_optimizer=with_optimizer and int(state["step"]) > 0)
             with _single_process_quiet():
                 dcp.load(target, checkpoint_id=path, no_dist=not self.sharded)
             own = path / f"rng-{self.world.rank}.pt"
             _set_rng_state(torch.load(own if own.exists() else path / "rng-0.pt", weights_only=True))
         self.step_count = int(state["step"])
+        self.can_train = state["format"] == 1 or bool(state.get("optimizer", True))
         self._copy_masters_to_weights()
         self._notify()
 
@@ -739,6 +749,42 @@ def _single_process_quiet() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         yield
+
+
+def drop_optimizer_state(path: str | os.PathLike[str]) -> bool:
+    """Rewrite checkpoint ``path`` (format 2) with its weights, step and RNG states only, in
+    place and whole (as :meth:`PolicyTrainer.save` writes). With LoRA the optimizer's two Adam
+    moments are two thirds of a checkpoint: a run whose learning has finished needs none of it to
+    be evaluated or verified, and is small enough to move. A trainer that loads it can no longer
+    step (``can_train``). Needs no model: the weights are read by the shapes the checkpoint
+    records. False where there was nothing to drop."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    path = Path(path)
+    state = json.loads((path / "trainer_state.json").read_text())
+    if state.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"{path} is a format {state.get('format')} checkpoint; only format "
+                         f"{CHECKPOINT_FORMAT} checkpoints can drop their optimizer state")
+    if not state.get("optimizer", True):
+        return False
+    stored = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    weights = {key: torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
+               for key, meta in stored.items()
+               if key.startswith("weights/") and isinstance(meta, TensorStorageMetadata)}
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        with _single_process_quiet():
+            dcp.load(weights, checkpoint_id=path, no_dist=True)
+            dcp.save(weights, checkpoint_id=tmp, no_dist=True)
+        for rng in path.glob("rng*.pt"):
+            shutil.copy2(rng, tmp / rng.name)
+        (tmp / "trainer_state.json").write_text(json.dumps({**state, "optimizer": False}, indent=2))
+        tmp.chmod(0o755)
+        _replace(path, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return True
 
 
 def _replace(path: Path, new: Path) -> None:
