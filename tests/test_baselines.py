@@ -397,10 +397,12 @@ def test_a_slimmed_rl_run_finishes_its_evaluation_as_if_never_moved_and_learns_n
     """`arena slim` on an RL run stopped in its evaluation (how a board row moves to another
     machine without Adam's moments): the resumed evaluation serves the learned weights, so it
     plays what an uninterrupted run plays, verifies, and the checkpoint is a third of its size.
-    A run still learning is refused: its optimizer state is what learning resumes from."""
+    A run still learning is refused: its optimizer state is what learning resumes from; so is
+    continuing to learn from a slimmed run."""
     from click.testing import CliRunner
 
     from arena.cli import cli
+    from arena.core.storage.files import RunDirError
     from arena.report.verify import verify_run
     from tests.helpers.runs import killed_run
 
@@ -429,3 +431,6 @@ def test_a_slimmed_rl_run_finishes_its_evaluation_as_if_never_moved_and_learns_n
     assert results.valid is True, results.violations  # the state on resume is the learned one
     assert evaluation(path) == evaluation(reference) and len(evaluation(path)) > 1
     assert verify_run(path).status == "verified"
+    with pytest.raises(RunDirError, match="was slimmed.*full copy"):  # refused before anything is played
+        protocol.run("gigpo", overrides=[*TINY_GIGPO, f"run.continue_from={path}"], out=tmp_path / "more",
+                     plugins=plugins)

@@ -104,6 +104,12 @@ def check_source(source: Path, cfg: DictConfig, target: RunDir, remaking: bool =
     if linked:
         raise RunDirError(f"{where} holds symbolic links in its learned state ({', '.join(linked[:3])}): "
                           "a learned state is the run's own files. Continue from a run that has no links.")
+    from arena.core.rl.checkpointed import slimmed_checkpoints
+
+    slimmed = slimmed_checkpoints(source)
+    if slimmed:
+        raise RunDirError(f"{where} was slimmed (`arena slim`: {slimmed[0]} keeps no optimizer state): it can "
+                          "be evaluated, not learn further. Continue from the run's full copy.")
     digest = state.digest_before_eval
     if not state.learn_done or not digest or digest != state.digest_after_eval:
         raise RunDirError(f"{where} does not record a learned state its evaluation kept unchanged "

@@ -8,6 +8,7 @@ lookup, the trainer's construction, or the pruning of older checkpoints.
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -113,6 +114,12 @@ def slim_run(run_dir: Path | str) -> list[tuple[Path, int, int]]:
             if drop_optimizer_state(state.parent):
                 slimmed.append((state.parent, before, _size(state.parent)))
     return slimmed
+
+
+def slimmed_checkpoints(run_dir: Path | str) -> list[Path]:
+    """The trainer checkpoints of a run that ``arena slim`` kept without their optimizer state."""
+    return [state.parent for state in sorted((Path(run_dir) / FOLDER).rglob("trainer_state.json"))
+            if json.loads(state.read_text()).get("optimizer", True) is False]
 
 
 def _size(folder: Path) -> int:
