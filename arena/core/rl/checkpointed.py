@@ -22,7 +22,7 @@ from arena.core.contract.llm import TrainableBackend
 from arena.core.rl.data import Sample, mini_batches
 from arena.core.rl.ranks import LeadTrainer
 from arena.core.rl.trainer import PolicyTrainer, TrainerConfig, drop_optimizer_state
-from arena.core.storage.files import RunDirError
+from arena.core.storage.files import RunDirError, folder_bytes
 from arena.core.storage.method_state import FOLDER, Checkpoints
 from arena.core.storage.rundir import RunDir
 
@@ -109,18 +109,19 @@ def slim_run(run_dir: Path | str) -> list[tuple[Path, int, int]]:
                           "learning resumes from. Run `arena slim` once its learning phase has ended.")
     slimmed = []
     with run.lock():
-        for state in sorted((run.path / FOLDER).rglob("trainer_state.json")):
-            before = _size(state.parent)
-            if drop_optimizer_state(state.parent):
-                slimmed.append((state.parent, before, _size(state.parent)))
+        for checkpoint, _ in _trainer_states(run.path):
+            before = folder_bytes(checkpoint)
+            if drop_optimizer_state(checkpoint):
+                slimmed.append((checkpoint, before, folder_bytes(checkpoint)))
     return slimmed
 
 
 def slimmed_checkpoints(run_dir: Path | str) -> list[Path]:
     """The trainer checkpoints of a run that ``arena slim`` kept without their optimizer state."""
-    return [state.parent for state in sorted((Path(run_dir) / FOLDER).rglob("trainer_state.json"))
-            if json.loads(state.read_text()).get("optimizer", True) is False]
+    return [checkpoint for checkpoint, state in _trainer_states(Path(run_dir)) if state.get("optimizer", True) is False]
 
 
-def _size(folder: Path) -> int:
-    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+def _trainer_states(run_path: Path) -> list[tuple[Path, dict[str, Any]]]:
+    """Each trainer checkpoint in a run's method folder, with its ``trainer_state.json``."""
+    states = sorted((run_path / FOLDER).rglob("trainer_state.json"))
+    return [(path.parent, json.loads(path.read_text())) for path in states]

@@ -36,6 +36,7 @@ import numpy as np
 
 from arena.core.contract.types import Experience, Provenance
 from arena.core.services.embedder import Embedder
+from arena.core.storage.files import folder_bytes
 from arena.core.storage.journal import crash_point
 
 DEFAULT_COLLECTION = "experiences"
@@ -195,10 +196,6 @@ def _matches(metadata: dict[str, Any], where: dict[str, Any]) -> bool:
         contained = present and isinstance(stored, list) and any(_same(v, value) for v in stored)
         return contained if operator == "$contains" else not contained
     raise _UnsupportedFilter(operator)
-
-
-def _folder_bytes(path: Path) -> int:
-    return sum(item.stat().st_size for item in path.rglob("*") if item.is_file())
 
 
 def stored_experiences(path: str | Path, name: str = DEFAULT_COLLECTION) -> list[Experience]:
@@ -586,7 +583,7 @@ class ExperienceStore:
             len(document.encode()) + len(json.dumps(metadata, sort_keys=True).encode())
             for document, metadata in zip(result["documents"], result["metadatas"])
         )
-        disk_bytes = _folder_bytes(self.path) if self.path is not None else 0
+        disk_bytes = folder_bytes(self.path) if self.path is not None else 0
         return {
             "items": len(result["ids"]),
             "bytes": content_bytes + disk_bytes,

@@ -52,3 +52,8 @@ def write_json_atomic(path: Path, data: Any) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def folder_bytes(path: Path) -> int:
+    """The bytes of every file under ``path`` (a store's, a checkpoint's disk use)."""
+    return sum(item.stat().st_size for item in path.rglob("*") if item.is_file())

@@ -73,9 +73,9 @@ def record_key(create: bool = True) -> bytes | None:
             write(written, os.O_TRUNC)
             try:
                 os.link(written, path)
-            except OSError as exc:
-                if isinstance(exc, FileExistsError):
-                    raise
+            except FileExistsError:
+                raise
+            except OSError:
                 write(path, os.O_EXCL)  # a filesystem without hard links: made in place, as before
         finally:
             written.unlink(missing_ok=True)
