@@ -7,6 +7,7 @@ import json
 import random
 import re
 import shutil
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -259,6 +260,33 @@ def test_a_verdict_states_each_control_and_waits_for_three_seeds_before_a_claim(
     assert (verdict.claims, verdict.seeds_needed) == ([], 0)  # no claim: nothing to wait for
 
 
+def test_the_verdict_table_shows_each_sentences_figures_and_marks_only_claims():
+    """The README quotes the verdicts as a table (a line per row): each cell is a clause of the
+    sentence, a claim marked by its side, a comparison the row lacks shown as '-'; a verdict read
+    back from leaderboard.json renders the same table."""
+    from arena.report.learning import Verdict
+    from arena.report.render import verdict_columns, verdict_rows
+
+    tasks = [f"t{i}" for i in range(8)]
+    base = _run("base", 0, dict.fromkeys(tasks, False))
+    chance = _run("random", 0, dict.fromkeys(tasks, True))
+    learner = _run("learner", 0, dict.fromkeys(tasks, True))
+    loser = _run("loser", 0, dict.fromkeys(tasks, False))
+    table, = build_tables([learner, loser, base, chance])
+    verdicts = _verdicts(table, ["base", "random"])
+    assert verdict_columns(verdicts) == ["Row", "Seeds", "test_seen", "vs base", "vs random"]
+    rows = {cells[0]: cells for cells in verdict_rows(verdicts)}
+    assert rows["learner"] == ["learner", "1 of 3", "100.0 %", "▲ +100.0 (p 0.0078)", "+0.0 (p 1)"]
+    assert rows["loser"] == ["loser", "1 of 3", "0.0 %", "+0.0 (p 1)", "▼ -100.0 (p 0.0078)"]
+    back = [Verdict.from_json(json.loads(json.dumps(asdict(v)))) for v in verdicts]
+    assert back == verdicts and verdict_rows(back) == verdict_rows(verdicts)
+
+    level = _run("level", 0, dict.fromkeys(tasks, False))
+    table, = build_tables([level, base])
+    verdict, = _verdicts(table, ["base"])
+    assert verdict_rows([verdict]) == [["level", "1", "0.0 %", "+0.0 (p 1)"]]  # no claim: no seeds to wait for
+
+
 def _markdown_rows(text: str, first_column: str) -> list[list[str]]:
     lines = text.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_column} |"))
@@ -285,7 +313,10 @@ def test_the_cli_writes_the_learning_section_and_the_board_rebuilds(runs, tmp_pa
     board = json.loads((out / "leaderboard.json").read_text())
     assert board["controls"] == ["base"]
     verdict, = board["verdicts"]
-    assert verdict["row"] == "scripted" and verdict["seeds"] == 2 and f"- {verdict['text']}" in text.splitlines()
+    assert verdict["row"] == "scripted" and verdict["seeds"] == 2
+    shown, = _markdown_rows(text, "Row | Seeds")  # the verdict table: the verdict's figures
+    reset = next(s for s in verdict["standings"] if s["split"] == "test_seen" and s["against"] == "memory reset")
+    assert shown[0] == "scripted" and f"{reset['difference'] * 100:+.1f} (p {reset['p_value']:.2g})" in shown
     assert "not separated from its memory reset (p = 1)" in verdict["text"]  # it ignores its memory
     assert verdict["text"] in " ".join(result.output.split())  # and on the console
     seen = next(c for c in board["comparisons"] if c["against"] == "base" and c["split"] == "test_seen"

@@ -172,7 +172,7 @@ def test_the_medium_board_shows_where_and_at_which_commit_each_phase_of_a_row_ra
 
 
 README = BOARDS.parent / "README.md"
-VERDICTS_START, VERDICTS_END = "<!-- The board's verdicts", "<!-- End of the verdicts. -->"
+VERDICTS_START, VERDICTS_END = "<!-- The board's verdict table", "<!-- End of the verdicts. -->"
 
 
 def readme_verdicts(text: str) -> list[str]:
@@ -184,19 +184,26 @@ def readme_verdicts(text: str) -> list[str]:
 
 
 def test_the_readme_states_every_row_of_the_medium_board_as_the_board_does() -> None:
-    """Issue 55's README lines: one per learning row of the medium board, each the board's own
-    verdict (against base, random and its memory reset, with the paired p-values) word for word,
-    so a README figure cannot drift from the committed episodes that test_committed_board_rebuilds
-    recomputes."""
+    """Issue 55's README lines: the medium board's verdict table, one line per learning row (its
+    success, and against base, random and its memory reset the difference with its paired
+    p-value), rendered from leaderboard.json's verdicts, so a README figure cannot drift from the
+    committed episodes that test_committed_board_rebuilds recomputes."""
+    from arena.report.learning import Verdict
+    from arena.report.render import markdown_table, verdict_columns, verdict_rows
+
     board = json.loads((BOARDS / "household-medium-warm" / "leaderboard.json").read_text())
     assert board["controls"] == ["base", "random"]
-    expected = [f"- {verdict['text']}" for verdict in board["verdicts"]]
-    assert expected, "the medium board has no learning row yet"
+    verdicts = [Verdict.from_json(verdict) for verdict in board["verdicts"]]
+    assert verdicts, "the medium board has no learning row yet"
+    expected = markdown_table(verdict_columns(verdicts), verdict_rows(verdicts))
+    assert len(expected) == 2 + len(verdicts)
     assert readme_verdicts(README.read_text()) == expected
+    # and the board's own page shows the same table
+    assert "\n".join(expected) in (BOARDS / "household-medium-warm" / "README.md").read_text()
 
 
 def test_the_readme_verdict_check_sees_a_changed_figure() -> None:
     text = README.read_text()
     quoted = readme_verdicts(text)
-    changed = text.replace(quoted[0], quoted[0].replace("p = ", "p = 0", 1))
+    changed = text.replace(quoted[-1], quoted[-1].replace("(p ", "(p 0", 1))
     assert readme_verdicts(changed) != quoted

@@ -109,10 +109,25 @@ class RowComparison:
 
 
 @dataclass(frozen=True)
+class Standing:
+    """Where a row stands against one control (or its memory reset) on one split: one cell of the
+    verdict table, the figures of one clause of the verdict's sentence."""
+
+    split: str
+    against: str  # the control's name, or MEMORY_RESET
+    success: float  # the row's success on the split
+    difference: float  # in success rate, the row's minus the other's
+    p_value: float
+    claimed: bool  # p < CLAIM_P_VALUE and neither row invalid
+    invalid: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Verdict:
     """What the board says of one row: ``text`` is the sentence a README quotes; ``claims`` the
     differences at p < CLAIM_P_VALUE; ``seeds_needed`` the learning seeds still to run before
-    they are claimed (0: none, or the row already has SEEDS_FOR_A_CLAIM)."""
+    they are claimed (0: none, or the row already has SEEDS_FOR_A_CLAIM); ``standings`` the same
+    figures as data, for the verdict table."""
 
     env: str
     row: str
@@ -121,6 +136,14 @@ class Verdict:
     text: str
     claims: list[str]
     seeds_needed: int
+    standings: tuple[Standing, ...] = ()
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Verdict:
+        """A verdict as leaderboard.json holds it (lists where the dataclass has tuples)."""
+        standings = tuple(Standing(**{**s, "invalid": tuple(s.get("invalid", ()))})
+                          for s in data.get("standings", ()))
+        return cls(**{**data, "standings": standings})
 
 
 @dataclass
@@ -235,16 +258,22 @@ def _p(value: float) -> str:
     return f"{value:.2g}"
 
 
-def _standing(line: RowComparison) -> tuple[str, bool]:
-    """(how the row stands against one control or reset, whether that is a claim)."""
-    against = "its memory reset" if line.kind == MEMORY_RESET else line.against
+def standing(line: RowComparison) -> Standing:
     result = line.result
-    if line.invalid:
-        return f"no claim against {against} (invalid: {', '.join(line.invalid)})", False
-    if result.p_value < CLAIM_P_VALUE:
-        side = "above" if result.difference > 0 else "below"
-        return f"{side} {against} ({result.difference * 100:+.1f} points, p = {_p(result.p_value)})", True
-    return f"not separated from {against} (p = {_p(result.p_value)})", False
+    return Standing(split=line.split, against=MEMORY_RESET if line.kind == MEMORY_RESET else line.against,
+                    success=result.success_a, difference=result.difference, p_value=result.p_value,
+                    claimed=not line.invalid and result.p_value < CLAIM_P_VALUE, invalid=line.invalid)
+
+
+def _clause(standing: Standing) -> str:
+    """How the row stands against one control or its reset, as the verdict's sentence says it."""
+    against = "its memory reset" if standing.against == MEMORY_RESET else standing.against
+    if standing.invalid:
+        return f"no claim against {against} (invalid: {', '.join(standing.invalid)})"
+    if standing.claimed:
+        side = "above" if standing.difference > 0 else "below"
+        return f"{side} {against} ({standing.difference * 100:+.1f} points, p = {_p(standing.p_value)})"
+    return f"not separated from {against} (p = {_p(standing.p_value)})"
 
 
 def verdicts(comparisons: list[RowComparison]) -> list[Verdict]:
@@ -257,18 +286,17 @@ def verdicts(comparisons: list[RowComparison]) -> list[Verdict]:
     out = []
     for (env, row, model), lines in by_row.items():
         seeds = lines[0].seeds_a
-        parts, claims = [], []
+        parts, claims, standings = [], [], []
         for split in dict.fromkeys(line.split for line in lines):
-            of_split = [line for line in lines if line.split == split]
-            standings = [_standing(line) for line in of_split]
-            claims += [f"{split}: {text}" for text, claimed in standings if claimed]
-            parts.append(f"{split} {of_split[0].result.success_a * 100:.1f} %, "
-                         + ", ".join(text for text, _ in standings))
+            of_split = [standing(line) for line in lines if line.split == split]
+            standings += of_split
+            claims += [f"{split}: {_clause(s)}" for s in of_split if s.claimed]
+            parts.append(f"{split} {of_split[0].success * 100:.1f} %, " + ", ".join(_clause(s) for s in of_split))
         needed = max(0, SEEDS_FOR_A_CLAIM - seeds) if claims else 0
         text = f"{row} ({seeds} seed{'s' if seeds != 1 else ''}): " + "; ".join(parts) + "."
         if needed:
             text += (f" Not yet a claim: {SEEDS_FOR_A_CLAIM} learning seeds are needed, "
                      f"{seeds} {'has' if seeds == 1 else 'have'} run.")
         out.append(Verdict(env=env, row=row, model=model, seeds=seeds, text=text, claims=claims,
-                           seeds_needed=needed))
+                           seeds_needed=needed, standings=tuple(standings)))
     return out

@@ -18,7 +18,14 @@ from arena.core.contract.types import EpisodeResult
 from arena.report.aggregate import WARMSTART_FIELD, Row, Table
 from arena.report.experiments import ExperimentReport
 from arena.report.learning import ALL_TYPES as ALL_TASK_TYPES
-from arena.report.learning import CLAIM_P_VALUE, SEEDS_FOR_A_CLAIM, Learning, RowComparison
+from arena.report.learning import (
+    CLAIM_P_VALUE,
+    MEMORY_RESET,
+    SEEDS_FOR_A_CLAIM,
+    Learning,
+    RowComparison,
+    Verdict,
+)
 from arena.report.plots import Plot, table_plots
 from arena.report.runs import Run
 
@@ -263,9 +270,12 @@ LEARNING_NOTE = (
     "with one seed each). Invalid rows are marked: their difference is no claim. A row that played a "
     "variant of every test episode (Evolving-RL without its card) is also paired with that variant.")
 VERDICTS_NOTE = (
-    f"What the board says of each row: a difference at p < {CLAIM_P_VALUE} (per comparison, not corrected for "
-    f"the board's number of comparisons) is a claim once the row has {SEEDS_FOR_A_CLAIM} learning seeds; "
-    "'not separated' means the test found no difference, not that the rows are equal.")
+    "What the board says of each row: its success per split and, against each control and its memory "
+    "reset, the difference in points paired by task with its exact p-value. A difference at "
+    f"p < {CLAIM_P_VALUE} (marked ▲ above, ▼ below; per comparison, not corrected for the board's number of "
+    f"comparisons) is a claim once the row has {SEEDS_FOR_A_CLAIM} learning seeds ('1 of {SEEDS_FOR_A_CLAIM}': "
+    "seeds run of those a claim needs); an unmarked difference means the test found none, not that the rows "
+    "are equal. leaderboard.json's verdicts say the same in a sentence per row.")
 LEARNING_COLUMNS = ["Method", "Against", "Split", "Success A / B", "Difference [95 % CI]",
                     "Tasks better / worse", "p (exact paired)", "Seeds A / B"]
 
@@ -280,8 +290,45 @@ def learning_cells(line: RowComparison, with_type: bool = False) -> list[str]:
         f"{result.a_better} / {result.b_better}", f"{result.p_value:.3g}", f"{line.seeds_a} / {line.seeds_b}"]
 
 
-def verdict_lines(learning: Learning | None, table: Table) -> list[str]:
-    return [verdict.text for verdict in (learning.verdicts if learning else []) if verdict.env == table.env]
+def table_verdicts(learning: Learning | None, table: Table) -> list[Verdict]:
+    return [verdict for verdict in (learning.verdicts if learning else []) if verdict.env == table.env]
+
+
+def verdict_columns(verdicts: list[Verdict]) -> list[str]:
+    """Row, seeds, then per split its success and one column per control (and memory reset), in
+    the order the verdicts name them."""
+    columns = ["Row", "Seeds"]
+    for split in dict.fromkeys(s.split for verdict in verdicts for s in verdict.standings):
+        against = dict.fromkeys(s.against for verdict in verdicts for s in verdict.standings if s.split == split)
+        columns += [split] + [f"vs {'its reset' if name == MEMORY_RESET else name}" for name in against]
+    return columns
+
+
+def _standing_cell(difference: float, p_value: float, claimed: bool, invalid: tuple[str, ...]) -> str:
+    if invalid:
+        return "invalid"
+    mark = ("▲ " if difference > 0 else "▼ ") if claimed else ""
+    return f"{mark}{difference * 100:+.1f} (p {p_value:.2g})"
+
+
+def verdict_rows(verdicts: list[Verdict]) -> list[list[str]]:
+    """The verdicts as a table, a row's line short enough for a README to quote every row: the
+    figures of its sentence, cell by cell (verdict_columns); "-" where it has no such comparison."""
+    splits = list(dict.fromkeys(s.split for verdict in verdicts for s in verdict.standings))
+    against = {split: list(dict.fromkeys(s.against for verdict in verdicts for s in verdict.standings
+                                         if s.split == split)) for split in splits}
+    rows = []
+    for verdict in verdicts:
+        needed = verdict.seeds + verdict.seeds_needed
+        cells = [verdict.row, f"{verdict.seeds} of {needed}" if verdict.seeds_needed else str(verdict.seeds)]
+        for split in splits:
+            of_split = {s.against: s for s in verdict.standings if s.split == split}
+            first = next(iter(of_split.values()), None)
+            cells.append(pct(first.success) if first else "-")
+            cells += [_standing_cell(s.difference, s.p_value, s.claimed, s.invalid) if (s := of_split.get(name))
+                      else "-" for name in against[split]]
+        rows.append(cells)
+    return rows
 
 
 def learning_rows(learning: Learning | None, table: Table, overall: bool) -> list[list[str]]:
@@ -367,7 +414,8 @@ def markdown(tables: list[Table], plots: dict[str, list[Plot]],
         if learning_rows(learning, table, overall=True):
             lines += [f"### {LEARNING_TITLE}", "", LEARNING_NOTE, ""]
             lines += markdown_table(LEARNING_COLUMNS, learning_rows(learning, table, overall=True))
-            lines += ["", VERDICTS_NOTE, ""] + [f"- {text}" for text in verdict_lines(learning, table)]
+            verdicts = table_verdicts(learning, table)
+            lines += ["", VERDICTS_NOTE, ""] + markdown_table(verdict_columns(verdicts), verdict_rows(verdicts))
             lines += ["", "<details>", "<summary>per task type</summary>", ""]
             lines += markdown_table(["Task type", *LEARNING_COLUMNS], learning_rows(learning, table, overall=False))
             lines += ["", "</details>", ""]
@@ -610,8 +658,9 @@ def html_page(tables: list[Table], plots: dict[str, list[Plot]],
         if learning_rows(learning, table, overall=True):
             parts.append(f'<h3>{_h(LEARNING_TITLE)}</h3><p class="note">{_h(LEARNING_NOTE)}</p>')
             parts.append(_html_table(LEARNING_COLUMNS, learning_rows(learning, table, overall=True), kind="learning"))
-            parts.append(f'<p class="note">{_h(VERDICTS_NOTE)}</p><ul class="verdicts">'
-                         + "".join(f"<li>{_h(text)}</li>" for text in verdict_lines(learning, table)) + "</ul>")
+            verdicts = table_verdicts(learning, table)
+            parts.append(f'<p class="note">{_h(VERDICTS_NOTE)}</p>')
+            parts.append(_html_table(verdict_columns(verdicts), verdict_rows(verdicts), kind="verdicts"))
             parts.append('<details class="task-types"><summary>per task type</summary>')
             parts.append(_html_table(["Task type", *LEARNING_COLUMNS], learning_rows(learning, table, overall=False),
                                      kind="learning"))
