@@ -56,7 +56,7 @@ run_reset() {  # run_reset ROW-none-seedS
         fi
     done
     if [[ ! -f "$source/results.json" ]]; then echo "[board] $row: $source has not finished" >&2; return 1; fi
-    if [[ -d "$out" ]]; then arena run --resume "$out" --move-here ${RESUME_ARGS:-}; return; fi
+    if [[ -d "$out" ]]; then resume_run "$out"; return; fi
     echo "[board] $row: arena evaluate --state $source eval.experience.source=none ${ISOLATED[*]}" >&2
     arena evaluate --state "$source" --out "$out" eval.experience.source=none "${ISOLATED[@]}"
 }

@@ -13,11 +13,30 @@ run_row() {  # run_row ROW METHOD [ARGS...]
     fi
     if [[ -d "$out" ]]; then
         echo "[board] $row: resuming" >&2
-        arena run --resume "$out" --move-here ${RESUME_ARGS:-}
+        resume_run "$out"
     else
         echo "[board] $row: arena run --method $method ${COMMON[*]} llm.warmstart=$WARM $*" >&2
         arena run --method "$method" "${COMMON[@]}" "llm.warmstart=$WARM" --out "$out" "$@"
     fi
+}
+
+# resume_run DIR: `arena run --resume DIR --move-here` with the Arena commit that started DIR (a
+# resume under another commit is refused, so that a row's phases keep one version): where that
+# is not this checkout's HEAD, from a worktree of it under WORKTREES (default: beside this
+# checkout), made once; the arena command on PATH then imports that worktree's code.
+resume_run() {
+    local dir started wt
+    dir=$(realpath "$1")
+    started=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get("provenance", {}).get("git_sha") or "")' \
+              "$dir/state.json" 2>/dev/null || true)
+    if [[ -z $started || $started == *-dirty || $started == "$(git rev-parse HEAD 2>/dev/null)" || -n ${RESUME_ARGS:-} ]]; then
+        arena run --resume "$dir" --move-here ${RESUME_ARGS:-}
+        return
+    fi
+    wt="${WORKTREES:-$(dirname "$PWD")/arena-worktrees}/${started:0:12}"
+    [[ -d $wt ]] || git worktree add --detach "$wt" "$started" >&2
+    echo "[board] $(basename "$dir"): resumed with the commit that started it, ${started:0:12}, from $wt" >&2
+    (cd "$wt" && PYTHONPATH="$wt${PYTHONPATH:+:$PYTHONPATH}" arena run --resume "$dir" --move-here)
 }
 
 # needs_reset ROW: ROW-seedS is a finished run of one of RESET_METHODS (the board script's memory

@@ -262,6 +262,12 @@ def test_a_run_started_by_another_version_resumes_only_when_allowed(finished):
     assert refused.exit_code != 0 and "Traceback" not in refused.output
     assert "started by another Arena (arena_version '0.0.1' -> " in refused.output
     assert "--allow-version-change" in refused.output
+    assert "git worktree" not in refused.output  # the same commit: nothing to check out
+    state["provenance"]["git_sha"] = "1c4ddae7f45531a9599b25610d23f5f8d676e4c1"  # started by another commit
+    (finished / "state.json").write_text(json.dumps(state))
+    refused = CliRunner().invoke(cli, ["run", "--resume", str(finished)], terminal_width=400)
+    assert refused.exit_code != 0
+    assert "(its commit 1c4ddae7f455: `git worktree add --detach ../arena-1c4ddae7f455 1c4ddae7f455`" in refused.output
     allowed = CliRunner().invoke(cli, ["run", "--resume", str(finished), "--allow-version-change"])
     assert allowed.exit_code == 0, allowed.output
     resumed_by = json.loads((finished / "results.json").read_text())["provenance"]["resumed_by"]

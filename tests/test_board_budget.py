@@ -179,3 +179,41 @@ def test_park_keeps_each_unfinished_run_whole_and_a_parked_row_resumes_with_move
     (runs / "rag-none-seed1" / "results.json").write_text("{}")
     subprocess.run(["bash", str(SCRIPT), "--park"], env=env, check=True, capture_output=True)
     assert not (board / "unfinished" / "rag-seed1").exists()  # its reset is done
+
+
+def test_a_parked_row_resumes_with_the_commit_that_started_it(tmp_path: Path) -> None:
+    """A resume under another commit is refused (a row's phases keep one version), so the script
+    resumes a parked run from a worktree of the commit its state.json names, made once; a run
+    started by this checkout's HEAD resumes here (a fake ``arena`` records where it ran)."""
+    import os
+    import subprocess
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(ROOT), *args], check=True, capture_output=True,
+                              text=True).stdout.strip()
+
+    try:
+        head, before = git("rev-parse", "HEAD"), git("rev-parse", "HEAD~1")
+    except subprocess.CalledProcessError:
+        pytest.skip("needs a git checkout with at least two commits")
+    runs, board, bin_dir, worktrees = tmp_path / "runs", tmp_path / "board", tmp_path / "bin", tmp_path / "wt"
+    for row, sha in (("memrl-seed0", before), ("rag-seed0", head)):
+        (board / "unfinished" / row).mkdir(parents=True)
+        (board / "unfinished" / row / "state.json").write_text(json.dumps({"provenance": {"git_sha": sha}}))
+    bin_dir.mkdir()
+    (bin_dir / "arena").write_text(f'#!/bin/sh\necho "$PWD|$PYTHONPATH|$*" >> {tmp_path}/calls\n')
+    (bin_dir / "arena").chmod(0o755)
+    env = {**os.environ, "RUNS": str(runs), "BOARD": str(board), "WORKTREES": str(worktrees),
+           "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": ""}
+    worktree = worktrees / before[:12]
+    try:
+        for _ in range(2):  # the second time the worktree is there already
+            subprocess.run(["bash", str(SCRIPT), "memrl-seed0", "rag-seed0"], env=env, check=True, capture_output=True)
+        assert git("-C", str(worktree), "rev-parse", "HEAD") == before
+    finally:
+        if worktree.exists():
+            git("worktree", "remove", "--force", str(worktree))
+    calls = (tmp_path / "calls").read_text().splitlines()
+    resumed = [f"run --resume {runs / row} --move-here" for row in ("memrl-seed0", "rag-seed0")] * 2
+    assert [line.split("|")[2] for line in calls] == resumed
+    assert [line.split("|")[:2] for line in calls] == [[str(worktree), str(worktree)], [str(ROOT), ""]] * 2

@@ -122,6 +122,15 @@ def _learned_state_to_start_from(cfg: DictConfig, run_dir: RunDir,
     return started_from
 
 
+def _checkout_hint(started_sha: object, now_sha: str | None) -> str:
+    """How to get the clean commit that started a run beside this checkout ("" where it was not
+    one: an installed wheel, a modified checkout, or the same commit)."""
+    if not isinstance(started_sha, str) or not started_sha or started_sha.endswith("-dirty") or started_sha == now_sha:
+        return ""
+    short = started_sha[:12]
+    return f" (its commit {short}: `git worktree add --detach ../arena-{short} {short}`, then resume from there)"
+
+
 def _resumed(run_dir: RunDir, lock: RunLock, method: str | None, env: str | None,
              config_file: Path | str | None, overrides: list[str] | None, plugins: Plugins,
              preset: str | None, allow_version_change: bool = False,
@@ -152,9 +161,10 @@ def _resumed(run_dir: RunDir, lock: RunLock, method: str | None, env: str | None
     if changed:
         named = "; ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in changed.items())
         if not allow_version_change:
+            hint = _checkout_hint(started.get("git_sha"), now["git_sha"])
             raise RunDirError(
                 f"{run_dir.path} was started by another Arena ({named}). Resume it with the version "
-                "that started it, or pass --allow-version-change (results.json then records it).")
+                f"that started it{hint}, or pass --allow-version-change (results.json then records it).")
         run_dir.ledger.resumed_by(now)
     plugins.methods.get(cfg.method.name)  # still installed?
     if (run_dir.path / "results.json").exists():
