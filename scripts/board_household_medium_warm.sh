@@ -99,6 +99,26 @@ if [[ "${1:-}" == --commit ]]; then commit_board; exit; fi
 if [[ "${1:-}" == --seeds-needed ]]; then seeds_needed; exit; fi
 if [[ "${1:-}" == --park ]]; then park_rows; exit; fi
 
+# The rows that train a policy. Their trainer's precision is `auto`: bf16 autocast on a CPU that
+# computes bf16 natively, float32 on one that does not, so the same row would learn in two
+# precisions on two machines (docs/board_budget.md). Every RL row has learned in bf16 autocast so
+# far, so an RL row learns only where that is native; its evaluation goes on anywhere.
+RL_METHODS=(grpo gigpo evolving_rl evolving_rl_solver_only evolving_rl_extractor_only skillrl)
+check_learns_in_bf16() {  # check_learns_in_bf16 ROW METHOD: refuses where ROW would learn in float32
+    local row=$1 method=$2 state="$RUNS/$1/state.json"
+    [[ " ${RL_METHODS[*]} " == *" $method "* ]] || return 0
+    if [[ -f $state ]] && python3 -c 'import json, sys; sys.exit(0 if json.load(open(sys.argv[1])).get("learn_done") else 1)' "$state"; then
+        return 0  # learned: its evaluation runs in the board's float32 on any machine
+    fi
+    if ! python3 -c 'import sys, torch; sys.exit(0 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else 1)'; then
+        echo "[board] $row not started: this CPU computes no bf16 natively (or python3 has no torch:" \
+             "activate Arena's virtualenv), so its policy updates would run in float32 where the board's" \
+             "other RL rows ran in bf16 autocast. Run it on a CPU with AVX-512 or AMX; run the memory rows here." >&2
+        return 1
+    fi
+}
+refused=0
+
 rows=("$@")
 if [[ ${#rows[@]} -eq 0 ]]; then
     rows=(base-seed0 random-seed0 random-seed1 random-seed2)
@@ -108,5 +128,7 @@ for row in "${rows[@]}"; do
     if [[ $row == *-none-seed* ]]; then run_reset "$row"; continue; fi
     name=${row%-seed*} seed=${row##*-seed}
     if ! read -r -a args <<<"$(row_args "$name")" || [[ ${#args[@]} -eq 0 ]]; then echo "unknown row $row" >&2; exit 2; fi
+    check_learns_in_bf16 "$row" "$name" || { refused=1; continue; }
     run_row "$row" "${args[@]}" "run.seeds=[$seed]" "learn.seed=$seed" "${ISOLATED[@]}"
 done
+exit $refused

@@ -138,6 +138,14 @@ def test_gigpo_end_to_end_on_the_tiny_model(plugins, tmp_path) -> None:
                   if json.loads(line)["phase"] == "learn"]
     assert metrics["step_groups"] >= 2 and metrics["samples"] > 0 and "grad_norm" in metrics
     assert results.valid is True and results.state.method["trainable_parameters"] > 0
+    # the board reads how its update computed (precision auto: bf16 autocast where native)
+    import torch
+
+    from arena.report import load_run
+    from arena.report.aggregate import update_precisions
+
+    native = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    assert update_precisions(load_run(path)) == {"bf16 autocast" if native else "float32"}
 
 
 @pytest.mark.slow

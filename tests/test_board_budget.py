@@ -217,3 +217,35 @@ def test_a_parked_row_resumes_with_the_commit_that_started_it(tmp_path: Path) ->
     resumed = [f"run --resume {runs / row} --move-here" for row in ("memrl-seed0", "rag-seed0")] * 2
     assert [line.split("|")[2] for line in calls] == resumed
     assert [line.split("|")[:2] for line in calls] == [[str(worktree), str(worktree)], [str(ROOT), ""]] * 2
+
+
+@pytest.mark.parametrize("native_bf16", [True, False])
+def test_an_rl_row_learns_only_where_bf16_is_native(tmp_path: Path, native_bf16: bool) -> None:
+    """The RL rows train with precision auto, bf16 autocast only on a CPU that computes bf16
+    natively: the script starts (or resumes) an RL row's learning only there, so no RL row of
+    the board learns in float32 beside rows that learned in bf16; a memory row and an RL row
+    whose learning has finished run anywhere. (torch's check is patched at interpreter start.)"""
+    import os
+    import subprocess
+    import sys
+
+    patch = tmp_path / "patch"
+    patch.mkdir()
+    (patch / "sitecustomize.py").write_text(
+        f"import torch\ntorch.ops.mkldnn._is_mkldnn_bf16_supported = lambda: {native_bf16}\n")
+    runs, bin_dir = tmp_path / "runs", tmp_path / "bin"
+    (runs / "grpo-seed0").mkdir(parents=True)  # learned, evaluating: goes on anywhere
+    (runs / "grpo-seed0" / "state.json").write_text(json.dumps({"learn_done": True}))
+    bin_dir.mkdir()
+    (bin_dir / "arena").write_text(f'#!/bin/sh\necho "$*" >> {tmp_path}/calls\n')
+    (bin_dir / "arena").chmod(0o755)
+    env = {**os.environ, "RUNS": str(runs), "BOARD": str(tmp_path / "board"), "PYTHONPATH": str(patch),
+           "PATH": f"{bin_dir}:{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    ran = subprocess.run(["bash", str(SCRIPT), "gigpo-seed0", "memrl-seed0", "grpo-seed0"], env=env,
+                         capture_output=True, text=True)
+    calls = (tmp_path / "calls").read_text().splitlines()
+    started = [line.split("--out ")[1].split()[0] for line in calls if line.startswith("run --method")]
+    assert [Path(p).name for p in started] == (["gigpo-seed0", "memrl-seed0"] if native_bf16 else ["memrl-seed0"])
+    assert f"run --resume {runs / 'grpo-seed0'} --move-here" in calls
+    assert ran.returncode == (0 if native_bf16 else 1), ran.stderr
+    assert ("gigpo-seed0 not started: this CPU computes no bf16 natively" in ran.stderr) != native_bf16

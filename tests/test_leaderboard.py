@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
@@ -574,6 +575,31 @@ def test_a_row_says_where_its_runs_ran_and_when_learning_spans_commits():
     assert f"learning spans commits: s1 ({'a' * 12}, {'b' * 12})" in flags
     assert not any(f.startswith("learning spans commits: s0") for f in flags)
     assert row_provenance([first, second])["machines"] == ["EPYC (avx2)", "Xeon (avx2+avx512f)"]
+
+
+def test_a_row_says_in_which_precision_its_policy_updates_ran():
+    """``precision: auto`` trains in bf16 autocast on a CPU with native bf16 and in float32 on
+    one without: the row names what its trainer's steps logged, flags a row that trained both
+    ways, and says nothing for a row that trained no policy."""
+    from arena.report.aggregate import row_flags, row_provenance
+    from arena.report.render import provenance_line
+
+    def step(bf16: float) -> dict:
+        return {"phase": "learn", "step": 1, "metrics": {"loss": 0.1, "bf16_autocast": bf16}}
+
+    def line(runs: list[Run]) -> str:  # the provenance line reads the row's provenance alone
+        return provenance_line(SimpleNamespace(provenance=row_provenance(runs)))  # type: ignore[arg-type]
+
+    first, second = (_constructed_run(label, seed, {"a": True}, 10) for label, seed in (("s0", 0), ("s1", 1)))
+    assert "updates" not in row_provenance([first, second]) and "policy updates" not in line([first, second])
+    first.metrics, second.metrics = [step(1.0)], [step(1.0), step(1.0)]
+    assert row_provenance([first, second])["updates"] == ["bf16 autocast"]
+    assert "(weights unknown; dtype not recorded); policy updates in bf16 autocast; seeds" in line([first, second])
+    assert not [f for f in row_flags([first, second], {}) if "precision" in f]
+    second.metrics = [step(1.0), step(0.0)]  # resumed on a machine without native bf16
+    assert row_provenance([first, second])["updates"] == ["bf16 autocast", "float32"]
+    assert "policy updates in mixed precision: s0 (bf16 autocast); s1 (bf16 autocast and float32)" in \
+        row_flags([first, second], {})
 
 
 def test_a_long_curve_of_episode_outcomes_is_drawn_as_its_rolling_mean():

@@ -619,6 +619,18 @@ def test_full_fine_tuning_of_bf16_weights_keeps_float32_masters(tokenizer) -> No
     assert agree > 0.8 * total_signs  # the float32 update's direction (random signs: half)
 
 
+@pytest.mark.parametrize("native_bf16", [True, False])
+def test_each_step_logs_the_precision_auto_resolved_to(tokenizer, monkeypatch, native_bf16) -> None:
+    """``precision: auto`` autocasts to bf16 only on a CPU that computes it natively, so one
+    config trains in two precisions on two machines: every step says which (the board shows it)."""
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: native_bf16)
+    trainer = PolicyTrainer(fresh_model(), tokenizer, {**FP32, "precision": "auto", "lora": {"r": 4}})
+    assert trainer.autocast_dtype == (torch.bfloat16 if native_bf16 else None)
+    assert trainer.step(make_samples())["bf16_autocast"] == float(native_bf16)
+    fixed = PolicyTrainer(fresh_model(), tokenizer, {**FP32, "lora": {"r": 4}})  # precision fp32
+    assert fixed.step(make_samples())["bf16_autocast"] == 0.0
+
+
 def test_lora_on_a_bf16_model_with_autocast() -> None:
     """The backend's default on a bf16 CPU: bf16 base weights, float32 adapters, bf16 autocast."""
     llm = TransformersBackend({"model": "tiny", "dtype": "bfloat16"})

@@ -20,6 +20,7 @@ from arena.core.contract.results import PhaseCost, Summary
 from arena.core.contract.settings import Settings
 from arena.core.execution.experience_controls import ExperienceSettings
 from arena.core.storage import stats
+from arena.core.storage.metrics import BF16_AUTOCAST
 from arena.report.runs import PRIMARY_VARIANT, ReportError, Run
 
 #: Config keys that may differ between the runs pooled into one row (everything else must match):
@@ -491,6 +492,10 @@ def row_flags(runs: list[Run], mixed: dict[str, Any]) -> list[str]:
     machines = sorted({_machine(session) for run in runs for session in _sessions(run)})
     if len(machines) > 1:  # float32 kernels round differently by instruction set (docs/numerics.md)
         flags.append(f"ran on {len(machines)} machines: {'; '.join(machines)}")
+    precisions = {run.label: update_precisions(run) for run in runs}
+    if len(set().union(*precisions.values())) > 1:  # one run, or the row's seeds, trained two ways
+        flags.append("policy updates in mixed precision: " + "; ".join(
+            f"{label} ({' and '.join(sorted(kinds))})" for label, kinds in precisions.items() if kinds))
     for run in runs:
         learned_at = sorted({str(s.get("git_sha") or s.get("arena_version"))[:12]
                              for s in _sessions(run, "learn")})
@@ -527,9 +532,19 @@ def row_provenance(runs: list[Run]) -> dict[str, Any]:
         # Where each phase ran, and at which commit (runs made before Arena recorded it add nothing).
         **({"machines": machines} if (machines := sorted({_machine(s) for r in runs for s in _sessions(r)})) else {}),
         **({"phase_commits": commits} if (commits := phase_commits(runs)) else {}),
+        **({"updates": updates} if (updates := sorted({u for r in runs for u in update_precisions(r)})) else {}),
         "seeds": sorted(seed for r in runs for seed in r.seeds),
         "runs": [r.label for r in runs],
     }
+
+
+def update_precisions(run: Run) -> set[str]:
+    """How the run's policy updates computed (its trainer's ``bf16_autocast`` metric: "bf16
+    autocast" or "float32"; none for a run that trained no policy, or was made before Arena
+    logged it). ``precision: auto`` resolves by device, so two machines can train one config in
+    two precisions, a far larger difference than float32 kernels' rounding."""
+    return {"bf16 autocast" if entry["metrics"][BF16_AUTOCAST] else "float32" for entry in run.metrics
+            if entry["phase"] == "learn" and BF16_AUTOCAST in entry["metrics"]}
 
 
 def phase_commits(runs: list[Run]) -> dict[str, list[str]]:

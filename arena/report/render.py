@@ -124,9 +124,10 @@ def provenance_line(row: Row) -> str:
     where = f"; ran on {'; '.join(p['machines'])}" if p.get("machines") else ""
     commits = ("; commits " + "; ".join(f"{phase} {', '.join(shas)}" for phase, shas in p["phase_commits"].items())
                if p.get("phase_commits") else "")
+    updates = f"; policy updates in {' and '.join(p['updates'])}" if p.get("updates") else ""
     return (f"arena {', '.join(p['arena_version'])}; git {', '.join(p['git_sha'])}; "
             f"model {', '.join(p['model'])} (weights {', '.join(p['weights_sha256'])}; "
-            f"{', '.join(p['dtype'])}){where}{commits}; "
+            f"{', '.join(p['dtype'])}){updates}{where}{commits}; "
             f"seeds {', '.join(map(str, p['seeds']))}; runs {', '.join(p['runs'])}")
 
 

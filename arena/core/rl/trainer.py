@@ -48,6 +48,7 @@ from arena.core.rl import sharding
 from arena.core.rl.data import Sample
 from arena.core.rl.loss import RoleStats, policy_loss, token_entropy, token_logprobs
 from arena.core.rl.sharding import World
+from arena.core.storage.metrics import BF16_AUTOCAST
 
 #: 1: safetensors weights and a torch optimizer state (read, no longer written); 2: a
 #: torch.distributed.checkpoint folder, resharded on load to any world size.
@@ -368,6 +369,7 @@ class PolicyTrainer:
             "n_samples": float(len(samples)),
             "n_tokens": float(sum(s.n_tokens for s in stats.values())),
             "step_s": time.perf_counter() - started,
+            BF16_AUTOCAST: float(self.autocast_dtype == torch.bfloat16),
         }
         for role, role_stats in sorted(stats.items()):
             metrics.update({f"{role}/{k}": v for k, v in role_stats.metrics().items()})

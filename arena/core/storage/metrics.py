@@ -25,6 +25,10 @@ if TYPE_CHECKING:
     from arena.core.storage.trackers import Tracker
 
 METRICS = "metrics.jsonl"
+#: A policy update's metric (the RL trainer's): 1.0 where its forward and backward ran in bf16
+#: autocast (``precision: auto`` on a device with native bf16), 0.0 in the weights' own dtype. The
+#: board shows each RL row's update precision from it.
+BF16_AUTOCAST = "bf16_autocast"
 Value = int | float | bool
 
 
