@@ -82,18 +82,7 @@ commit_board() {
 # (the committed board's verdicts, `seeds_needed`), each seed of a memory method (RESET_METHODS)
 # with its memory reset; run them with: bash THIS_SCRIPT $(bash THIS_SCRIPT --seeds-needed)
 seeds_needed() {
-    python3 - "$BOARD/leaderboard.json" "$RUNS" "${RESET_METHODS[@]}" <<'PY'
-import json, pathlib, sys
-board, runs = json.loads(pathlib.Path(sys.argv[1]).read_text()), pathlib.Path(sys.argv[2])
-reset = set(sys.argv[3:])
-needed = []
-for verdict in board.get("verdicts", []):
-    if verdict["seeds_needed"]:
-        name = verdict["row"].split(" (")[0]  # the script's row: the board's label without its preset
-        for seed in range(verdict["seeds"] + verdict["seeds_needed"]):
-            needed += [f"{name}-seed{seed}"] + ([f"{name}-none-seed{seed}"] if name in reset else [])
-print(" ".join(row for row in needed if not (runs / row / "results.json").is_file()))
-PY
+    python3 scripts/board_state.py seeds-needed "$BOARD/leaderboard.json" "$RUNS" "${RESET_METHODS[@]}"
 }
 if [[ "${1:-}" == --commit ]]; then commit_board; exit; fi
 if [[ "${1:-}" == --seeds-needed ]]; then seeds_needed; exit; fi
@@ -105,12 +94,12 @@ if [[ "${1:-}" == --park ]]; then park_rows; exit; fi
 # far, so an RL row learns only where that is native; its evaluation goes on anywhere.
 RL_METHODS=(grpo gigpo evolving_rl evolving_rl_solver_only evolving_rl_extractor_only skillrl)
 check_learns_in_bf16() {  # check_learns_in_bf16 ROW METHOD: refuses where ROW would learn in float32
-    local row=$1 method=$2 state="$RUNS/$1/state.json"
+    local row=$1 method=$2
     [[ " ${RL_METHODS[*]} " == *" $method "* ]] || return 0
-    if [[ -f $state ]] && python3 -c 'import json, sys; sys.exit(0 if json.load(open(sys.argv[1])).get("learn_done") else 1)' "$state"; then
+    if python3 scripts/board_state.py learn-done "$RUNS/$row"; then
         return 0  # learned: its evaluation runs in the board's float32 on any machine
     fi
-    if ! python3 -c 'import sys, torch; sys.exit(0 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else 1)'; then
+    if ! python3 scripts/board_state.py bf16-native; then
         echo "[board] $row not started: this CPU computes no bf16 natively (or python3 has no torch:" \
              "activate Arena's virtualenv), so its policy updates would run in float32 where the board's" \
              "other RL rows ran in bf16 autocast. Run it on a CPU with AVX-512 or AMX; run the memory rows here." >&2

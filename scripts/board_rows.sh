@@ -27,8 +27,7 @@ run_row() {  # run_row ROW METHOD [ARGS...]
 resume_run() {
     local dir started wt
     dir=$(realpath "$1")
-    started=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get("provenance", {}).get("git_sha") or "")' \
-              "$dir/state.json" 2>/dev/null || true)
+    started=$(python3 scripts/board_state.py started-commit "$dir")
     if [[ -z $started || $started == *-dirty || $started == "$(git rev-parse HEAD 2>/dev/null)" || -n ${RESUME_ARGS:-} ]]; then
         arena run --resume "$dir" --move-here ${RESUME_ARGS:-}
         return
