@@ -258,7 +258,7 @@ def _p(value: float) -> str:
     return f"{value:.2g}"
 
 
-def standing(line: RowComparison) -> Standing:
+def _standing(line: RowComparison) -> Standing:
     result = line.result
     return Standing(split=line.split, against=MEMORY_RESET if line.kind == MEMORY_RESET else line.against,
                     success=result.success_a, difference=result.difference, p_value=result.p_value,
@@ -288,7 +288,7 @@ def verdicts(comparisons: list[RowComparison]) -> list[Verdict]:
         seeds = lines[0].seeds_a
         parts, claims, standings = [], [], []
         for split in dict.fromkeys(line.split for line in lines):
-            of_split = [standing(line) for line in lines if line.split == split]
+            of_split = [_standing(line) for line in lines if line.split == split]
             standings += of_split
             claims += [f"{split}: {_clause(s)}" for s in of_split if s.claimed]
             parts.append(f"{split} {of_split[0].success * 100:.1f} %, " + ", ".join(_clause(s) for s in of_split))

@@ -24,6 +24,7 @@ from arena.report.learning import (
     SEEDS_FOR_A_CLAIM,
     Learning,
     RowComparison,
+    Standing,
     Verdict,
 )
 from arena.report.plots import Plot, table_plots
@@ -295,39 +296,42 @@ def table_verdicts(learning: Learning | None, table: Table) -> list[Verdict]:
     return [verdict for verdict in (learning.verdicts if learning else []) if verdict.env == table.env]
 
 
+def _verdict_layout(verdicts: list[Verdict]) -> dict[str, list[str]]:
+    """split -> what the verdicts compare with on it (each control, the memory reset), in the
+    order they name them."""
+    return {split: list(dict.fromkeys(s.against for v in verdicts for s in v.standings if s.split == split))
+            for split in dict.fromkeys(s.split for v in verdicts for s in v.standings)}
+
+
 def verdict_columns(verdicts: list[Verdict]) -> list[str]:
-    """Row, seeds, then per split its success and one column per control (and memory reset), in
-    the order the verdicts name them."""
+    """Row, seeds, then per split its success and one column per control (and memory reset)."""
     columns = ["Row", "Seeds"]
-    for split in dict.fromkeys(s.split for verdict in verdicts for s in verdict.standings):
-        against = dict.fromkeys(s.against for verdict in verdicts for s in verdict.standings if s.split == split)
+    for split, against in _verdict_layout(verdicts).items():
         columns += [split] + [f"vs {'its reset' if name == MEMORY_RESET else name}" for name in against]
     return columns
 
 
-def _standing_cell(difference: float, p_value: float, claimed: bool, invalid: tuple[str, ...]) -> str:
-    if invalid:
+def _standing_cell(standing: Standing | None) -> str:
+    if standing is None:
+        return "-"
+    if standing.invalid:
         return "invalid"
-    mark = ("▲ " if difference > 0 else "▼ ") if claimed else ""
-    return f"{mark}{difference * 100:+.1f} (p {p_value:.2g})"
+    mark = ("▲ " if standing.difference > 0 else "▼ ") if standing.claimed else ""
+    return f"{mark}{standing.difference * 100:+.1f} (p {standing.p_value:.2g})"
 
 
 def verdict_rows(verdicts: list[Verdict]) -> list[list[str]]:
     """The verdicts as a table, a row's line short enough for a README to quote every row: the
     figures of its sentence, cell by cell (verdict_columns); "-" where it has no such comparison."""
-    splits = list(dict.fromkeys(s.split for verdict in verdicts for s in verdict.standings))
-    against = {split: list(dict.fromkeys(s.against for verdict in verdicts for s in verdict.standings
-                                         if s.split == split)) for split in splits}
     rows = []
     for verdict in verdicts:
         needed = verdict.seeds + verdict.seeds_needed
         cells = [verdict.row, f"{verdict.seeds} of {needed}" if verdict.seeds_needed else str(verdict.seeds)]
-        for split in splits:
+        for split, against in _verdict_layout(verdicts).items():
             of_split = {s.against: s for s in verdict.standings if s.split == split}
             first = next(iter(of_split.values()), None)
             cells.append(pct(first.success) if first else "-")
-            cells += [_standing_cell(s.difference, s.p_value, s.claimed, s.invalid) if (s := of_split.get(name))
-                      else "-" for name in against[split]]
+            cells += [_standing_cell(of_split.get(name)) for name in against]
         rows.append(cells)
     return rows
 
