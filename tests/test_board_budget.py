@@ -249,3 +249,23 @@ def test_an_rl_row_learns_only_where_bf16_is_native(tmp_path: Path, native_bf16:
     assert f"run --resume {runs / 'grpo-seed0'} --move-here" in calls
     assert ran.returncode == (0 if native_bf16 else 1), ran.stderr
     assert ("gigpo-seed0 not started: this CPU computes no bf16 natively" in ran.stderr) != native_bf16
+
+
+def test_every_row_that_trains_a_policy_is_held_to_bf16_learning(plugins) -> None:
+    """The script's RL_METHODS (the rows whose learning it starts only where bf16 is native) are
+    exactly the rows whose method config has a policy trainer, so a new RL row cannot learn in
+    float32 beside rows that learned in bf16 autocast."""
+    from omegaconf import OmegaConf
+
+    from arena.core.config.compose import compose
+
+    listed = set(re.search(r"^RL_METHODS=\(([^)]*)\)", SCRIPT.read_text(), re.M).group(1).split())  # type: ignore[union-attr]
+
+    def trains(args: list[str]) -> bool:  # a `trainer` section in the method's config, or one level down
+        method, preset = args[0], next((args[i + 1] for i, a in enumerate(args) if a == "--preset"), None)
+        cfg: dict[str, Any] = OmegaConf.to_container(compose(plugins, method, preset=preset).method)  # type: ignore[assignment]
+        return "trainer" in cfg or any(isinstance(v, dict) and "trainer" in v for v in cfg.values())
+
+    rows = {name: args for name, args in script_rows().items() if name not in ("base", "random")}
+    assert {name for name, args in rows.items() if trains(args)} == listed
+    assert {"grpo", "gigpo", "evolving_rl", "skillrl"} <= listed  # the check sees the trainers it must
