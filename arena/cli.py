@@ -86,6 +86,7 @@ def run(method: str | None, env_name: str | None, preset: str | None, config_fil
             _leave_as_a_following_rank()
         ranks.stop_cleanly_on_sigterm()
     started = time.perf_counter()
+    _name_run_dir(resume or out)
     try:
         with progress_reporter() as reporter:
             path, results = protocol.run(method, env_name, config_file=config_file, overrides=list(overrides),
@@ -317,6 +318,7 @@ def evaluate(state_dir: str, out: str, overrides: tuple[str, ...]) -> None:
     with; the board plays every test episode."""
     from arena.report.evaluate_state import EvaluateError, evaluate_state
 
+    _name_run_dir(out)  # resumed, like any run, with `arena run --resume OUT`
     try:
         with progress_reporter() as reporter:
             path, results = evaluate_state(state_dir, out, list(overrides), reporter=reporter)
@@ -653,6 +655,20 @@ def _terminate(signum: int, frame: object) -> None:
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 RESUME_HINT = ("Finished episodes are saved; continue with `arena run --resume RUN_DIR` "
                "(the run directory `arena run` printed, or the newest under runs/).")
+#: The directory of the run this process plays, where the command named it (--out, --resume):
+#: the stop hints then give the exact command.
+_named_run_dir: Path | None = None
+
+
+def _name_run_dir(path: str | None) -> None:
+    global _named_run_dir
+    _named_run_dir = Path(path).resolve() if path else None
+
+
+def _resume_hint() -> str:
+    if _named_run_dir is not None:
+        return f"Finished episodes are saved; continue with `arena run --resume {_named_run_dir}`."
+    return RESUME_HINT
 
 
 def main() -> None:
@@ -663,10 +679,10 @@ def main() -> None:
     try:
         code = cli.main(standalone_mode=False)
     except (KeyboardInterrupt, click.exceptions.Abort):
-        console.print(f"Interrupted. {RESUME_HINT}", soft_wrap=True)
+        console.print(f"Interrupted. {_resume_hint()}", soft_wrap=True)
         sys.exit(130)
     except Terminated:
-        console.print(f"Terminated. {RESUME_HINT}", soft_wrap=True)
+        console.print(f"Terminated. {_resume_hint()}", soft_wrap=True)
         sys.exit(143)
     except click.ClickException as exc:
         exc.show()
@@ -674,7 +690,7 @@ def main() -> None:
     except OSError as exc:
         if exc.errno not in DISK_FULL:
             raise
-        console.print(f"The disk is full ({exc.strerror}). Free some space, then continue: {RESUME_HINT}",
+        console.print(f"The disk is full ({exc.strerror}). Free some space, then continue: {_resume_hint()}",
                       soft_wrap=True)
         sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)

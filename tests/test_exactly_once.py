@@ -122,7 +122,7 @@ def test_a_full_disk_stops_the_run_with_the_fix_and_resume_loses_nothing(tmp_pat
     done = full_disk_run(out, LEARN, fail_at)
     assert done.returncode == 1, done.stdout + done.stderr
     said = " ".join((done.stdout + done.stderr).split())
-    assert "The disk is full" in said and "arena run --resume RUN_DIR" in said
+    assert "The disk is full" in said and f"arena run --resume {out.resolve()}`" in said
     assert "Traceback" not in said
     path, results = protocol.run(None, resume=out)
     assert learned(path, results) == uninterrupted["learn"]

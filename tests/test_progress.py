@@ -316,7 +316,8 @@ def test_ctrl_c_and_sigterm_stop_cleanly_and_say_how_to_resume(tmp_path: Path, s
     process.send_signal(signal.Signals(signum))
     rest = process.stderr.read()
     assert process.wait(timeout=120) == code, rest
-    assert word in rest and "arena run --resume" in rest and "Traceback" not in rest
+    assert word in rest and "Traceback" not in rest
+    assert f"continue with `arena run --resume {out.resolve()}`." in rest  # the run named, on one line
     assert not (out / "results.json").exists() and (out / "episodes.jsonl").exists()
     shown = CliRunner().invoke(cli, ["show", str(out)])
     assert "was interrupted" in shown.output  # the lock went with the process
@@ -344,7 +345,7 @@ def test_sigterm_while_an_isolated_method_learns_stops_cleanly(tmp_path: Path) -
     process.send_signal(signal.SIGTERM)
     rest = process.stderr.read()
     assert process.wait(timeout=120) == 143, rest
-    assert "Terminated." in rest and "arena run --resume" in rest and "Traceback" not in rest, rest
+    assert "Terminated." in rest and f"arena run --resume {out.resolve()}`" in rest and "Traceback" not in rest, rest
 
 
 def test_the_terminal_bars_show_episodes_played_and_stop_when_their_phase_ends() -> None:
