@@ -51,11 +51,10 @@ needs_reset() {
 # BOARD/unfinished/ROW, to be committed: a session's machine is not always kept, and a row runs
 # for longer than a session. A finished run stays parked while its memory reset is to run
 # (needs_reset); once that has finished, or for any other finished row, the parked copy is
-# removed. A run larger than
-# PARK_MAX_MB (default 25: a memory method's store) is parked without its optimizer state where its
-# learning has finished (`arena slim` on the copy: an RL row's LoRA checkpoint for SmolLM2 is about
-# 60 MB with it, 20 without), else left out, naming its size: every parked copy stays in the
-# repository's history.
+# removed. A run that holds trained weights (an RL row's trainer checkpoints) is never parked:
+# the repository keeps no model weights (the board's warm-start base aside), so an RL row goes on
+# only where its machine is kept. A run larger than PARK_MAX_MB (default 25: a memory method's
+# store) is left out too, naming its size: every parked copy stays in the repository's history.
 park_rows() {
     local run row size
     for run in "$RUNS"/*/; do
@@ -66,13 +65,15 @@ park_rows() {
             echo "[board] $row is still running: stop it first (kill -TERM its arena process)" >&2
             return 1
         fi
-        rm -rf "$BOARD/unfinished/$row" && mkdir -p "$BOARD/unfinished"
+        rm -rf "$BOARD/unfinished/$row"
+        if [[ -n $(find "$run" -name trainer_state.json -print -quit) ]]; then
+            echo "[board] $row not parked: it holds trained weights, which the repository does not keep;" \
+                 "it goes on only where $run is kept" >&2
+            continue
+        fi
+        mkdir -p "$BOARD/unfinished"
         cp -a "$run" "$BOARD/unfinished/$row" && rm -f "$BOARD/unfinished/$row/run.lock"
         size=$(du -sm "$BOARD/unfinished/$row" | cut -f1)
-        if (( size > ${PARK_MAX_MB:-25} )) && arena slim "$BOARD/unfinished/$row" >&2; then
-            rm -f "$BOARD/unfinished/$row/run.lock"  # the lock `arena slim` held
-            size=$(du -sm "$BOARD/unfinished/$row" | cut -f1)  # its learning had finished
-        fi
         if (( size > ${PARK_MAX_MB:-25} )); then
             rm -rf "$BOARD/unfinished/$row"
             echo "[board] $row not parked: $size MB (over PARK_MAX_MB=${PARK_MAX_MB:-25}); it goes on only" \

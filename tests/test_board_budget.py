@@ -112,7 +112,7 @@ def test_the_script_lists_the_seeds_a_claim_waits_for(tmp_path: Path) -> None:
 
 def test_park_keeps_each_unfinished_run_whole_and_a_parked_row_resumes_with_move_here(tmp_path: Path) -> None:
     """``--park`` copies every unfinished run whole beside the board (no lock) unless it is over
-    PARK_MAX_MB (then without its optimizer state, where its learning finished), drops a parked row once its run finished; the script puts a parked row back and resumes it with
+    PARK_MAX_MB or holds trained weights, drops a parked row once its run finished; the script puts a parked row back and resumes it with
     ``--move-here`` (a fake ``arena`` on PATH records the call)."""
     import os
     import subprocess
@@ -124,14 +124,13 @@ def test_park_keeps_each_unfinished_run_whole_and_a_parked_row_resumes_with_move
         for file, text in files.items():
             (runs / name / file).parent.mkdir(parents=True, exist_ok=True)
             (runs / name / file).write_text(text)
-    for rl_row in ("grpo-seed0", "gigpo-seed0"):  # over PARK_MAX_MB=1; gigpo's learning has finished
-        (runs / rl_row).mkdir()
-        (runs / rl_row / "checkpoint").write_bytes(b"0" * 2_000_000)
+    (runs / "grpo-seed0").mkdir()  # over PARK_MAX_MB=1
+    (runs / "grpo-seed0" / "checkpoint").write_bytes(b"0" * 2_000_000)
+    (runs / "gigpo-seed0" / "method" / "checkpoint-00003").mkdir(parents=True)  # small, but trained weights
+    (runs / "gigpo-seed0" / "method" / "checkpoint-00003" / "trainer_state.json").write_text("{}")
     (board / "unfinished" / "base-seed0").mkdir(parents=True)  # parked once, finished since
     bin_dir.mkdir()
-    # The fake `arena slim` drops gigpo's optimizer state and refuses grpo, still learning.
-    (bin_dir / "arena").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/calls\nif [ "$1" = slim ]; then\n'
-                                   '  case "$2" in *gigpo*) : > "$2/checkpoint" ;; *) exit 1 ;; esac\nfi\n')
+    (bin_dir / "arena").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/calls\n')
     (bin_dir / "arena").chmod(0o755)
     env = {**os.environ, "RUNS": str(runs), "BOARD": str(board), "PATH": f"{bin_dir}:{os.environ['PATH']}",
            "PARK_MAX_MB": "1"}
@@ -145,10 +144,9 @@ def test_park_keeps_each_unfinished_run_whole_and_a_parked_row_resumes_with_move
     assert not (board / "unfinished" / "memrl-seed0").exists()
     parking = subprocess.run(["bash", str(SCRIPT), "--park"], env=env, check=True, capture_output=True, text=True)
     assert "grpo-seed0 not parked: 2 MB" in parking.stderr and not (board / "unfinished" / "grpo-seed0").exists()
-    # A finished learning phase parks without its optimizer state: the copy slimmed, the run kept whole.
-    assert f"slim {board / 'unfinished' / 'gigpo-seed0'}" in (tmp_path / "calls").read_text()
-    assert (board / "unfinished" / "gigpo-seed0" / "checkpoint").stat().st_size == 0
-    assert (runs / "gigpo-seed0" / "checkpoint").stat().st_size == 2_000_000
+    # Trained weights never go into the repository: an RL row is not parked, whatever its size.
+    assert "gigpo-seed0 not parked: it holds trained weights" in parking.stderr
+    assert not (board / "unfinished" / "gigpo-seed0").exists() and (runs / "gigpo-seed0" / "method").is_dir()
     parked = board / "unfinished" / "memrl-seed0"
     assert sorted(p.relative_to(parked).as_posix() for p in parked.rglob("*") if p.is_file()) == \
         ["config.yaml", "store/db"]
