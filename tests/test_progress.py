@@ -380,3 +380,16 @@ def test_the_terminal_bars_show_episodes_played_and_stop_when_their_phase_ends()
         reporter.play_end("evaluate")
         reporter.phase_end("evaluate")
         assert evaluate.stop_time is not None and evaluate.fields["eta"] == ""
+
+
+def test_the_stop_hint_names_the_run_or_says_where_to_find_it(tmp_path: Path) -> None:
+    from arena import cli as cli_module
+
+    try:
+        cli_module._name_run_dir(str(tmp_path / "run"))
+        assert cli_module._resume_hint().endswith(f"`arena run --resume {(tmp_path / 'run').resolve()}`.")
+        cli_module._name_run_dir(None)  # a run whose directory Arena chose
+        hint = cli_module._resume_hint()
+        assert "`arena run --resume RUN_DIR` (the run directory `arena run` printed" in hint, hint
+    finally:
+        cli_module._name_run_dir(None)
