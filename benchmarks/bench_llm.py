@@ -73,3 +73,28 @@ def test_generate_64(benchmark, backend: TransformersBackend, batch: int) -> Non
         backend.generate, args=(prompts, params), rounds=2, warmup_rounds=1
     )
     benchmark.extra_info["tokens_out"] = [r.tokens_out for r in results]
+
+
+def long_prompt_for(step: int) -> Chat:
+    """A card-writing prompt's size: a played episode's transcript, about 1,500 tokens."""
+    lines = [f"> go to {PLACES[(step + k) % len(PLACES)]} {k % 4 + 1}\nYou arrive at "
+             f"{PLACES[(step + k) % len(PLACES)]} {k % 4 + 1}. On it, you see a "
+             f"{OBJECTS[(step + k) % len(OBJECTS)]} {k % 3 + 1}." for k in range(50)]
+    user = "Write a skill card from this episode.\n" + "\n".join(lines)
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+
+
+@pytest.mark.parametrize("cache", ["in_place", "concatenated"])
+def test_generate_from_long_prompts(benchmark, cache: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """8 prompts of ~1,500 tokens, 64 greedy tokens, float32: the decode cache written in place
+    (arena.backends.reserved_cache) against transformers' DynamicCache, which copies it per step."""
+    from arena.backends import reserved_cache
+
+    if cache == "concatenated":
+        monkeypatch.setattr(reserved_cache, "reserved_cache", lambda config, capacity: None)
+    backend = TransformersBackend({"model": "embedded", "dtype": "float32", "batch_size": 8})
+    prompts = [long_prompt_for(step) for step in range(8)]
+    results = benchmark.pedantic(backend.generate, args=(prompts, SamplingParams(max_new_tokens=64)),
+                                 rounds=2, warmup_rounds=1)
+    benchmark.extra_info["prompt_tokens"] = [r.tokens_in for r in results]
+    benchmark.extra_info["tokens_out"] = [r.tokens_out for r in results]

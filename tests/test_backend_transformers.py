@@ -235,6 +235,34 @@ def test_greedy_generate_matches_full_sequence_logprobs(llm: TransformersBackend
         assert generation.logprobs == pytest.approx(expected.tolist(), abs=1e-4)
 
 
+def test_decoding_in_place_changes_no_bit(llm: TransformersBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reserved cache (each step's states written in place) against transformers' own
+    ``DynamicCache`` (a ``torch.cat`` per step): the same tokens and log-probs exactly, sampled and
+    greedy, across left padding and chunks."""
+    from arena.backends import reserved_cache
+
+    prompts = [chat("describe the room " * n) for n in (1, 9, 3, 5)]
+    cases = [SamplingParams(max_new_tokens=10), SamplingParams(temperature=0.9, max_new_tokens=10, seed=3)]
+    in_place = [llm.generate(prompts, params) for params in cases]
+    monkeypatch.setattr(reserved_cache, "reserved_cache", lambda config, capacity: None)
+    concatenated = [llm.generate(prompts, params) for params in cases]
+    for ours, theirs in zip(in_place, concatenated):
+        assert [(g.token_ids, g.logprobs) for g in ours] == [(g.token_ids, g.logprobs) for g in theirs]
+
+
+def test_a_reserved_layer_grows_past_what_it_reserved() -> None:
+    from arena.backends.reserved_cache import ReservedLayer
+
+    layer, keys, values = ReservedLayer(capacity=3), [], []
+    for width in (2, 1, 4, 1):  # a prompt, a step, a longer segment than reserved, a step
+        k, v = torch.randn(2, 3, width, 4), torch.randn(2, 3, width, 4)
+        keys.append(k)
+        values.append(v)
+        got_keys, got_values = layer.update(k, v)
+        assert torch.equal(got_keys, torch.cat(keys, dim=-2)) and torch.equal(got_values, torch.cat(values, dim=-2))
+    assert layer.get_seq_length() == 8
+
+
 def test_usage_counts_one_call_per_prompt(llm: TransformersBackend) -> None:
     before = llm.usage.snapshot()
     choices = llm.choose([chat("a"), chat("b c")], [["x", "y"], ["z"]], GREEDY)

@@ -634,13 +634,15 @@ class TransformersBackend(CountingBackend):
         return ids.to(self.device), mask.to(self.device), positions.to(self.device)
 
     def _prefill(
-        self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor
+        self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any = None
     ) -> tuple[Any, torch.Tensor]:
-        """Run the prompts once: their KV cache and the log-probs of the first reply token."""
+        """Run the prompts once: their KV cache (into ``cache`` where given) and the log-probs of
+        the first reply token."""
         out = self.model(
             input_ids=ids,
             attention_mask=mask,
             position_ids=positions,
+            past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
         )
@@ -649,8 +651,12 @@ class TransformersBackend(CountingBackend):
     def _generate_chunk(
         self, rows: list[list[int]], params: SamplingParams, generator: torch.Generator
     ) -> list[tuple[list[int], list[float]]]:
+        from arena.backends.reserved_cache import reserved_cache
+
         ids, mask, positions = self._left_pad(rows)
-        cache, logprobs = self._prefill(ids, mask, positions)
+        # The reply's positions reserved up front: each step writes its states in place.
+        reserved = reserved_cache(self.model.config, ids.shape[1] + params.max_new_tokens)
+        cache, logprobs = self._prefill(ids, mask, positions, reserved)
         next_position = positions[:, -1:] + 1
         finished = torch.zeros(len(rows), dtype=torch.bool, device=self.device)
         tokens, token_logprobs = [], []
@@ -677,8 +683,7 @@ class TransformersBackend(CountingBackend):
             )
             cache, next_position = out.past_key_values, next_position + 1
             logprobs = out.logits[:, -1].float().log_softmax(-1)
-            if step % 8 == 7:  # the cache grows a token a step: each step frees the last one's
-                return_freed_memory()
+            if step % 8 == 7:
                 self._tell_generated(step + 1, params.max_new_tokens, len(rows))
         self._tell_generated(params.max_new_tokens, params.max_new_tokens, len(rows))
         if not tokens:

@@ -1,0 +1,69 @@
+"""A KV cache for decoding that writes each new token's keys and values in place.
+
+transformers' ``DynamicCache`` appends a decoding step's states with ``torch.cat``, which copies
+the whole cache of every layer at every step. For the long prompts a method writes from (an
+Evolving-RL card: 8 to 16 prompts of some 1,500 tokens) that copy was 47 % of a decoding step on
+2 cores, more than the weights' matrix products (a torch profile of SmolLM2-135M in float32,
+8 prompts of 1,500 tokens: ``aten::cat`` 175 ms of a 370 ms step). Here each layer holds buffers
+sized for the prompt and the reply from the start, and attention reads a view of the part
+written so far: the same keys and values in the same order, so the same results bit for bit
+(``tests/test_backend_transformers.py``).
+
+Imported where a decode starts, not with the backend: transformers must not load before
+:func:`arena.core.host.torch_utils.transformers_without_sklearn` has run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+
+class ReservedLayer(DynamicLayer):
+    """A full-attention layer's cache in buffers of ``capacity`` positions, grown (doubled) only
+    if a caller feeds more than it reserved."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity = capacity
+        self.length = 0
+        self._key_buffer: torch.Tensor | None = None
+        self._value_buffer: torch.Tensor | None = None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self.length + key_states.shape[-2]
+        if self._key_buffer is None or end > self._key_buffer.shape[-2]:
+            self._grow(key_states, value_states, max(end, 2 * self.length, self.capacity))
+        assert self._key_buffer is not None and self._value_buffer is not None
+        self._key_buffer[:, :, self.length : end] = key_states
+        self._value_buffer[:, :, self.length : end] = value_states
+        self.length = end
+        self.keys = self._key_buffer[:, :, :end]
+        self.values = self._value_buffer[:, :, :end]
+        return self.keys, self.values
+
+    def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor, capacity: int) -> None:
+        def buffer(new: torch.Tensor, old: torch.Tensor | None) -> torch.Tensor:
+            fresh = new.new_empty((*new.shape[:-2], capacity, new.shape[-1]))
+            if old is not None:
+                fresh[:, :, : self.length] = old[:, :, : self.length]
+            return fresh
+
+        self._key_buffer = buffer(key_states, self._key_buffer)
+        self._value_buffer = buffer(value_states, self._value_buffer)
+
+
+def reserved_cache(config: Any, capacity: int) -> DynamicCache:
+    """A ``DynamicCache`` for ``config`` whose full-attention layers reserve ``capacity``
+    positions (prompt width + reply tokens); other layer kinds (sliding windows) stay as
+    transformers makes them."""
+    cache = DynamicCache(config=config)
+    cache.layers = [ReservedLayer(capacity) if type(layer) is DynamicLayer else layer
+                    for layer in cache.layers]
+    return cache
