@@ -261,6 +261,16 @@ def test_a_reserved_layer_grows_past_what_it_reserved() -> None:
         got_keys, got_values = layer.update(k, v)
         assert torch.equal(got_keys, torch.cat(keys, dim=-2)) and torch.equal(got_values, torch.cat(values, dim=-2))
     assert layer.get_seq_length() == 8
+    layer.crop(5)  # transformers' own operations on the layer's states: the next update follows them
+    k, v = torch.randn(2, 3, 1, 4), torch.randn(2, 3, 1, 4)
+    kept = torch.cat([torch.cat(values, dim=-2)[:, :, :5], v], dim=-2)
+    got_keys, got_values = layer.update(k, v)
+    assert torch.equal(got_keys, torch.cat([torch.cat(keys, dim=-2)[:, :, :5], k], dim=-2))
+    assert torch.equal(got_values, kept)
+    layer.reorder_cache(torch.tensor([1, 0]))  # new tensors, no longer views of the buffers
+    k, v = torch.randn(2, 3, 1, 4), torch.randn(2, 3, 1, 4)
+    _, got_values = layer.update(k, v)
+    assert torch.equal(got_values, torch.cat([kept[[1, 0]], v], dim=-2))
 
 
 def test_usage_counts_one_call_per_prompt(llm: TransformersBackend) -> None:

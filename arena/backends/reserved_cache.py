@@ -15,7 +15,7 @@ Imported where a decode starts, not with the backend: transformers must not load
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers import DynamicCache
@@ -24,12 +24,13 @@ from transformers.cache_utils import DynamicLayer
 
 class ReservedLayer(DynamicLayer):
     """A full-attention layer's cache in buffers of ``capacity`` positions, grown (doubled) only
-    if a caller feeds more than it reserved."""
+    if a caller feeds more than it reserved. The states written so far are ``keys`` and
+    ``values``, views of the buffers; where a cache operation replaced them (``crop`` keeps a
+    view, ``reorder_cache`` makes new tensors) the next update goes on from what they hold."""
 
     def __init__(self, capacity: int) -> None:
         super().__init__()
         self.capacity = capacity
-        self.length = 0
         self._key_buffer: torch.Tensor | None = None
         self._value_buffer: torch.Tensor | None = None
 
@@ -37,26 +38,34 @@ class ReservedLayer(DynamicLayer):
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        end = self.length + key_states.shape[-2]
-        if self._key_buffer is None or end > self._key_buffer.shape[-2]:
-            self._grow(key_states, value_states, max(end, 2 * self.length, self.capacity))
-        assert self._key_buffer is not None and self._value_buffer is not None
-        self._key_buffer[:, :, self.length : end] = key_states
-        self._value_buffer[:, :, self.length : end] = value_states
-        self.length = end
-        self.keys = self._key_buffer[:, :, :end]
-        self.values = self._value_buffer[:, :, :end]
+        start = self.get_seq_length()
+        end = start + key_states.shape[-2]
+        if not self._views_of_buffers() or end > cast(torch.Tensor, self._key_buffer).shape[-2]:
+            self._move_to_buffers(key_states, value_states, max(end, 2 * start, self.capacity))
+        keys, values = cast(torch.Tensor, self._key_buffer), cast(torch.Tensor, self._value_buffer)
+        keys[:, :, start:end] = key_states
+        values[:, :, start:end] = value_states
+        self.keys, self.values = keys[:, :, :end], values[:, :, :end]
         return self.keys, self.values
 
-    def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor, capacity: int) -> None:
-        def buffer(new: torch.Tensor, old: torch.Tensor | None) -> torch.Tensor:
+    def _views_of_buffers(self) -> bool:
+        return (self._key_buffer is not None and self._value_buffer is not None
+                and self.keys is not None and self.values is not None
+                and self.keys.data_ptr() == self._key_buffer.data_ptr()
+                and self.values.data_ptr() == self._value_buffer.data_ptr())
+
+    def _move_to_buffers(self, key_states: torch.Tensor, value_states: torch.Tensor, capacity: int) -> None:
+        """Fresh buffers of ``capacity`` positions holding the states written so far."""
+        start = self.get_seq_length()
+
+        def buffer(new: torch.Tensor, held: torch.Tensor | None) -> torch.Tensor:
             fresh = new.new_empty((*new.shape[:-2], capacity, new.shape[-1]))
-            if old is not None:
-                fresh[:, :, : self.length] = old[:, :, : self.length]
+            if start and held is not None:
+                fresh[:, :, :start] = held
             return fresh
 
-        self._key_buffer = buffer(key_states, self._key_buffer)
-        self._value_buffer = buffer(value_states, self._value_buffer)
+        self._key_buffer = buffer(key_states, self.keys)
+        self._value_buffer = buffer(value_states, self.values)
 
 
 def reserved_cache(config: Any, capacity: int) -> DynamicCache:
