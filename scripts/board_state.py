@@ -40,15 +40,31 @@ def bf16_native() -> int:
 
 def seeds_needed(board_json: str, runs: str, *reset_methods: str) -> int:
     """The runs still missing for the rows whose claims wait for more learning seeds (the
-    committed board's verdicts, ``seeds_needed``), each seed of a memory method with its reset."""
-    board = json.loads(Path(board_json).read_text())
+    committed board's verdicts, ``seeds_needed``), each seed of a memory method with its reset.
+    A run is made when it finished here (``runs``) or is committed beside the board; a finished
+    memory row whose reset is missing is listed again where its learned state is gone (neither
+    here nor parked): the reset evaluates that state, and the board keeps only small files."""
+    board = Path(board_json).parent
+    verdicts = json.loads(Path(board_json).read_text()).get("verdicts", [])
+
+    def made(row: str) -> bool:
+        return (Path(runs) / row / "results.json").is_file() or (board / "runs" / row / "results.json").is_file()
+
+    def state_kept(row: str) -> bool:
+        return (Path(runs) / row).is_dir() or (board / "unfinished" / row).is_dir()
+
     needed = []
-    for verdict in board.get("verdicts", []):
+    for verdict in verdicts:
         if verdict["seeds_needed"]:
             name = verdict["row"].split(" (")[0]  # the script's row: the board's label without its preset
             for seed in range(verdict["seeds"] + verdict["seeds_needed"]):
-                needed += [f"{name}-seed{seed}"] + ([f"{name}-none-seed{seed}"] if name in reset_methods else [])
-    print(" ".join(row for row in needed if not (Path(runs) / row / "results.json").is_file()))
+                row, reset = f"{name}-seed{seed}", f"{name}-none-seed{seed}"
+                reset_missing = name in reset_methods and not made(reset)
+                if not made(row) or (reset_missing and not state_kept(row)):
+                    needed.append(row)
+                if reset_missing:
+                    needed.append(reset)
+    print(" ".join(needed))
     return 0
 
 

@@ -81,33 +81,31 @@ def test_every_committed_run_of_the_board_ran_its_rows_overrides(run: Path) -> N
 
 
 def test_the_script_lists_the_seeds_a_claim_waits_for(tmp_path: Path) -> None:
-    """``--seeds-needed`` names, from the committed board's verdicts, every run still missing of
-    each row whose claims wait for seeds (run: ``bash SCRIPT $(bash SCRIPT --seeds-needed)``), and
-    leaves out the runs already made."""
+    """``--seeds-needed`` names, from a board's verdicts, every run still missing of each row whose
+    claims wait for seeds (run: ``bash SCRIPT $(bash SCRIPT --seeds-needed)``): not a run finished
+    here or committed beside the board, but again a committed memory row whose reset is missing
+    and whose learned state is gone (it listed the committed rows of the board as missing)."""
     import os
     import subprocess
 
-    board = json.loads((BOARD / "leaderboard.json").read_text())
-    waiting = [v for v in board["verdicts"] if v["seeds_needed"]]
-    assert waiting, "no row of the committed board waits for seeds: this test needs one"
-    expected = [f"{v['row'].split(' (')[0]}-seed{seed}" for v in waiting
-                for seed in range(v["seeds"] + v["seeds_needed"])]
+    board, runs = tmp_path / "board", tmp_path / "runs"
+    waiting = {"rag": 1, "memrl": 1, "expel": 1, "gigpo (cpu)": 1, "reflexion": 3}
+    (board / "unfinished" / "expel-seed0").mkdir(parents=True)  # parked, store and all
+    board.joinpath("leaderboard.json").write_text(json.dumps({"verdicts": [
+        {"row": row, "seeds": seeds, "seeds_needed": 3 - seeds} for row, seeds in waiting.items()]}))
+    for row, where in [("rag-seed0", board / "runs"), ("memrl-seed0", board / "runs"),
+                       ("memrl-none-seed0", board / "runs"), ("expel-seed0", board / "runs"),
+                       ("gigpo-seed0", board / "runs"), ("gigpo-seed1", runs)]:
+        (where / row).mkdir(parents=True)
+        (where / row / "results.json").write_text("{}")
 
-    def listed(runs: Path) -> list[str]:
-        result = subprocess.run(["bash", str(SCRIPT), "--seeds-needed"], capture_output=True, text=True,
-                                env={**os.environ, "RUNS": str(runs)}, check=True)
-        return result.stdout.split()
-
-    assert [row for row in listed(tmp_path) if "-none-" not in row] == expected
-    # A memory method's seeds come with their memory resets (the rows the verdicts pair them with),
-    # whether or not the board holds one yet.
-    memory = {"rag", "memrl", "expel", "mem0", "reflexion", "skillrl"}
-    assert [row for row in listed(tmp_path) if "-none-" in row] == [
-        row.replace("-seed", "-none-seed") for row in expected if row.split("-seed")[0] in memory]
-    made = tmp_path / expected[0]
-    made.mkdir()
-    (made / "results.json").write_text("{}")
-    assert expected[0] not in listed(tmp_path) and expected[1:] == [r for r in listed(tmp_path) if "-none-" not in r]
+    result = subprocess.run(["bash", str(SCRIPT), "--seeds-needed"], capture_output=True, text=True,
+                            env={**os.environ, "RUNS": str(runs), "BOARD": str(board)}, check=True)
+    assert result.stdout.split() == [
+        "rag-seed0", "rag-none-seed0", "rag-seed1", "rag-none-seed1", "rag-seed2", "rag-none-seed2",
+        "memrl-seed1", "memrl-none-seed1", "memrl-seed2", "memrl-none-seed2",
+        "expel-none-seed0", "expel-seed1", "expel-none-seed1", "expel-seed2", "expel-none-seed2",
+        "gigpo-seed2"]  # reflexion has its 3 seeds: nothing waits
 
 
 def test_park_keeps_each_unfinished_run_whole_and_a_parked_row_resumes_with_move_here(tmp_path: Path) -> None:
