@@ -2,9 +2,9 @@
 
 transformers' ``DynamicCache`` appends a decoding step's states with ``torch.cat``, which copies
 the whole cache of every layer at every step. For the long prompts a method writes from (an
-Evolving-RL card: 8 to 16 prompts of some 1,500 tokens) that copy was 47 % of a decoding step on
-2 cores, more than the weights' matrix products (a torch profile of SmolLM2-135M in float32,
-8 prompts of 1,500 tokens: ``aten::cat`` 175 ms of a 370 ms step). Here each layer holds buffers
+Evolving-RL card: 8 to 16 prompts of some 1,500 tokens) that copy was 47 % of a decoding step,
+more than the weights' matrix products (a torch profile of SmolLM2-135M in float32 on one CPU
+thread, 8 prompts of 1,500 tokens: ``aten::cat`` 175 ms of a 370 ms step; docs/speed.md). Here each layer holds buffers
 sized for the prompt and the reply from the start, and attention reads a view of the part
 written so far: the same keys and values in the same order, so the same results bit for bit
 (``tests/test_backend_transformers.py``).
