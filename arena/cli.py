@@ -653,8 +653,6 @@ def _terminate(signum: int, frame: object) -> None:
 
 #: Write errors that mean "no room": the run stops with the resume command, not a traceback.
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-#: Where no command named the run, the hint says how to find its directory.
-UNNAMED_RUN_DIR = "RUN_DIR` (the run directory `arena run` printed, or the newest under runs/)."
 #: The directory of the run this process plays, where the command named it (--out, --resume):
 #: the stop hints then give the exact command.
 _named_run_dir: Path | None = None
@@ -666,8 +664,11 @@ def _name_run_dir(path: str | None) -> None:
 
 
 def _resume_hint() -> str:
-    where = f"{_named_run_dir}`." if _named_run_dir is not None else UNNAMED_RUN_DIR
-    return f"Finished episodes are saved; continue with `arena run --resume {where}"
+    if _named_run_dir is not None:
+        run_dir, found = str(_named_run_dir), ""
+    else:
+        run_dir, found = "RUN_DIR", " (the run directory `arena run` printed, or the newest under runs/)"
+    return f"Finished episodes are saved; continue with `arena run --resume {run_dir}`{found}."
 
 
 def main() -> None:

@@ -41,7 +41,7 @@ class ReservedLayer(DynamicLayer):
         start = self.get_seq_length()
         end = start + key_states.shape[-2]
         if not self._views_of_buffers() or end > cast(torch.Tensor, self._key_buffer).shape[-2]:
-            self._move_to_buffers(key_states, value_states, max(end, 2 * start, self.capacity))
+            self._move_to_buffers(key_states, value_states, start, max(end, 2 * start, self.capacity))
         keys, values = cast(torch.Tensor, self._key_buffer), cast(torch.Tensor, self._value_buffer)
         keys[:, :, start:end] = key_states
         values[:, :, start:end] = value_states
@@ -54,9 +54,9 @@ class ReservedLayer(DynamicLayer):
                 and self.keys.data_ptr() == self._key_buffer.data_ptr()
                 and self.values.data_ptr() == self._value_buffer.data_ptr())
 
-    def _move_to_buffers(self, key_states: torch.Tensor, value_states: torch.Tensor, capacity: int) -> None:
-        """Fresh buffers of ``capacity`` positions holding the states written so far."""
-        start = self.get_seq_length()
+    def _move_to_buffers(self, key_states: torch.Tensor, value_states: torch.Tensor, start: int,
+                         capacity: int) -> None:
+        """Fresh buffers of ``capacity`` positions holding the ``start`` states written so far."""
 
         def buffer(new: torch.Tensor, held: torch.Tensor | None) -> torch.Tensor:
             fresh = new.new_empty((*new.shape[:-2], capacity, new.shape[-1]))
