@@ -205,6 +205,28 @@ def test_mini_batches_split_an_update_into_optimizer_steps() -> None:
         mini_batches(samples, 0)
 
 
+def test_mini_batches_of_whole_episodes_never_split_one() -> None:
+    """Under ``episode-mean`` an episode's decisions go to one optimizer step together."""
+    def decision(episode: str | None, i: int) -> Sample:
+        return Sample(input_ids=[i, i + 1], loss_mask=[0, 1], old_logprobs=[0.0, -1.0],
+                      role="solver", group="g", reward=0.0, episode=episode)
+
+    samples = ([decision("long", i) for i in range(7)] + [decision("short", i) for i in range(2)]
+               + [decision(None, i) for i in range(3)])  # cards: each its own
+    for seed in range(5):
+        batches = mini_batches(samples, 4, random.Random(seed), whole_episodes=True)
+        assert sorted(id(s) for b in batches for s in b) == sorted(id(s) for s in samples)
+        for episode in ("long", "short"):
+            assert sum(any(s.episode == episode for s in b) for b in batches) == 1
+        assert all(len(b) >= 4 for b in batches[:-1])  # a batch closes once it holds 4
+        for batch in batches:  # and not later: without its last episode it held fewer
+            last = batch[-1].episode
+            tail = sum(1 for s in batch if s.episode == last) if last is not None else 1
+            assert len(batch) - tail < 4
+    split = mini_batches(samples, 4, random.Random(0))  # decisions shuffled one by one
+    assert sum(any(s.episode == "long" for s in b) for b in split) > 1
+
+
 def test_low_var_kl_by_hand() -> None:
     logp = torch.tensor([-1.0, -2.0, -1.5, -40.0])
     ref = torch.tensor([-2.0, -1.0, -1.5, -5.0])
@@ -380,6 +402,61 @@ def test_aggregation_by_hand(tokenizer, aggregation: str) -> None:
     assert metrics["loss"] == pytest.approx(expected, abs=1e-6)
     assert metrics["solver/clip_frac"] == 0
     assert metrics["extractor/kl"] == pytest.approx(0, abs=1e-9)
+
+
+def test_episode_mean_weighs_an_episode_of_several_decisions_once(tokenizer) -> None:
+    """Under ``episode-mean`` two decision samples of one episode are one unit of the mean, as
+    slime's one sequence per episode is; ``sample-mean`` counts them twice."""
+    config = {**FP32, "entropy_coef": {}, "old_logprobs": "recompute"}
+    samples = make_samples()
+    samples[1].episode = samples[2].episode = "won-episode"  # both rewarded 10: one advantage
+    assert samples[1].advantage == samples[2].advantage > 0
+    losses = {}
+    for aggregation in ("episode-mean", "sample-mean"):
+        trainer = PolicyTrainer(fresh_model(), tokenizer, {**config, "aggregation": aggregation})
+        losses[aggregation] = trainer.step(samples)["loss"]
+    units = [samples[0], samples[1], *samples[3:]]
+    assert losses["episode-mean"] == pytest.approx(-sum(s.advantage for s in units) / len(units), abs=1e-6)
+    assert losses["sample-mean"] == pytest.approx(-sum(s.advantage for s in samples) / len(samples), abs=1e-6)
+
+
+def test_an_episode_trained_decision_by_decision_under_episode_mean_steps_as_one_sequence() -> None:
+    """Two transcript episodes of different lengths: as two whole sequences under
+    ``sample-mean`` (slime's, the authors') and as their decisions under ``episode-mean``, the
+    step has the same loss and gradient; under ``token-mean`` the longer episode weighs more."""
+    from arena.core.execution.solver import StandardSolver, play
+    from arena.core.rl import decision_samples, episode_sample
+    from arena.envs.household import HouseholdEnvironment
+
+    llm = TransformersBackend({"model": "tiny", "dtype": "float32"})
+    env = HouseholdEnvironment(level="easy", n_train=2, n_valid=0, n_test=0)
+    solver = StandardSolver.from_config(llm, {"history": 2, "show_admissible": True,
+                                              "max_experiences": 4, "max_experience_chars": 800,
+                                              "layout": "transcript"})
+    episodes = []
+    for task, steps, advantage in zip(env.tasks("train"), (2, 5), (1.0, -0.5)):
+        trajectory = play(env.open(task), solver.policy(task, [], 3, temperature=1.0),
+                          max_steps=steps, max_invalid_actions=10)
+        episodes.append((trajectory, advantage))
+    whole = [episode_sample(t, role="solver", group="g", reward=0.0, advantage=a) for t, a in episodes]
+    decisions = [s for t, a in episodes
+                 for s in decision_samples(t, role="solver", group="g", reward=0.0, advantage=a)]
+    assert all(s is not None for s in whole) and len(decisions) == 2 + 5
+
+    def step(samples: list, aggregation: str) -> tuple[float, torch.Tensor]:
+        model = TransformersBackend({"model": "tiny", "dtype": "float32"}).model
+        config = {**FP32, "entropy_coef": {}, "aggregation": aggregation, "max_grad_norm": 0.0}
+        trainer = PolicyTrainer(model, llm.tokenizer, config)
+        metrics = trainer.step(samples)
+        moments = torch.cat([state["exp_avg"].flatten() for state in trainer.optimizer.state.values()])
+        return metrics["loss"], moments
+
+    loss_whole, grad_whole = step(whole, "sample-mean")
+    loss_episodes, grad_episodes = step(decisions, "episode-mean")
+    _, grad_tokens = step(decisions, "token-mean")
+    assert loss_episodes == pytest.approx(loss_whole, rel=1e-4, abs=1e-6)
+    assert float((grad_episodes - grad_whole).norm() / grad_whole.norm()) < 1e-3
+    assert float((grad_tokens - grad_whole).norm() / grad_whole.norm()) > 0.05
 
 
 def test_positive_advantage_raises_the_completion_logprob(tokenizer) -> None:

@@ -72,10 +72,12 @@ class CheckpointedTrainer:
 
     def update(self, samples: Sequence[Sample], *, mini_batch_size: int | None,
                rng: random.Random | None = None, progress: Progress, label: str) -> dict[str, Any]:
-        """One update: ``samples`` in mini-batches (shuffled by ``rng`` if given), one optimizer
-        step each; the last step's metrics with ``updates`` and ``time/update_s``."""
+        """One update: ``samples`` in mini-batches (shuffled by ``rng`` if given; whole episodes
+        under ``episode-mean``), one optimizer step each; the last step's metrics with
+        ``updates`` and ``time/update_s``."""
         clock = time.perf_counter()
-        batches = mini_batches(samples, mini_batch_size, rng)
+        batches = mini_batches(samples, mini_batch_size, rng,
+                               whole_episodes=self.config.aggregation == "episode-mean")
         metrics: dict[str, Any] = {}
         for number, batch in enumerate(batches, start=1):
             with progress(f"{label}: update {number}/{len(batches)}") as shown:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import numbers
 import random
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
@@ -26,7 +27,10 @@ class Sample:
     environment and observation tokens. ``old_logprobs`` is aligned with ``input_ids`` and only
     read where the mask is 1: the log-prob the rollout policy gave that token. ``group`` is the
     caller's id of the set whose rewards are normalised together (see
-    :func:`arena.core.rl.advantages.assign_advantages`).
+    :func:`arena.core.rl.advantages.assign_advantages`). ``episode`` is shared by the samples
+    of one episode trained decision by decision (:func:`decision_samples`), so that the
+    ``episode-mean`` aggregation weighs that episode as one; None for a sample that is a whole
+    episode (or card) of its own.
     """
 
     input_ids: list[int]
@@ -36,6 +40,7 @@ class Sample:
     group: str
     reward: float
     advantage: float = 0.0
+    episode: str | None = None
 
     def __post_init__(self) -> None:
         n = len(self.input_ids)
@@ -116,18 +121,20 @@ def decision_samples(trajectory: Trajectory, *, role: str, group: str, reward: f
     episode's advantage (how a multi-turn episode enters GRPO when turns are trained apart), or
     its own when ``advantage`` is a sequence with one value per step (a step-level estimator's,
     :func:`arena.core.rl.advantages.step_advantages`). Steps without rollout tokens (scripted or
-    reloaded without them) give none."""
+    reloaded without them) give none. The samples share one ``episode`` id, new per call."""
     per_step = ([float(advantage)] * len(trajectory.steps) if isinstance(advantage, numbers.Real)
                 else [float(value) for value in advantage])  # type: ignore[union-attr]
     if len(per_step) != len(trajectory.steps):
         raise ValueError(f"{len(per_step)} advantages for an episode of {len(trajectory.steps)} steps")
     samples = []
+    episode = uuid.uuid4().hex  # only groups this call's samples; never part of a result
     for step, step_advantage in zip(trajectory.steps, per_step):
         if step.rollout is None or not step.rollout.token_ids:
             continue
         sample = sample_from_choice(step.rollout.prompt_token_ids, step.rollout.token_ids,
                                     step.rollout.logprobs, role=role, group=group, reward=reward)
         sample.advantage = step_advantage
+        sample.episode = episode
         samples.append(sample)
     return samples
 
@@ -173,19 +180,30 @@ def episode_sample(trajectory: Trajectory, *, role: str, group: str, reward: flo
     return sample
 
 
-def mini_batches(samples: Sequence[Sample], size: int | None, rng: random.Random | None = None
-                 ) -> list[list[Sample]]:
+def mini_batches(samples: Sequence[Sample], size: int | None, rng: random.Random | None = None,
+                 whole_episodes: bool = False) -> list[list[Sample]]:
     """The optimizer steps of one RL update: all samples in one (``size`` None: slime's one
     step per rollout batch), or mini-batches of ``size`` samples, one step each (verl's
     ``ppo_mini_batch_size``; the rollout log-probs stay the old policy's, so PPO's clip acts
     from the second step on). With ``rng`` the samples are shuffled first; without, they are
-    split in order (verl's ``actor.shuffle: False``)."""
+    split in order (verl's ``actor.shuffle: False``). ``whole_episodes`` shuffles and splits
+    episodes instead (the samples sharing an ``episode``; a sample without one is its own), a
+    mini-batch closing once it holds ``size`` samples or more: each episode is then trained in
+    one step, as one sequence would be (the ``episode-mean`` aggregation)."""
     if size is not None and int(size) < 1:
         raise ValueError(f"mini_batch_size must be at least 1 (or null), got {size}")
     if not size or int(size) >= len(samples):
         return [list(samples)]
-    order = list(samples)
+    units: dict[object, list[Sample]] = {}
+    for index, sample in enumerate(samples):
+        key = sample.episode if whole_episodes and sample.episode is not None else index
+        units.setdefault(key, []).append(sample)
+    order = list(units.values())
     if rng is not None:
         rng.shuffle(order)
-    size = int(size)
-    return [order[start : start + size] for start in range(0, len(order), size)]
+    batches: list[list[Sample]] = [[]]
+    for unit in order:
+        if len(batches[-1]) >= int(size):
+            batches.append([])
+        batches[-1].extend(unit)
+    return batches

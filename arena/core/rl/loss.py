@@ -12,7 +12,9 @@ and the total is ``sum_t w_t * loss_t`` over trained tokens. With token-mean agg
 ``w_t = 1 / N`` where N counts the trained tokens of the whole optimizer step (all micro-batches,
 all roles), so every generated token weighs the same, whatever its sample's length or role; this
 is verl's default ``token-mean``. Sample-mean (slime's default, which Evolving-RL ran: each
-sample's token mean, averaged over samples) is the other choice the trainer offers.
+sample's token mean, averaged over samples) is the trainer's second choice, and episode-mean
+its third: sample-mean where the decisions of one episode, trained as separate samples, count
+as the one sequence slime would have trained.
 
 A negative entropy coefficient *penalises* entropy (Evolving-RL's extractor: -0.03).
 

@@ -55,7 +55,7 @@ from arena.core.storage.metrics import BF16_AUTOCAST
 CHECKPOINT_FORMAT = 2
 _READABLE_FORMATS = (1, 2)
 _PRECISIONS = ("auto", "bf16", "fp32")
-_AGGREGATIONS = ("token-mean", "sample-mean")
+_AGGREGATIONS = ("token-mean", "sample-mean", "episode-mean")
 _OLD_LOGPROBS = ("rollout", "recompute")
 
 
@@ -82,8 +82,11 @@ class TrainerConfig:
     ``precision``: ``auto`` uses bf16 autocast where the device computes it natively. Weights
     are trained in float32 either way: weights loaded in bf16 through float32 master copies
     (``fp32`` refuses them). ``aggregation``: ``token-mean`` (every trained token of the step
-    weighs the same) or ``sample-mean`` (slime's default: each sample's token mean,
-    averaged over samples). ``old_logprobs``: ``rollout`` takes the samples' own log-probs;
+    weighs the same), ``sample-mean`` (slime's default: each sample's token mean,
+    averaged over samples) or ``episode-mean`` (the token mean of each episode, averaged over
+    the step's episodes: ``sample-mean`` where an episode trained decision by decision counts
+    once, as slime counts its one sequence, not once per decision; a sample without an
+    ``episode`` is one of its own). ``old_logprobs``: ``rollout`` takes the samples' own log-probs;
     ``recompute`` uses the trainer's log-probs under the current weights (slime's default;
     with one optimizer step per batch the ratio is then exactly 1 and clipping never acts).
     """
@@ -608,11 +611,7 @@ class PolicyTrainer:
         counts = [s.n_trained for s in samples]
         if sum(counts) == 0:
             raise ValueError("no sample has a generated token (loss_mask is all 0)")
-        if self.config.aggregation == "token-mean":
-            token_weight = [1.0 / sum(counts)] * len(samples)
-        else:
-            n_samples = sum(1 for c in counts if c)
-            token_weight = [1.0 / (c * n_samples) if c else 0.0 for c in counts]
+        token_weight = _token_weights(samples, counts, self.config.aggregation)
         order = list(range(len(samples)))
         if ordered:
             order.sort(key=lambda i: len(samples[i].input_ids))
@@ -787,6 +786,21 @@ def drop_optimizer_state(path: str | os.PathLike[str]) -> bool:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return True
+
+
+def _token_weights(samples: Sequence[Sample], counts: list[int], aggregation: str) -> list[float]:
+    """Each sample's weight per trained token in the step's loss (the weights sum to 1)."""
+    if aggregation == "token-mean":
+        return [1.0 / sum(counts)] * len(samples)
+    units: list[object] = list(range(len(samples)))  # sample-mean: each sample its own unit
+    if aggregation == "episode-mean":
+        units = [i if s.episode is None else s.episode for i, s in enumerate(samples)]
+    unit_tokens: dict[object, int] = {}
+    for unit, count in zip(units, counts):
+        unit_tokens[unit] = unit_tokens.get(unit, 0) + count
+    n_units = sum(1 for tokens in unit_tokens.values() if tokens)
+    return [1.0 / (unit_tokens[unit] * n_units) if count else 0.0
+            for unit, count in zip(units, counts)]
 
 
 def _replace(path: Path, new: Path) -> None:
