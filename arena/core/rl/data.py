@@ -186,24 +186,32 @@ def mini_batches(samples: Sequence[Sample], size: int | None, rng: random.Random
     step per rollout batch), or mini-batches of ``size`` samples, one step each (verl's
     ``ppo_mini_batch_size``; the rollout log-probs stay the old policy's, so PPO's clip acts
     from the second step on). With ``rng`` the samples are shuffled first; without, they are
-    split in order (verl's ``actor.shuffle: False``). ``whole_episodes`` shuffles and splits
-    episodes instead (the samples sharing an ``episode``; a sample without one is its own), a
-    mini-batch closing once it holds ``size`` samples or more: each episode is then trained in
-    one step, as one sequence would be (the ``episode-mean`` aggregation)."""
+    split in order (verl's ``actor.shuffle: False``). ``whole_episodes`` shuffles episodes
+    instead (the samples sharing an ``episode``; a sample without one is its own) and cuts the
+    same number of mini-batches between them, each episode going where its first sample falls:
+    every episode is trained in one step, as one sequence would be (the ``episode-mean``
+    aggregation), in as many steps as the samples one by one would make (fewer only where an
+    episode is longer than a mini-batch)."""
     if size is not None and int(size) < 1:
         raise ValueError(f"mini_batch_size must be at least 1 (or null), got {size}")
     if not size or int(size) >= len(samples):
         return [list(samples)]
+    size = int(size)
+    if not whole_episodes:
+        order = list(samples)
+        if rng is not None:
+            rng.shuffle(order)
+        return [order[start : start + size] for start in range(0, len(order), size)]
     units: dict[object, list[Sample]] = {}
     for index, sample in enumerate(samples):
-        key = sample.episode if whole_episodes and sample.episode is not None else index
-        units.setdefault(key, []).append(sample)
-    order = list(units.values())
+        units.setdefault(index if sample.episode is None else sample.episode, []).append(sample)
+    order_units = list(units.values())
     if rng is not None:
-        rng.shuffle(order)
-    batches: list[list[Sample]] = [[]]
-    for unit in order:
-        if len(batches[-1]) >= int(size):
-            batches.append([])
-        batches[-1].extend(unit)
-    return batches
+        rng.shuffle(order_units)
+    n_batches = -(-len(samples) // size)
+    batches: list[list[Sample]] = [[] for _ in range(n_batches)]
+    start = 0
+    for unit in order_units:
+        batches[start * n_batches // len(samples)].extend(unit)
+        start += len(unit)
+    return [batch for batch in batches if batch]
