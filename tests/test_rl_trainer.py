@@ -405,6 +405,29 @@ def test_aggregation_by_hand(tokenizer, aggregation: str) -> None:
     assert metrics["extractor/kl"] == pytest.approx(0, abs=1e-9)
 
 
+@pytest.mark.parametrize("aggregation", ["episode-mean", "token-mean"])
+def test_an_update_keeps_episodes_whole_only_under_episode_mean(aggregation: str) -> None:
+    from contextlib import nullcontext
+    from types import SimpleNamespace
+
+    from arena.core.rl.checkpointed import CheckpointedTrainer
+
+    steps: list[list[Sample]] = []
+    fake = SimpleNamespace(config=TrainerConfig.from_mapping({"aggregation": aggregation}),
+                           trainer=SimpleNamespace(step=lambda batch, on_micro_batch: steps.append(batch) or {}))
+    samples = [Sample(input_ids=[i, i + 1], loss_mask=[0, 1], old_logprobs=[0.0, -1.0], role="solver",
+                      group="g", reward=0.0, episode=f"episode-{i // 6}") for i in range(24)]
+    metrics = CheckpointedTrainer.update(fake, samples, mini_batch_size=4, rng=random.Random(0),  # type: ignore[arg-type]
+                                         progress=lambda label: nullcontext(SimpleNamespace(update=None)),
+                                         label="it0")
+    split = [len({s.episode for s in step}) for step in steps]
+    assert metrics["updates"] == len(steps)
+    if aggregation == "episode-mean":
+        assert len(steps) == 4 and split == [1, 1, 1, 1]  # 4 episodes of 6 in mini-batches of 4
+    else:
+        assert len(steps) == 6 and max(split) > 1
+
+
 def test_episode_mean_weighs_an_episode_of_several_decisions_once(tokenizer) -> None:
     """Under ``episode-mean`` two decision samples of one episode are one unit of the mean, as
     slime's one sequence per episode is; ``sample-mean`` counts them twice."""
