@@ -180,6 +180,12 @@ def episode_sample(trajectory: Trajectory, *, role: str, group: str, reward: flo
     return sample
 
 
+def episode_keys(samples: Sequence[Sample]) -> list[object]:
+    """Which episode each sample belongs to: its ``episode``, or its own index where it has none
+    (a whole episode or a card is an episode of its own)."""
+    return [index if sample.episode is None else sample.episode for index, sample in enumerate(samples)]
+
+
 def mini_batches(samples: Sequence[Sample], size: int | None, rng: random.Random | None = None,
                  whole_episodes: bool = False) -> list[list[Sample]]:
     """The optimizer steps of one RL update: all samples in one (``size`` None: slime's one
@@ -203,8 +209,8 @@ def mini_batches(samples: Sequence[Sample], size: int | None, rng: random.Random
             rng.shuffle(order)
         return [order[start : start + size] for start in range(0, len(order), size)]
     units: dict[object, list[Sample]] = {}
-    for index, sample in enumerate(samples):
-        units.setdefault(index if sample.episode is None else sample.episode, []).append(sample)
+    for key, sample in zip(episode_keys(samples), samples):
+        units.setdefault(key, []).append(sample)
     order_units = list(units.values())
     if rng is not None:
         rng.shuffle(order_units)

@@ -45,7 +45,7 @@ from safetensors.torch import load_file
 from arena.core.host.allocator import return_freed_memory
 from arena.core.host.torch_utils import eval_mode
 from arena.core.rl import sharding
-from arena.core.rl.data import Sample
+from arena.core.rl.data import Sample, episode_keys
 from arena.core.rl.loss import RoleStats, policy_loss, token_entropy, token_logprobs
 from arena.core.rl.sharding import World
 from arena.core.storage.metrics import BF16_AUTOCAST
@@ -792,9 +792,8 @@ def _token_weights(samples: Sequence[Sample], counts: list[int], aggregation: st
     """Each sample's weight per trained token in the step's loss (the weights sum to 1)."""
     if aggregation == "token-mean":
         return [1.0 / sum(counts)] * len(samples)
-    units: list[object] = list(range(len(samples)))  # sample-mean: each sample its own unit
-    if aggregation == "episode-mean":
-        units = [i if s.episode is None else s.episode for i, s in enumerate(samples)]
+    # sample-mean: each sample its own unit; episode-mean: each episode
+    units = episode_keys(samples) if aggregation == "episode-mean" else list(range(len(samples)))
     unit_tokens: dict[object, int] = {}
     for unit, count in zip(units, counts):
         unit_tokens[unit] = unit_tokens.get(unit, 0) + count
