@@ -156,7 +156,7 @@ class RichReporter(_EpisodeProgress):
     def _episode_counted(self, phase: str, tally: PhaseTally) -> None:
         self._show(phase)
 
-    def phase_end(self, name: str) -> None:
+    def phase_end(self, name: str, *, stopped: bool = False) -> None:
         with self._lock:
             if self.phases.get(name) is None:
                 return
@@ -271,7 +271,7 @@ class LineReporter(_EpisodeProgress):
             self._ensure_heartbeat()
             self._write(name, f"started: {done}/{total} {tally.unit} done" if total else "started")
 
-    def phase_end(self, name: str) -> None:
+    def phase_end(self, name: str, *, stopped: bool = False) -> None:
         with self._lock:
             tally = self.phases.pop(name, None)
             if tally is None:
@@ -283,9 +283,10 @@ class LineReporter(_EpisodeProgress):
                 if line is not None:
                     self._write(label, f"stopped with the {name} phase after "
                                        f"{format_duration(time.monotonic() - line.started)}")
-            # A phase that ends short of its total was stopped (Ctrl-C, SIGTERM, a method that
-            # ends its learning early): saying "done" there misleads whoever reads the log.
-            ended = "done in" if tally.total is None or tally.done >= tally.total else "stopped after"
+            # A phase interrupted (Ctrl-C, SIGTERM) or ending short of its total (a method that
+            # ends its learning early) was stopped: saying "done" misleads whoever reads the log.
+            short = tally.total is not None and tally.done < tally.total
+            ended = "stopped after" if stopped or short else "done in"
             self._write(name, f"{ended} {format_duration(tally.elapsed())}: {tally.status(final=True)}")
             if self.current == name:
                 self.current = None

@@ -269,6 +269,82 @@ def test_a_phase_that_ends_short_of_its_total_says_it_stopped() -> None:
     assert re.search(r"stopped after \d+s: 2/4 \(50%\) tasks", ends[0]), ends
 
 
+def test_a_phase_without_a_total_that_is_interrupted_says_it_stopped() -> None:
+    """Evolving-RL's learning (a budget of iterations, no episode total) stopped with SIGTERM
+    logged `learn done in 1h11m`: a phase without a total cannot tell stopped from done by its
+    count, so the harness says which."""
+    stream = io.StringIO()
+    reporter = LineReporter(stream, interval_s=3600.0)
+    for stopped in (True, False):
+        reporter.phase("learn", None, 0)
+        reporter.phase_end("learn", stopped=stopped)
+    reporter.phase("evaluate", 2, 2)  # resumed with every task done, then interrupted at its end
+    reporter.phase_end("evaluate", stopped=True)
+    ends = [re.sub(r" \d+s:.*", "", line[9:]) for line in stream.getvalue().splitlines()
+            if " started" not in line[9:]]
+    assert ends == ["learn stopped after", "learn done in", "evaluate stopped after"], ends
+
+
+class InterruptedLearner:
+    """Learns until a Ctrl-C arrives in the middle of its ``learn`` hook."""
+
+    def __init__(self, run) -> None:
+        pass
+
+    @arena.hookimpl
+    def learn(self, run):
+        raise KeyboardInterrupt
+
+
+class PhaseEnds:
+    """A reporter that keeps how each phase ended."""
+
+    def __init__(self) -> None:
+        self.ends: list[tuple[str, bool]] = []
+
+    def phase(self, name, total, done): ...
+
+    def episode(self, result): ...
+
+    def phase_end(self, name, *, stopped=False):
+        self.ends.append((name, stopped))
+
+
+def test_the_harness_tells_the_reporter_a_learning_phase_was_interrupted(plugins, fast, tmp_path: Path) -> None:
+    from tests.helpers.runs import register
+
+    register(plugins, interrupted_learner=InterruptedLearner)
+    reporter = PhaseEnds()
+    with pytest.raises(KeyboardInterrupt):
+        protocol.run("interrupted_learner", overrides=[*fast, "eval.limit=1", "learn.budget.episodes=null",
+                                                        "learn.budget.env_steps=20"],
+                     out=tmp_path / "run", plugins=plugins, reporter=reporter)
+    assert reporter.ends == [("learn", True)]
+    reporter.ends.clear()
+    protocol.run("base", overrides=[*fast, "eval.limit=1"], out=tmp_path / "base", plugins=plugins,
+                 reporter=reporter)
+    assert reporter.ends and all(not stopped for _, stopped in reporter.ends), reporter.ends
+
+
+def test_a_reporter_written_before_stopped_existed_is_told_its_phase_ended() -> None:
+    from arena.core.services.progress import complete
+
+    class Old:
+        def __init__(self) -> None:
+            self.ended: list[str] = []
+
+        def phase(self, name, total, done): ...
+
+        def episode(self, result): ...
+
+        def phase_end(self, name):
+            self.ended.append(name)
+
+    old = Old()
+    complete(old).phase_end("learn", stopped=True)
+    assert old.ended == ["learn"]
+
+
 def test_the_backend_tells_its_generation_as_it_goes() -> None:
     from arena.backends.transformers_backend import TransformersBackend
     from arena.core.contract.llm import SamplingParams

@@ -71,6 +71,7 @@ class Evaluation:
         todo = [(task, seed) for task, seed in plan if ctx.finished(task, seed) is None]
         self._clock.start(EVALUATE)
         self._reporter.phase(EVALUATE, len(plan), len(plan) - len(todo))
+        interrupted = True
         try:
             if frozen:
                 run_in_threads(lambda item: self._frozen_episode(*item), todo,
@@ -78,8 +79,9 @@ class Evaluation:
             else:
                 for task, seed in todo:
                     self._online_episode(task, seed)
+            interrupted = False
         finally:
-            self._reporter.phase_end(EVALUATE)
+            self._reporter.phase_end(EVALUATE, stopped=interrupted)
         cost = self._clock.now(EVALUATE)
         digest_after = self._digests.state()
         if frozen and digest_after != state.digest_before_eval:

@@ -175,14 +175,17 @@ class Session:
         budget.start_metering(tokens_before=cost_before.tokens_in + cost_before.tokens_out)
         if budget.limits.get("episodes") != 0:
             self.reporter.phase(LEARN, budget.limits.get("episodes"), len(learned))
+        interrupted = True  # until the hook returns or the harness ends it: Ctrl-C, SIGTERM, an error
         try:
             self.pm.hook.learn(run=self.ctx.method_run)
+            interrupted = False
         except BudgetExhausted:
-            pass  # the harness stopped the method's learning; evaluation follows as usual
+            interrupted = False  # the harness stopped the method's learning; evaluation follows
         except ProtocolViolation:
-            pass  # already in ctx.violations: the run goes on and is reported invalid
+            interrupted = False  # already in ctx.violations: the run goes on and is reported invalid
         finally:
-            self.reporter.phase_end(LEARN)  # its line stops (a reporter ignores a phase not shown)
+            # its line stops (a reporter ignores a phase not shown)
+            self.reporter.phase_end(LEARN, stopped=interrupted)
         budget.refresh()
         cost = self.clock.now(LEARN)
         self.run_dir.ledger.learning_done(used=dict(budget.used), splits=sorted(self.ctx.gate.used_for_learning),

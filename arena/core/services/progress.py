@@ -9,6 +9,7 @@ reporter itself, so no method needs to know where its progress is shown.
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 from typing import TYPE_CHECKING, Protocol
@@ -23,13 +24,15 @@ class Reporter(Protocol):
     ``generation``: the tokens of the model's generation in progress (``tokens == limit``: done);
     ``play_*``: every episode actually played (a method's helper episodes too), step by step, on
     the thread that plays it; ``task_*``: a named step within a phase, with a count when it has
-    one. A reporter may leave out any but ``phase`` and ``episode`` (:func:`complete`)."""
+    one. ``phase_end(stopped=True)``: the phase was interrupted (Ctrl-C, SIGTERM, an error), which
+    a phase without a known total cannot tell from its count. A reporter may leave out any but
+    ``phase`` and ``episode`` (:func:`complete`)."""
 
     def phase(self, name: str, total: int | None, done: int) -> None: ...
 
     def episode(self, result: EpisodeResult) -> None: ...
 
-    def phase_end(self, name: str) -> None: ...
+    def phase_end(self, name: str, *, stopped: bool = False) -> None: ...
 
     def plan_task_start(self, phase: str) -> None: ...
 
@@ -57,7 +60,7 @@ class NullReporter:
     def episode(self, result: EpisodeResult) -> None:
         pass
 
-    def phase_end(self, name: str) -> None:
+    def phase_end(self, name: str, *, stopped: bool = False) -> None:
         pass
 
     def plan_task_start(self, phase: str) -> None:
@@ -96,6 +99,10 @@ class _Completed(NullReporter):
             method = getattr(inner, name, None)
             if callable(method):
                 setattr(self, name, method)
+        end = getattr(inner, "phase_end", None)
+        if callable(end) and "stopped" not in inspect.signature(end).parameters:
+            # written before ``stopped`` existed: it is told the phase ended, as it was
+            self.phase_end = lambda name, *, stopped=False: end(name)  # type: ignore[method-assign]
 
 
 def complete(reporter: object | None) -> Reporter:
