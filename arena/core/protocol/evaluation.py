@@ -21,7 +21,7 @@ from arena.core.execution.views import public_task
 from arena.core.protocol.clock import PhaseClock
 from arena.core.protocol.digests import StateDigests
 from arena.core.protocol.factors import Factor
-from arena.core.services.progress import Reporter
+from arena.core.services.progress import Reporter, phase_ending
 from arena.core.storage.ledger import RunState
 from arena.core.storage.rundir import RunDir
 
@@ -71,17 +71,13 @@ class Evaluation:
         todo = [(task, seed) for task, seed in plan if ctx.finished(task, seed) is None]
         self._clock.start(EVALUATE)
         self._reporter.phase(EVALUATE, len(plan), len(plan) - len(todo))
-        interrupted = True
-        try:
+        with phase_ending(self._reporter, EVALUATE):
             if frozen:
                 run_in_threads(lambda item: self._frozen_episode(*item), todo,
                                workers=self._settings.eval.concurrency, llm=self._llm)
             else:
                 for task, seed in todo:
                     self._online_episode(task, seed)
-            interrupted = False
-        finally:
-            self._reporter.phase_end(EVALUATE, stopped=interrupted)
         cost = self._clock.now(EVALUATE)
         digest_after = self._digests.state()
         if frozen and digest_after != state.digest_before_eval:

@@ -47,7 +47,7 @@ from arena.core.protocol.prepare import PreparedRun, PrepareOptions, prepare
 from arena.core.protocol.results_builder import SessionFacts, build_results
 from arena.core.services.batching import BatchingBackend
 from arena.core.services.embedder import make_embedder
-from arena.core.services.progress import Reporter, complete
+from arena.core.services.progress import Reporter, complete, phase_ending
 from arena.core.services.store import ExperienceStore
 from arena.core.storage.journal import crash_point
 from arena.core.storage.trackers import Tracker, make_trackers
@@ -175,17 +175,13 @@ class Session:
         budget.start_metering(tokens_before=cost_before.tokens_in + cost_before.tokens_out)
         if budget.limits.get("episodes") != 0:
             self.reporter.phase(LEARN, budget.limits.get("episodes"), len(learned))
-        interrupted = True  # until the hook returns or the harness ends it: Ctrl-C, SIGTERM, an error
-        try:
-            self.pm.hook.learn(run=self.ctx.method_run)
-            interrupted = False
-        except BudgetExhausted:
-            interrupted = False  # the harness stopped the method's learning; evaluation follows
-        except ProtocolViolation:
-            interrupted = False  # already in ctx.violations: the run goes on and is reported invalid
-        finally:
-            # its line stops (a reporter ignores a phase not shown)
-            self.reporter.phase_end(LEARN, stopped=interrupted)
+        with phase_ending(self.reporter, LEARN):  # its line stops (a reporter ignores a phase not shown)
+            try:
+                self.pm.hook.learn(run=self.ctx.method_run)
+            except BudgetExhausted:
+                pass  # the harness stopped the method's learning; evaluation follows as usual
+            except ProtocolViolation:
+                pass  # already in ctx.violations: the run goes on and is reported invalid
         budget.refresh()
         cost = self.clock.now(LEARN)
         self.run_dir.ledger.learning_done(used=dict(budget.used), splits=sorted(self.ctx.gate.used_for_learning),

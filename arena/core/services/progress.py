@@ -12,6 +12,8 @@ from __future__ import annotations
 import inspect
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -103,6 +105,18 @@ class _Completed(NullReporter):
         if callable(end) and "stopped" not in inspect.signature(end).parameters:
             # written before ``stopped`` existed: it is told the phase ended, as it was
             self.phase_end = lambda name, *, stopped=False: end(name)  # type: ignore[method-assign]
+
+
+@contextmanager
+def phase_ending(reporter: Reporter, name: str) -> Iterator[None]:
+    """Ends phase ``name`` on ``reporter`` when the block ends, ``stopped`` where an exception
+    (Ctrl-C, SIGTERM, an error) leaves it: a phase without a total cannot tell by its count."""
+    try:
+        yield
+    except BaseException:
+        reporter.phase_end(name, stopped=True)
+        raise
+    reporter.phase_end(name)
 
 
 def complete(reporter: object | None) -> Reporter:
